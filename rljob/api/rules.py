@@ -1,0 +1,219 @@
+"""Defaults that depend on the task, and the cross-field rules a schema alone cannot express.
+
+The rules that Kubernetes CEL can express are also in the CRD (see `cel(...)` in `spec.py`) with
+the same meaning; the tests evaluate both on the same manifests.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from rljob.api.job import MAX_NAME_LENGTH, RLJob
+from rljob.api.kubernetes import Volume
+from rljob.api.problems import Problem
+from rljob.api.spec import GROUP_ALGORITHMS, ROLE_NAMES, RLJobSpec
+
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DEFAULT_GROUP_SIZE = 8
+
+
+def resolve_defaults(job: RLJob) -> RLJob:
+    """Fill the defaults that depend on the task type, so the resolved job says everything."""
+    job = job.model_copy(deep=True)
+    spec = job.spec
+    gym = spec.task.type == "gym"
+    if spec.algorithm.group_size is None:
+        spec.algorithm.group_size = 1 if spec.algorithm.name == "ppo" else DEFAULT_GROUP_SIZE
+    if spec.rollout.engine is None:
+        spec.rollout.engine = "torch" if gym else "vllm"
+    if spec.rollout.max_tokens is None and spec.task.llm is not None:
+        spec.rollout.max_tokens = spec.task.llm.max_response_length
+    if spec.model.source == "builtin" and spec.model.builtin.architecture is None:
+        spec.model.builtin.architecture = "mlp" if gym else "tiny-qwen2"
+    if spec.roles.env.replicas is None:
+        spec.roles.env.replicas = 1 if gym else 0
+    if spec.roles.reward.replicas is None:
+        spec.roles.reward.replicas = 0 if gym else 1
+    return job
+
+
+def check(job: RLJob) -> list[Problem]:
+    """Every cross-field problem of a (resolved) job, each with the field to change and how."""
+    problems = list(_check_name(job.metadata.name))
+    problems += [Problem(f"spec.{path}", message) for path, message in _check_spec(job.spec)]
+    return problems
+
+
+def _check_name(name: str) -> Iterator[Problem]:
+    if not DNS1123_LABEL.match(name):
+        yield Problem(
+            "metadata.name",
+            f"must be a DNS-1123 label: lowercase letters, digits and '-', starting and ending "
+            f"with a letter or digit (got {name!r})",
+        )
+    if len(name) > MAX_NAME_LENGTH:
+        yield Problem(
+            "metadata.name",
+            f"must be at most {MAX_NAME_LENGTH} characters so pod names '<job>-<role>-<i>' fit in 63 (got {len(name)})",
+        )
+
+
+def _check_spec(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    yield from _check_task(spec)
+    yield from _check_model(spec)
+    yield from _check_algorithm(spec)
+    yield from _check_batch(spec)
+    yield from _check_reward(spec)
+    yield from _check_roles(spec)
+    if spec.scheduling.gang == "kueue" and not spec.scheduling.queue:
+        yield "scheduling.queue", "gang kueue needs scheduling.queue: the name of a Kueue LocalQueue"
+
+
+def _check_task(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    task = spec.task
+    if task.type == "gym":
+        if task.gym is None:
+            yield "task.gym", "task.type gym needs a task.gym section with at least envId"
+        if task.llm is not None:
+            yield "task.llm", "task.type is gym: remove task.llm (or set task.type to llm)"
+        if spec.algorithm.name != "ppo":
+            yield "algorithm.name", f"gym tasks are trained with ppo (got {spec.algorithm.name!r})"
+        if spec.rollout.engine not in (None, "torch"):
+            yield "rollout.engine", f"gym tasks use the torch engine (got {spec.rollout.engine!r})"
+    else:
+        if task.llm is None:
+            yield "task.llm", "task.type llm needs a task.llm section with a dataset"
+        if task.gym is not None:
+            yield "task.gym", "task.type is llm: remove task.gym (or set task.type to gym)"
+        if spec.rollout.engine == "torch":
+            yield "rollout.engine", "llm tasks generate with vllm or hf (got 'torch')"
+    if task.llm is not None:
+        dataset = task.llm.dataset
+        chosen = [k for k in ("path", "name", "builtin") if getattr(dataset, k) is not None]
+        if len(chosen) != 1:
+            yield "task.llm.dataset", f"set exactly one of path, name or builtin (got {chosen or 'none'})"
+        max_len = spec.rollout.vllm.max_model_len
+        total = task.llm.max_prompt_length + task.llm.max_response_length
+        if max_len is not None and total > max_len:
+            yield (
+                "rollout.vllm.maxModelLen",
+                f"must cover maxPromptLength + maxResponseLength = {total} (got {max_len})",
+            )
+
+
+def _check_model(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    model = spec.model
+    if model.source == "local" and not model.path:
+        yield "model.path", "model.source local needs model.path: a directory with a Hugging Face model"
+    if model.source == "hub" and not model.hub_id:
+        yield "model.hubId", "model.source hub needs model.hubId, e.g. Qwen/Qwen2.5-0.5B"
+    gym = spec.task.type == "gym"
+    if gym and model.source != "builtin":
+        yield "model.source", "gym tasks train the builtin mlp policy: set model.source to builtin"
+    arch = model.builtin.architecture
+    if model.source == "builtin" and arch is not None:
+        if gym and arch != "mlp":
+            yield "model.builtin.architecture", f"gym tasks use mlp (got {arch!r})"
+        if not gym and arch != "tiny-qwen2":
+            yield "model.builtin.architecture", f"llm tasks use tiny-qwen2 (got {arch!r})"
+        if arch == "tiny-qwen2" and model.builtin.hidden_size % model.builtin.num_heads:
+            yield (
+                "model.builtin.numHeads",
+                f"must divide hiddenSize {model.builtin.hidden_size} (got {model.builtin.num_heads})",
+            )
+    ref = model.reference
+    if ref is not None and ref.source == "local" and not ref.path:
+        yield "model.reference.path", "reference source local needs model.reference.path"
+    if ref is not None and ref.source == "hub" and not ref.hub_id:
+        yield "model.reference.hubId", "reference source hub needs model.reference.hubId"
+
+
+def _check_algorithm(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    algo = spec.algorithm
+    if algo.name in GROUP_ALGORITHMS and algo.group_size is not None and algo.group_size < 2:
+        yield (
+            "algorithm.groupSize",
+            f"{algo.name} compares samples of one prompt: must be >= 2 (got {algo.group_size})",
+        )
+    if algo.off_policy.low >= algo.off_policy.high:
+        yield (
+            "algorithm.offPolicy.low",
+            f"must be below offPolicy.high {algo.off_policy.high} (got {algo.off_policy.low})",
+        )
+
+
+def _check_batch(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    batch = spec.trainer.batch_size
+    if spec.task.gym is not None:
+        envs = spec.task.gym.num_envs
+        if batch % envs:
+            yield (
+                "trainer.batchSize",
+                f"gym batches are numEnvs x steps per env: must be a multiple of numEnvs {envs} (got {batch})",
+            )
+        samples = batch
+    else:
+        samples = batch * (spec.algorithm.group_size or 1)
+    if spec.algorithm.minibatches > samples:
+        yield (
+            "algorithm.minibatches",
+            f"cannot split {samples} samples per step into {spec.algorithm.minibatches} minibatches",
+        )
+
+
+def _check_reward(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    functions = spec.reward.functions
+    for i, fn in enumerate(functions):
+        if (fn.builtin is None) == (fn.module is None):
+            yield f"reward.functions[{i}]", "set exactly one of builtin or module"
+    if spec.task.type == "llm" and not functions:
+        yield "reward.functions", "llm tasks need at least one reward function, e.g. {builtin: exact_match}"
+    if spec.task.type == "gym" and functions:
+        yield "reward.functions", "gym environments give their own reward: remove spec.reward.functions"
+
+
+def _volume_sources(volume: Volume) -> list[str]:
+    return [
+        field.alias or name
+        for name, field in Volume.model_fields.items()
+        if name != "name" and getattr(volume, name) is not None
+    ]
+
+
+def _check_roles(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    for role in ROLE_NAMES:
+        rs = spec.roles.get(role)
+        base = f"roles.{role}"
+        if rs.placement.gpu_product and rs.gpus_per_replica == 0:
+            yield f"{base}.placement.gpuProduct", "needs gpusPerReplica > 0: only GPU pods are placed by product"
+        if "nvidia.com/gpu" in rs.resources.limits or "nvidia.com/gpu" in rs.resources.requests:
+            yield f"{base}.resources", "set GPUs with gpusPerReplica, not resources 'nvidia.com/gpu'"
+        declared = {v.name for v in rs.volumes}
+        for i, volume in enumerate(rs.volumes):
+            sources = _volume_sources(volume)
+            if len(sources) != 1:
+                yield f"{base}.volumes[{i}]", f"needs exactly one volume source (got {sources or 'none'})"
+        for i, mount in enumerate(rs.volume_mounts):
+            if mount.name not in declared:
+                yield (
+                    f"{base}.volumeMounts[{i}].name",
+                    f"no volume named {mount.name!r} in {base}.volumes (declared: {sorted(declared)})",
+                )
+    if spec.task.gym is not None:
+        env_replicas = spec.roles.env.replicas
+        if env_replicas == 0:
+            yield "roles.env.replicas", "gym tasks step their environments in env replicas: must be >= 1"
+        elif env_replicas is not None and env_replicas > spec.task.gym.num_envs:
+            yield (
+                "roles.env.replicas",
+                f"each env replica serves at least one environment: must be <= numEnvs "
+                f"{spec.task.gym.num_envs} (got {env_replicas})",
+            )
+    rollout = spec.roles.rollout
+    tp = spec.rollout.vllm.tensor_parallel_size
+    if spec.rollout.engine == "vllm" and rollout.gpus_per_replica and tp > rollout.gpus_per_replica:
+        yield (
+            "rollout.vllm.tensorParallelSize",
+            f"must be <= roles.rollout.gpusPerReplica {rollout.gpus_per_replica} (got {tp})",
+        )

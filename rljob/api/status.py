@@ -1,0 +1,72 @@
+"""Observed state of an RLJob, written by the operator from pods and the actor's progress."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from rljob.api.base import SpecModel
+
+Phase = Literal["Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+PHASES: tuple[Phase, ...] = (
+    "Pending",
+    "Starting",
+    "Running",
+    "Restarting",
+    "Suspended",
+    "Succeeded",
+    "Failed",
+)
+TERMINAL_PHASES: tuple[Phase, ...] = ("Succeeded", "Failed")
+
+
+class StatusModel(SpecModel):
+    # Status is written by the operator, never typed by hand: accept what the server returns.
+    model_config = ConfigDict(strict=False)
+
+
+class Condition(StatusModel):
+    """A Kubernetes-style condition."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = None
+    """RFC 3339 time of the last status change."""
+    observed_generation: int | None = None
+
+
+class RoleCounts(StatusModel):
+    desired: int = 0
+    ready: int = 0
+    failed: int = 0
+
+
+class RoleStatuses(StatusModel):
+    actor: RoleCounts = Field(default_factory=RoleCounts)
+    rollout: RoleCounts = Field(default_factory=RoleCounts)
+    env: RoleCounts = Field(default_factory=RoleCounts)
+    reward: RoleCounts = Field(default_factory=RoleCounts)
+
+
+class Progress(StatusModel):
+    """RL progress as reported by the actor."""
+
+    step: int = 0
+    total_steps: int = 0
+    reward_mean: float | None = None
+    updated_at: str | None = None
+
+
+class RLJobStatus(StatusModel):
+    phase: Phase = "Pending"
+    conditions: list[Condition] = Field(default_factory=list)
+    roles: RoleStatuses = Field(default_factory=RoleStatuses)
+    restarts: int = 0
+    """Actor-group restarts that counted against failurePolicy.maxRestarts."""
+    start_time: str | None = None
+    completion_time: str | None = None
+    progress: Progress = Field(default_factory=Progress)
+    observed_generation: int | None = None

@@ -1,0 +1,92 @@
+"""`rljob`: validate, render and run RLJob manifests; print the CRD.
+
+Exit codes: 0 success, 1 invalid input or failed job, 2 wrong usage.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+
+from rljob import __version__
+from rljob.api import InvalidRLJob, RLJob, load_job_file
+from rljob.api.crd import crd_yaml
+from rljob.api.loading import iter_job_files
+
+app = typer.Typer(
+    name="rljob",
+    help="Kubernetes-native RL post-training: one RLJob manifest, run locally or on a cluster.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+ManifestArg = Annotated[Path, typer.Argument(help="RLJob manifest (YAML).", dir_okay=False)]
+
+
+def _fail(exc: InvalidRLJob) -> None:
+    for problem in exc.problems:
+        typer.secho(problem.render(exc.source), fg=typer.colors.RED, err=True)
+    raise typer.Exit(1)
+
+
+def _summary(job: RLJob) -> str:
+    roles = job.spec.roles
+    pods = ", ".join(f"{r} x{roles.get(r).replicas}" for r in ("actor", "rollout", "env", "reward"))
+    return f"RLJob {job.name} ({job.spec.task.type}, {job.spec.algorithm.name}; {pods})"
+
+
+@app.command()
+def validate(
+    files: Annotated[list[Path], typer.Argument(help="RLJob manifests (YAML); several documents per file are fine.")],
+) -> None:
+    """Check manifests: every problem is printed with its field path and how to fix it."""
+    failed = False
+    for path, result in iter_job_files(files):
+        if isinstance(result, InvalidRLJob):
+            failed = True
+            for problem in result.problems:
+                typer.secho(problem.render(result.source), fg=typer.colors.RED, err=True)
+        else:
+            for job in result:
+                typer.echo(f"ok {path}: {_summary(job)}")
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def render(file: ManifestArg) -> None:
+    """Print the resolved job as YAML: every default filled in."""
+    try:
+        job = load_job_file(file)
+    except InvalidRLJob as exc:
+        _fail(exc)
+    resolved = job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
+    typer.echo(yaml.safe_dump(resolved, sort_keys=False, width=100), nl=False)
+
+
+@app.command()
+def crd() -> None:
+    """Print the RLJob CustomResourceDefinition (generated from the API models)."""
+    typer.echo(crd_yaml(), nl=False)
+
+
+@app.command()
+def version() -> None:
+    """Print the rljob version."""
+    typer.echo(f"rljob {__version__}")
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
