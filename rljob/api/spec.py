@@ -338,8 +338,8 @@ class CheckpointSpec(SpecModel):
 
 class LoggingSpec(SpecModel):
     tensorboard: bool = True
-    prometheus_port: int = Field(default=9090, ge=0, le=65535)
-    """Metrics port of every role; 0 disables the endpoint."""
+    prometheus_port: int = Field(default=9090, ge=1, le=65535)
+    """HTTP port of every role in pods: `/healthz`, `/metrics` (Prometheus) and, on the actor, `/progress`."""
     metrics_interval: int = Field(default=1, ge=1)
     """Steps between metric records."""
     level: Literal["debug", "info", "warning", "error"] = "info"

@@ -1,0 +1,1 @@
+"""Advantages, policy losses and KL estimators: pure torch functions."""

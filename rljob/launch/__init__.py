@@ -1,0 +1,1 @@
+"""Launchers: start every role of a job as local processes."""

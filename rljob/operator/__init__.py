@@ -1,0 +1,1 @@
+"""The kopf operator: RLJob -> pods, services, configmaps, podgroups; status from observed pods."""

@@ -1,0 +1,1 @@
+"""In-pod runtime: roles, driver loop, transport, weight sync, checkpoints, metrics."""

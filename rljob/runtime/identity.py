@@ -1,0 +1,203 @@
+"""The contract between a launcher (local processes or the operator's pods) and every role process.
+
+A role process learns who it is and where its peers are from environment variables only. The local
+launcher and the operator both build those variables with the functions below, so one code path
+serves both. This module imports nothing heavy: the operator image uses it too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from rljob.api.spec import ROLE_NAMES, RoleName
+
+# Fixed ports inside pods (each pod has its own IP); locally every process gets its own ports.
+DATA_PORT = 29600
+"""Data plane (transport) endpoint of every role replica."""
+MASTER_PORT = 29500
+"""torch.distributed rendezvous of the actor group (on actor replica 0)."""
+SYNC_PORT = 29501
+"""Weight-sync group actor -> rollout (on actor replica 0)."""
+CONFIG_PATH_IN_POD = "/etc/rljob/job.yaml"
+"""Where the operator mounts the ConfigMap holding the resolved job."""
+
+ENV_PREFIX = "RLJOB_"
+
+
+class IdentityError(RuntimeError):
+    """The environment does not describe a role process; says which variable is missing or wrong."""
+
+
+@dataclass(frozen=True)
+class RoleIdentity:
+    """Who this process is and how to reach every peer."""
+
+    job: str
+    namespace: str
+    role: RoleName
+    replica: int
+    config_path: str
+    endpoints: dict[RoleName, list[str]]
+    """`host:port` of the data-plane endpoint of each replica, per role (empty for absent roles)."""
+    master_addr: str
+    master_port: int
+    sync_port: int
+    metrics_port: int
+    run_dir: str = ""
+    """Local runs: the run's output directory; empty in pods (metrics go to stdout and /metrics)."""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def replicas(self) -> int:
+        return len(self.endpoints[self.role])
+
+    @property
+    def bind_port(self) -> int:
+        """The data-plane port this process listens on."""
+        return int(self.endpoints[self.role][self.replica].rsplit(":", 1)[1])
+
+    def to_env(self) -> dict[str, str]:
+        env = {
+            "RLJOB_JOB_NAME": self.job,
+            "RLJOB_NAMESPACE": self.namespace,
+            "RLJOB_ROLE": self.role,
+            "RLJOB_REPLICA": str(self.replica),
+            "RLJOB_REPLICAS": str(self.replicas),
+            "RLJOB_CONFIG": self.config_path,
+            "RLJOB_METRICS_PORT": str(self.metrics_port),
+            "RLJOB_SYNC_PORT": str(self.sync_port),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }
+        for role in ROLE_NAMES:
+            env[f"RLJOB_{role.upper()}_ENDPOINTS"] = ",".join(self.endpoints[role])
+        if self.role == "actor":
+            env["RANK"] = str(self.replica)
+            env["WORLD_SIZE"] = str(self.replicas)
+        if self.run_dir:
+            env["RLJOB_RUN_DIR"] = self.run_dir
+        env.update(self.extra)
+        return env
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RoleIdentity:
+        env = os.environ if env is None else env
+
+        def need(name: str) -> str:
+            value = env.get(name)
+            if value is None or value == "":
+                raise IdentityError(
+                    f"{name} is not set: role processes are started by `rljob run` or by the operator, "
+                    "which set RLJOB_* variables (see rljob/runtime/identity.py)"
+                )
+            return value
+
+        def need_int(name: str) -> int:
+            raw = need(name)
+            try:
+                return int(raw)
+            except ValueError:
+                raise IdentityError(f"{name} must be an integer (got {raw!r})") from None
+
+        role = need("RLJOB_ROLE")
+        if role not in ROLE_NAMES:
+            raise IdentityError(f"RLJOB_ROLE must be one of {', '.join(ROLE_NAMES)} (got {role!r})")
+        endpoints: dict[RoleName, list[str]] = {
+            r: [e for e in env.get(f"RLJOB_{r.upper()}_ENDPOINTS", "").split(",") if e] for r in ROLE_NAMES
+        }
+        replica = need_int("RLJOB_REPLICA")
+        if not 0 <= replica < len(endpoints[role]):  # type: ignore[index]
+            raise IdentityError(
+                f"RLJOB_REPLICA {replica} is outside RLJOB_{role.upper()}_ENDPOINTS ({len(endpoints[role])} endpoints)"  # type: ignore[index]
+            )
+        return cls(
+            job=need("RLJOB_JOB_NAME"),
+            namespace=env.get("RLJOB_NAMESPACE", "default"),
+            role=role,  # type: ignore[arg-type]
+            replica=replica,
+            config_path=need("RLJOB_CONFIG"),
+            endpoints=endpoints,
+            master_addr=need("MASTER_ADDR"),
+            master_port=need_int("MASTER_PORT"),
+            sync_port=need_int("RLJOB_SYNC_PORT"),
+            metrics_port=need_int("RLJOB_METRICS_PORT"),
+            run_dir=env.get("RLJOB_RUN_DIR", ""),
+        )
+
+
+def pod_hostname(job: str, role: RoleName, replica: int) -> str:
+    """Pod name and hostname: `<job>-<role>-<i>`."""
+    return f"{job}-{role}-{replica}"
+
+
+def pod_dns_name(job: str, role: RoleName, replica: int) -> str:
+    """Resolvable inside the namespace through the job's headless Service (named after the job)."""
+    return f"{pod_hostname(job, role, replica)}.{job}"
+
+
+def pod_identity(
+    job: str, namespace: str, role: RoleName, replica: int, replicas: Mapping[str, int], metrics_port: int
+) -> RoleIdentity:
+    """The identity of one pod of a job; `replicas` maps each role to its replica count."""
+    endpoints: dict[RoleName, list[str]] = {
+        r: [f"{pod_dns_name(job, r, i)}:{DATA_PORT}" for i in range(replicas.get(r, 0))] for r in ROLE_NAMES
+    }
+    return RoleIdentity(
+        job=job,
+        namespace=namespace,
+        role=role,
+        replica=replica,
+        config_path=CONFIG_PATH_IN_POD,
+        endpoints=endpoints,
+        master_addr=pod_dns_name(job, "actor", 0),
+        master_port=MASTER_PORT,
+        sync_port=SYNC_PORT,
+        metrics_port=metrics_port,
+    )
+
+
+def local_identities(
+    job: str,
+    replicas: Mapping[str, int],
+    config_path: str,
+    ports: list[int],
+    run_dir: str = "",
+) -> list[RoleIdentity]:
+    """Identities of every process of a local run, on 127.0.0.1.
+
+    `ports` must hold free ports: one data port per replica, plus master, sync, and a metrics
+    port per replica. Use `ports_needed(replicas)` to know how many.
+    """
+    if len(ports) < ports_needed(replicas):
+        raise ValueError(f"need {ports_needed(replicas)} free ports, got {len(ports)}")
+    free = iter(ports)
+    endpoints: dict[RoleName, list[str]] = {
+        r: [f"127.0.0.1:{next(free)}" for _ in range(replicas.get(r, 0))] for r in ROLE_NAMES
+    }
+    master_port, sync_port = next(free), next(free)
+    identities = []
+    for role in ROLE_NAMES:
+        for i in range(replicas.get(role, 0)):
+            identities.append(
+                RoleIdentity(
+                    job=job,
+                    namespace="local",
+                    role=role,
+                    replica=i,
+                    config_path=config_path,
+                    endpoints=endpoints,
+                    master_addr="127.0.0.1",
+                    master_port=master_port,
+                    sync_port=sync_port,
+                    metrics_port=next(free),
+                    run_dir=run_dir,
+                )
+            )
+    return identities
+
+
+def ports_needed(replicas: Mapping[str, int]) -> int:
+    total = sum(replicas.get(r, 0) for r in ROLE_NAMES)
+    return 2 * total + 2
