@@ -26,8 +26,8 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                "while reading a mapping",
-                node.start_mark,
+                None,
+                None,
                 f"duplicate key {key!r} (first on line {seen[key].start_mark.line + 1}); keep only one",
                 key_node.start_mark,
             )
@@ -62,7 +62,11 @@ def parse_documents(text: str, source: str = "<input>") -> list[Document]:
         column = mark.column + 1 if mark else None
         detail = " ".join(str(p) for p in (exc.context, exc.problem) if p)
         where = f" at line {line}, column {column}" if line else ""
-        raise InvalidRLJob([Problem("", f"malformed YAML{where}: {detail}", line, column)], source) from None
+        hint = "" if "duplicate key" in detail else " (check the indentation and the ':' after each key)"
+        message = f"malformed YAML{where}: {detail}{hint}"
+        raise InvalidRLJob([Problem("", message, line, column)], source) from None
+    except yaml.YAMLError as exc:  # e.g. control characters, rejected before parsing starts
+        raise InvalidRLJob([Problem("", f"malformed YAML: {exc}")], source) from None
     return [d for d in docs if d.data is not None]
 
 

@@ -168,6 +168,8 @@ def _message(error: dict[str, Any], root: type[BaseModel]) -> str:
         return "must not be empty"
     if kind == "string_pattern_mismatch":
         return f"has the wrong form (got {got}); expected text matching {ctx.get('pattern')}"
+    if kind in ("quantity", "function_ref"):
+        return str(error["msg"])
     if kind == "value_error":
         return str(ctx.get("error", error["msg"]))
     return f"{error['msg']} (got {got})"

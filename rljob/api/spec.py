@@ -7,9 +7,11 @@ same wording.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from rljob.api.base import SpecModel
 from rljob.api.kubernetes import (
@@ -35,6 +37,19 @@ Probability = Annotated[float, Field(gt=0.0, le=1.0)]
 def cel(*rules: tuple[str, str]) -> ConfigDict:
     """Attach Kubernetes CEL validation rules (rule, message) to a section's CRD schema."""
     return ConfigDict(json_schema_extra={"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]})
+
+
+def _check_function_ref(value: str) -> str:
+    if not _FUNCTION_REF.match(value):
+        raise PydanticCustomError(
+            "function_ref",
+            "must be 'path/to/file.py:function' or 'package.module:function' (got {got})",
+            {"got": repr(value)},
+        )
+    return value
+
+
+_FUNCTION_REF = re.compile(r"^[^:\s]+:[A-Za-z_][A-Za-z0-9_]*$")
 
 
 # --- task ---------------------------------------------------------------------------------------
@@ -296,7 +311,7 @@ class RewardFunction(SpecModel):
     name: str | None = None
     """Label used in metrics; defaults to the builtin or function name."""
     builtin: Literal["exact_match", "math_verify", "format", "length_penalty", "code_exec"] | None = None
-    module: str | None = Field(default=None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
+    module: Annotated[str, AfterValidator(_check_function_ref)] | None = None
     """`path/to/file.py:function` or `package.module:function`."""
     weight: float = 1.0
     args: FreeForm = Field(default_factory=dict)

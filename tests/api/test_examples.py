@@ -1,0 +1,50 @@
+"""The shipped examples are valid, and resolving defaults is stable."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rljob.api import load_job_file, validate_job
+from tests.conftest import EXAMPLES
+
+
+def test_every_example_is_shipped():
+    names = {p.name for p in EXAMPLES}
+    assert {"cartpole-ppo.yaml", "grpo-tiny-arithmetic.yaml", "grpo-qwen-math-h100.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_validates(path: Path):
+    job = load_job_file(path)
+    assert job.spec.algorithm.group_size is not None
+    assert job.spec.rollout.engine is not None
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_resolved_job_is_a_fixed_point(path: Path):
+    """Rendering a resolved job and validating it again changes nothing (what the operator stores)."""
+    job = load_job_file(path)
+    dumped = job.model_dump(mode="json", by_alias=True, exclude_none=True)
+    again = validate_job(yaml.safe_load(yaml.safe_dump(dumped)))
+    assert again == job
+
+
+def test_task_dependent_defaults_are_filled():
+    gym = load_job_file(Path("examples/cartpole-ppo.yaml"))
+    assert (gym.spec.algorithm.group_size, gym.spec.rollout.engine) == (1, "torch")
+    assert gym.spec.roles.reward.replicas == 0
+    assert gym.spec.model.builtin.architecture == "mlp"
+    llm = load_job_file(Path("examples/grpo-tiny-arithmetic.yaml"))
+    assert llm.spec.roles.env.replicas == 0 and llm.spec.roles.reward.replicas == 1
+    assert llm.spec.model.builtin.architecture == "tiny-qwen2"
+    assert llm.spec.rollout.max_tokens == 8
+
+
+def test_h100_example_places_actors_and_rollouts_on_different_gpus():
+    job = load_job_file(Path("examples/grpo-qwen-math-h100.yaml"))
+    actor, rollout = job.spec.roles.actor, job.spec.roles.rollout
+    assert (actor.replicas, actor.gpus_per_replica, actor.placement.gpu_product) == (2, 8, "NVIDIA-H100-80GB-HBM3")
+    assert (rollout.replicas, rollout.gpus_per_replica, rollout.placement.gpu_product) == (4, 1, "NVIDIA-L40S")
+    assert job.spec.scheduling.gang == "volcano"
+    assert job.spec.checkpoint.volume_claim

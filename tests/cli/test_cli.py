@@ -1,0 +1,82 @@
+"""The `rljob` command line as a user drives it: exit codes 0 / 1 / 2 and readable output."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from rljob import __version__
+from rljob.api.crd import crd_yaml
+from rljob.cli.main import app
+from tests.conftest import EXAMPLES, REPO
+
+runner = CliRunner()
+
+
+def test_validate_accepts_every_example():
+    result = runner.invoke(app, ["validate", *map(str, EXAMPLES)])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("ok ") == len(EXAMPLES)
+
+
+def test_validate_reports_a_missing_file_without_traceback(tmp_path: Path):
+    result = runner.invoke(app, ["validate", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == 1
+    assert "cannot read the file" in result.output
+
+
+def test_validate_exits_1_if_any_file_is_invalid_and_still_checks_the_others():
+    bad = REPO / "tests" / "api" / "invalid" / "actor-replicas-zero.yaml"
+    result = runner.invoke(app, ["validate", str(EXAMPLES[0]), str(bad)])
+    assert result.exit_code == 1
+    assert f"ok {EXAMPLES[0]}" in result.output
+    assert "spec.roles.actor.replicas" in result.output
+
+
+def test_usage_error_exits_2():
+    assert runner.invoke(app, ["validate"]).exit_code == 2
+    assert runner.invoke(app, ["no-such-command"]).exit_code == 2
+
+
+@pytest.mark.parametrize("command", ["validate", "render", "crd", "version"])
+def test_every_command_has_help(command: str):
+    result = runner.invoke(app, [command, "--help"])
+    assert result.exit_code == 0
+    assert "Usage" in result.output
+
+
+def test_crd_prints_the_generated_crd():
+    result = runner.invoke(app, ["crd"])
+    assert result.exit_code == 0
+    assert result.output == crd_yaml()
+
+
+def test_render_prints_the_resolved_job_with_defaults_filled():
+    result = runner.invoke(app, ["render", str(REPO / "examples" / "grpo-tiny-arithmetic.yaml")])
+    assert result.exit_code == 0, result.output
+    job = next(d for d in yaml.safe_load_all(result.output) if d and d.get("kind") == "RLJob")
+    assert job["spec"]["algorithm"]["groupSize"] == 8
+    assert job["spec"]["rollout"]["maxTokens"] == 8
+    assert job["spec"]["checkpoint"]["resume"] == "auto"
+    assert "status" not in job
+
+
+def test_render_of_an_invalid_manifest_exits_1():
+    bad = REPO / "tests" / "api" / "invalid" / "unknown-field-typo.yaml"
+    result = runner.invoke(app, ["render", str(bad)])
+    assert result.exit_code == 1
+    assert "did you mean 'replicas'?" in result.output
+
+
+def test_version():
+    result = runner.invoke(app, ["version"])
+    assert result.output.strip() == f"rljob {__version__}"
+
+
+def test_console_script_is_installed():
+    rljob = Path(sys.executable).parent / "rljob"
+    done = subprocess.run([str(rljob), "version"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and __version__ in done.stdout
