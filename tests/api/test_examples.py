@@ -48,3 +48,10 @@ def test_h100_example_places_actors_and_rollouts_on_different_gpus():
     assert (rollout.replicas, rollout.gpus_per_replica, rollout.placement.gpu_product) == (4, 1, "NVIDIA-L40S")
     assert job.spec.scheduling.gang == "volcano"
     assert job.spec.checkpoint.volume_claim
+
+
+def test_readme_example_is_a_valid_job(repo: Path):
+    readme = (repo / "README.md").read_text()
+    block = next(b.split("\n", 1)[1] for b in readme.split("```")[1:] if b.startswith("yaml") and "kind: RLJob" in b)
+    job = validate_job(yaml.safe_load(block))
+    assert job.name == "cartpole-ppo"
