@@ -330,7 +330,8 @@ class SandboxSpec(SpecModel):
 class RewardSpec(SpecModel):
     """How responses are scored (llm tasks; gym environments give their own reward)."""
 
-    functions: list[RewardFunction] = Field(default_factory=list)
+    functions: list[RewardFunction] = Field(default_factory=list, max_length=32)
+    """Reward terms, summed with their weights (bounded so the API server can cost their CEL rules)."""
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
 
 

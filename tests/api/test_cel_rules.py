@@ -51,7 +51,6 @@ VIOLATIONS = [
      "spec.roles.rollout.placement.gpuProduct"),
     ("kueue-without-queue", GYM, "spec.scheduling", {"gang": "kueue"}, "spec.scheduling.queue"),
     ("name-too-long", GYM, "metadata.name", "x" * 48, "metadata.name"),
-    ("name-with-underscore", GYM, "metadata.name", "cart_pole", "metadata.name"),
 ]  # fmt: skip
 
 
