@@ -17,6 +17,7 @@ from rljob import __version__
 from rljob.api import InvalidRLJob, RLJob, load_job_file
 from rljob.api.crd import crd_yaml
 from rljob.api.loading import iter_job_files
+from rljob.cli.operator import operator
 from rljob.operator.manifests import build_children
 from rljob.operator.settings import OperatorSettings, SettingsError
 
@@ -118,6 +119,9 @@ def crd() -> None:
 def version() -> None:
     """Print the rljob version."""
     typer.echo(f"rljob {__version__}")
+
+
+app.command()(operator)
 
 
 def main() -> None:

@@ -102,6 +102,5 @@ async def run_operator(
         )
     finally:
         await controller.stop()
-        await client.close()
         if runner is not None:
             await runner.cleanup()

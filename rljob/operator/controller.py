@@ -439,10 +439,12 @@ class Controller:
             worker.wake.set()
 
     async def stop(self) -> None:
+        """Stop every worker and close the HTTP sessions (idempotent)."""
         workers, self.workers = list(self.workers.values()), {}
         for worker in workers:
             await worker.stop()
         await self.progress.close()
+        await self.client.close()
 
     def _phases(self) -> list[str]:
         return [w.phase for w in list(self.workers.values())]

@@ -48,3 +48,9 @@ def register(registry: kopf.OperatorRegistry) -> None:
         controller: Controller = memo.controller
         controller.pod_index = kwargs[POD_INDEX]
         controller.job_event(event["type"], dict(event["object"]))
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop_workers(memo: kopf.Memo, **_: Any) -> None:
+        """Stop the job workers and close connections while kopf shuts down: kopf waits for leftover tasks."""
+        controller: Controller = memo.controller
+        await controller.stop()

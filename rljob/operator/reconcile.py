@@ -342,8 +342,7 @@ class _Planner:
         self.count_roles()
         unschedulable = scheduling_problems(obs.pods)
         if unschedulable:
-            if set_condition(self.status, SCHEDULED, False, "Unschedulable", describe_pods(unschedulable), self.now):
-                self.event("Warning", "Unschedulable", describe_pods(unschedulable))
+            self.warn_condition(SCHEDULED, "Unschedulable", describe_pods(unschedulable))
         else:
             scheduled = all(name in self.pods and self.pods[name].scheduled for name in obs.desired_pods)
             if scheduled:
@@ -352,8 +351,7 @@ class _Planner:
         ready_pods = [n for n in obs.desired_pods if n in self.pods and self.pods[n].ready]
         all_ready = len(ready_pods) == len(obs.desired_pods)
         if problems:
-            if set_condition(self.status, READY, False, reason, describe_pods(problems), self.now):
-                self.event("Warning", reason, describe_pods(problems))
+            self.warn_condition(READY, reason, describe_pods(problems))
         elif all_ready:
             set_condition(self.status, READY, True, "AllPodsReady", f"{len(ready_pods)} pods ready", self.now)
         else:
@@ -370,6 +368,14 @@ class _Planner:
             self.transition("Starting", "Starting", "every pod is placed; waiting for readiness")
         elif self.status.phase not in ("Pending", "Starting"):
             self.transition("Pending", "Pending", "waiting for pods to be created and scheduled")
+
+    def warn_condition(self, kind: str, reason: str, message: str) -> None:
+        """Set a condition False for a problem; post a Warning when the problem is new."""
+        before = get_condition(self.status, kind)
+        new = before is None or before.status != "False" or before.reason != reason
+        set_condition(self.status, kind, False, reason, message, self.now)
+        if new:
+            self.event("Warning", reason, message)
 
     def count_roles(self) -> None:
         desired: dict[str, int] = {role: 0 for role in ROLE_NAMES}

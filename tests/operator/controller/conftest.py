@@ -86,7 +86,8 @@ def kopf_test_settings() -> kopf.OperatorSettings:
     settings.scanning.disabled = True
     settings.posting.enabled = False
     settings.watching.reconnect_backoff = 0.1
-    settings.queueing.exit_timeout = 1.0
+    settings.queueing.exit_timeout = 0.5
+    settings.queueing.idle_timeout = 0.5
     settings.networking.request_timeout = 10
     return settings
 
