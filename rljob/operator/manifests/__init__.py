@@ -8,12 +8,13 @@ from rljob.operator.manifests.checks import build_problems, checkpoint_dir_in_po
 from rljob.operator.manifests.children import build_children
 from rljob.operator.manifests.config import build_config_map, config_hash, resolved_job_yaml
 from rljob.operator.manifests.gang import build_pod_group, gang_size, replica_counts
-from rljob.operator.manifests.pods import build_pod, build_pods, role_image
+from rljob.operator.manifests.pods import build_job_pods, build_pod, build_pods, role_image
 from rljob.operator.manifests.service import build_service
 
 __all__ = [
     "build_children",
     "build_config_map",
+    "build_job_pods",
     "build_pod",
     "build_pod_group",
     "build_pods",

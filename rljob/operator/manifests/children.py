@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from rljob.api import ROLE_NAMES, RLJob
+from rljob.api import RLJob
 from rljob.operator.manifests.checks import ensure_buildable
 from rljob.operator.manifests.config import build_config_map
 from rljob.operator.manifests.gang import build_pod_group
-from rljob.operator.manifests.pods import build_pods
+from rljob.operator.manifests.pods import build_job_pods
 from rljob.operator.manifests.service import build_service
 from rljob.operator.settings import OperatorSettings
 
@@ -24,6 +24,4 @@ def build_children(job: RLJob, settings: OperatorSettings) -> list[dict[str, Any
     group = build_pod_group(job, settings)
     if group is not None:
         children.append(group)
-    for role in ROLE_NAMES:
-        children += build_pods(job, settings, role)
-    return children
+    return children + build_job_pods(job, settings)

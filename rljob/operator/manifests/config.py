@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import yaml
@@ -30,13 +31,20 @@ def resolved_job_document(job: RLJob) -> dict[str, Any]:
     return document
 
 
+# libyaml's emitter when PyYAML has it: the ConfigMap is built on every reconcile.
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
 def resolved_job_yaml(job: RLJob) -> str:
-    return yaml.safe_dump(resolved_job_document(job), sort_keys=False, width=100)
+    return yaml.dump(resolved_job_document(job), Dumper=_Dumper, sort_keys=False, width=100)
 
 
 def config_hash(job: RLJob) -> str:
-    """A short digest of the resolved job: pods carry it, so an edited spec shows which pods are stale."""
-    return hashlib.sha256(resolved_job_yaml(job).encode()).hexdigest()[:16]
+    """A short digest of the resolved job: pods carry it, so an edited spec shows which pods are stale.
+
+    Taken over canonical JSON, so it does not depend on the YAML emitter at hand."""
+    canonical = json.dumps(resolved_job_document(job), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def build_config_map(job: RLJob, settings: OperatorSettings) -> Manifest:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import posixpath
+from dataclasses import dataclass
 from typing import Any
 
-from rljob.api import InvalidRLJob, RLJob, RoleName
+from rljob.api import ROLE_NAMES, InvalidRLJob, RLJob, RoleName
 from rljob.api.spec import RoleSpec
 from rljob.operator.manifests.checks import (
     CHECKPOINT_VOLUME,
@@ -16,7 +17,7 @@ from rljob.operator.manifests.checks import (
     ensure_buildable,
 )
 from rljob.operator.manifests.config import config_hash
-from rljob.operator.manifests.gang import pod_gang_metadata, replica_counts
+from rljob.operator.manifests.gang import PodGangMetadata, pod_gang_metadata, replica_counts
 from rljob.operator.manifests.placement import GPU_RESOURCE, PlacementProblem, role_affinity, role_tolerations
 from rljob.operator.naming import (
     ANNOTATION_CONFIG_HASH,
@@ -47,10 +48,40 @@ def role_image(job: RLJob, role: RoleName, settings: OperatorSettings) -> str:
     return settings.env_image
 
 
+@dataclass(frozen=True)
+class _JobPods:
+    """What every pod of a job shares, computed once per job rather than once per pod."""
+
+    counts: dict[str, int]
+    config_hash: str
+    gang: PodGangMetadata
+
+
+def _job_pods(job: RLJob, settings: OperatorSettings) -> _JobPods:
+    ensure_buildable(job)
+    return _JobPods(replica_counts(job), config_hash(job), pod_gang_metadata(job, settings))
+
+
 def build_pod(job: RLJob, settings: OperatorSettings, role: RoleName, replica: int) -> dict[str, Any]:
     """The pod of one replica of a role of a resolved job; raises InvalidRLJob on clashes (see checks)."""
-    ensure_buildable(job)
-    counts = replica_counts(job)
+    return _build_pod(job, settings, role, replica, _job_pods(job, settings))
+
+
+def build_pods(job: RLJob, settings: OperatorSettings, role: RoleName) -> list[dict[str, Any]]:
+    shared = _job_pods(job, settings)
+    return [_build_pod(job, settings, role, i, shared) for i in range(shared.counts[role])]
+
+
+def build_job_pods(job: RLJob, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """Every pod of the job, role by role (actor, rollout, env, reward), replica by replica."""
+    shared = _job_pods(job, settings)
+    return [_build_pod(job, settings, r, i, shared) for r in ROLE_NAMES for i in range(shared.counts[r])]
+
+
+def _build_pod(
+    job: RLJob, settings: OperatorSettings, role: RoleName, replica: int, shared: _JobPods
+) -> dict[str, Any]:
+    counts = shared.counts
     if not 0 <= replica < counts[role]:
         raise ValueError(f"{role} replica {replica} is outside the job's {counts[role]} {role} replicas")
     rs = job.spec.roles.get(role)
@@ -60,12 +91,12 @@ def build_pod(job: RLJob, settings: OperatorSettings, role: RoleName, replica: i
         raise InvalidRLJob([exc.problem]) from None
 
     metadata = child_metadata(job, pod_name(job, role, replica), role)
-    gang = pod_gang_metadata(job, settings)
+    gang = shared.gang
     labels: dict[str, str] = {**settings.extra_pod_labels, **metadata["labels"]}  # type: ignore[dict-item]
     labels.update({LABEL_ROLE: role, LABEL_REPLICA: str(replica)})
     labels.update(gang.labels)
     metadata["labels"] = labels
-    metadata["annotations"] = {ANNOTATION_CONFIG_HASH: config_hash(job), **gang.annotations}
+    metadata["annotations"] = {ANNOTATION_CONFIG_HASH: shared.config_hash, **gang.annotations}
 
     volumes, mounts = _volumes(job, role, rs, settings)
     pod_spec: dict[str, Any] = {
@@ -80,9 +111,11 @@ def build_pod(job: RLJob, settings: OperatorSettings, role: RoleName, replica: i
             "runAsUser": settings.run_as_user,
             "runAsGroup": settings.run_as_group,
             "fsGroup": settings.run_as_group,
+            # Large dataset and checkpoint volumes: chown only when the root's group differs.
+            "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_container(job, role, replica, rs, settings, mounts)],
+        "containers": [_container(job, role, replica, rs, settings, mounts, counts)],
         "volumes": volumes,
     }
     if settings.pod_service_account:
@@ -106,17 +139,17 @@ def build_pod(job: RLJob, settings: OperatorSettings, role: RoleName, replica: i
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
-def build_pods(job: RLJob, settings: OperatorSettings, role: RoleName) -> list[dict[str, Any]]:
-    return [build_pod(job, settings, role, i) for i in range(replica_counts(job)[role])]
-
-
 def _container(
-    job: RLJob, role: RoleName, replica: int, rs: RoleSpec, settings: OperatorSettings, mounts: list[dict[str, Any]]
+    job: RLJob,
+    role: RoleName,
+    replica: int,
+    rs: RoleSpec,
+    settings: OperatorSettings,
+    mounts: list[dict[str, Any]],
+    counts: dict[str, int],
 ) -> dict[str, Any]:
     metrics_port = job.spec.logging.prometheus_port
-    identity = pod_identity(
-        job.name, job.metadata.namespace or "default", role, replica, replica_counts(job), metrics_port
-    )
+    identity = pod_identity(job.name, job.metadata.namespace or "default", role, replica, counts, metrics_port)
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in identity.to_env().items()]
     env += [var.model_dump(mode="json", by_alias=True, exclude_none=True) for var in rs.env]
     if not job.metadata.namespace:
