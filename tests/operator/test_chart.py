@@ -255,3 +255,18 @@ def test_rbac_modes_bind_the_right_rule_blocks():
     assert "rules.cluster" in cluster_role and "rules.namespaced" not in cluster_role
     assert "kind: Role\n" in per_namespace and "rules.namespaced" in per_namespace
     assert "rules.peering.namespaced" in per_namespace
+
+
+@pytest.mark.parametrize("branch", ["if", "else"])
+def test_deployment_args_are_options_of_rljob_operator(branch):
+    import typer.main
+
+    from rljob.cli.main import app
+
+    (deployment,) = yaml.safe_load_all(skeleton((TEMPLATES / "deployment.yaml").read_text(), branch))
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "operator"
+    command = typer.main.get_command(app).commands["operator"]
+    options = {opt for param in command.params for opt in param.opts}
+    flags = [a.split("=", 1)[0] for a in args[1:] if a.startswith("--")]
+    assert flags and set(flags) <= options, set(flags) - options
