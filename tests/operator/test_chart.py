@@ -16,10 +16,12 @@ from pathlib import Path
 import jsonschema
 import kubernetes_validate
 import pytest
+import typer.main
 import yaml
 
 from rljob import __version__
 from rljob.api.crd import crd_yaml
+from rljob.cli.main import app
 from rljob.operator.rbac import OPERATOR_API_ACCESS, ApiAccess
 from rljob.operator.settings import ENV_PREFIX, OperatorSettings
 
@@ -259,10 +261,6 @@ def test_rbac_modes_bind_the_right_rule_blocks():
 
 @pytest.mark.parametrize("branch", ["if", "else"])
 def test_deployment_args_are_options_of_rljob_operator(branch):
-    import typer.main
-
-    from rljob.cli.main import app
-
     (deployment,) = yaml.safe_load_all(skeleton((TEMPLATES / "deployment.yaml").read_text(), branch))
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[0] == "operator"
