@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from typing import Annotated
 
 import typer
@@ -23,6 +24,13 @@ def operator(
         str | None, typer.Option(help="kopf peering name: a hot standby waits while another operator runs.")
     ] = None,
     standalone: Annotated[bool, typer.Option(help="Run without peering (the default).")] = False,
+    priority: Annotated[
+        int | None,
+        typer.Option(
+            help="Peering priority (highest live one works). Default with --peering: random, so the replicas "
+            "of one Deployment differ (kopf pauses all peers that share the highest priority)."
+        ),
+    ] = None,
     liveness_port: Annotated[int, typer.Option(help="Port of kopf's liveness probe `/healthz`.")] = 8080,
     metrics_port: Annotated[int, typer.Option(help="Port of the Prometheus `/metrics` endpoint.")] = 9090,
     resync_seconds: Annotated[float, typer.Option(help="Reconcile every job at least this often.")] = 30.0,
@@ -65,6 +73,7 @@ def operator(
         metrics_port=metrics_port,
         liveness_port=liveness_port,
         peering=peering,
+        priority=priority if priority is not None else secrets.randbelow(2**31 - 1) + 1,
         controller=ControllerConfig(resync_seconds=resync_seconds, progress_seconds=progress_seconds),
         settings=settings,
     )

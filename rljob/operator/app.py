@@ -33,6 +33,9 @@ class OperatorOptions:
     """kopf's liveness probe `/healthz`; None: no probe."""
     peering: str | None = None
     """kopf peering name for a hot standby; None runs standalone."""
+    priority: int = 0
+    """Peering priority: the live operator with the highest one works, the others stand by. kopf pauses
+    every operator when live peers share the highest priority, so replicas must differ."""
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     settings: OperatorSettings = field(default_factory=OperatorSettings)
 
@@ -57,6 +60,7 @@ def kopf_settings(options: OperatorOptions) -> kopf.OperatorSettings:
     settings.peering.standalone = options.peering is None
     if options.peering is not None:
         settings.peering.name = options.peering
+        settings.peering.priority = options.priority
         settings.peering.clusterwide = options.all_namespaces
     return settings
 
