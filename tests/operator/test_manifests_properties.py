@@ -4,6 +4,7 @@ server accepts, or is refused with an InvalidRLJob naming fields; the builders n
 from __future__ import annotations
 
 import copy
+import json
 import string
 from typing import Any
 
@@ -142,8 +143,11 @@ def test_any_valid_job_builds_manifests_an_api_server_accepts(data, example_docu
         # Only clashes with what rljob adds (see manifests/checks.py), each naming a spec field.
         assert refused.problems and all(p.path.startswith("spec.") and p.message for p in refused.problems)
         return
+    json.dumps(children)  # what goes over the wire
     pods = [c for c in children if c["kind"] == "Pod"]
     assert len(pods) == sum(replica_counts(job).values())
+    for group in (c for c in children if c["kind"] == "PodGroup"):
+        assert group["spec"]["minMember"] == len(pods)
     assert len({c["metadata"]["name"] for c in pods}) == len(pods)
     for manifest in children:
         validate_manifest(manifest)
