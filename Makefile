@@ -7,7 +7,7 @@ CONSTRAINTS := constraints/cpu.txt
 EXTRAS := operator,train,rollout,env,dev
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint format crds demo bench bench-operator bench-cartpole clean
+.PHONY: install test lint lint-docker format crds demo bench bench-operator bench-cartpole clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,9 +23,16 @@ $(STAMP): $(BIN)/python pyproject.toml $(CONSTRAINTS)
 
 install: $(STAMP)
 
+DOCKERFILES := operator/Dockerfile trainer_image/Dockerfile rollout_image/Dockerfile env_image/Dockerfile
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(MAKE) lint-docker
+
+# Images build from the repository root, e.g. `docker build -f operator/Dockerfile .`
+lint-docker: $(STAMP)
+	$(BIN)/hadolint $(DOCKERFILES)
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .

@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 invalid input or failed job, 2 wrong usage.
 from __future__ import annotations
 
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +17,9 @@ from rljob import __version__
 from rljob.api import InvalidRLJob, RLJob, load_job_file
 from rljob.api.crd import crd_yaml
 from rljob.api.loading import iter_job_files
+from rljob.cli.operator import operator
+from rljob.operator.manifests import build_children
+from rljob.operator.settings import OperatorSettings, SettingsError
 
 app = typer.Typer(
     name="rljob",
@@ -24,6 +28,25 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings (the ConfigMap's job.yaml) as readable `|` blocks."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_BlockDumper.add_representer(str, _represent_str)
+
+
+class RenderPart(StrEnum):
+    all = "all"
+    job = "job"
+    children = "children"
+
 
 ManifestArg = Annotated[Path, typer.Argument(help="RLJob manifest (YAML).", dir_okay=False)]
 
@@ -59,14 +82,31 @@ def validate(
 
 
 @app.command()
-def render(file: ManifestArg) -> None:
-    """Print the resolved job as YAML: every default filled in."""
+def render(
+    file: ManifestArg,
+    only: Annotated[
+        RenderPart,
+        typer.Option(help="`job`: only the resolved RLJob; `children`: only what the operator creates."),
+    ] = RenderPart.all,
+) -> None:
+    """Print the resolved job (every default filled in), then every manifest the operator would create.
+
+    Images and pod defaults come from the same RLJOB_OPERATOR_* variables the operator reads.
+    """
     try:
         job = load_job_file(file)
+        children = [] if only is RenderPart.job else build_children(job, OperatorSettings.from_env())
     except InvalidRLJob as exc:
         _fail(exc)
-    resolved = job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
-    typer.echo(yaml.safe_dump(resolved, sort_keys=False, width=100), nl=False)
+    except SettingsError as exc:
+        typer.secho(str(exc), fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+    documents = (
+        []
+        if only is RenderPart.children
+        else [job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})]
+    )
+    typer.echo(yaml.dump_all(documents + children, Dumper=_BlockDumper, sort_keys=False, width=100), nl=False)
 
 
 @app.command()
@@ -79,6 +119,9 @@ def crd() -> None:
 def version() -> None:
     """Print the rljob version."""
     typer.echo(f"rljob {__version__}")
+
+
+app.command()(operator)
 
 
 def main() -> None:

@@ -1,0 +1,160 @@
+"""The operator's Kubernetes API calls, over kubernetes_asyncio's ApiClient (auth, TLS, kubeconfig).
+
+Objects stay plain dicts: the operator builds manifests as dicts and reads a few fields back, so the
+generated model classes would only cost time. Every call is counted in the operator's metrics, and an
+API error is raised as `ApiError` with the HTTP status.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from rljob.api import API_VERSION, KIND, PLURAL
+
+Manifest = dict[str, Any]
+MERGE_PATCH = "application/merge-patch+json"
+COMPONENT = "rljob-operator"
+
+_PLURALS = {
+    "Pod": "pods",
+    "Service": "services",
+    "ConfigMap": "configmaps",
+    "Event": "events",
+    "PodGroup": "podgroups",
+    KIND: PLURAL,
+}
+
+
+class ApiError(Exception):
+    """A failed API call: `status` is the HTTP status (0 when the server could not be reached)."""
+
+    def __init__(self, status: int, verb: str, path: str, message: str) -> None:
+        super().__init__(f"{verb} {path}: {status} {message}")
+        self.status = status
+        self.verb = verb
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def exists(self) -> bool:
+        return self.status == 409
+
+
+def object_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    """`/api/v1/namespaces/ns/pods[/name]` or `/apis/group/version/namespaces/ns/plural[/name]`."""
+    plural = _PLURALS.get(kind)
+    if plural is None:
+        raise ValueError(f"the operator does not manage {kind} objects")
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = f"{base}/namespaces/{namespace}/{plural}"
+    return f"{path}/{name}" if name else path
+
+
+class KubeClient:
+    """The handful of calls the controller makes. `on_call(verb, status)` observes each one."""
+
+    def __init__(self, configuration: Configuration, on_call: Callable[[str, int], None] | None = None) -> None:
+        self.api = ApiClient(configuration)
+        self.on_call = on_call or (lambda verb, status: None)
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def _call(
+        self,
+        verb: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        query: list[tuple[str, str]] | None = None,
+    ) -> Manifest:
+        try:
+            result = await self.api.call_api(
+                path,
+                method,
+                query_params=query or [],
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                body=body,
+                response_types_map={200: "object", 201: "object", 202: "object"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+            )
+        except ApiException as exc:
+            self.on_call(verb, exc.status or 0)
+            raise ApiError(exc.status or 0, verb, path, str(exc.reason or exc.body)) from None
+        except (OSError, TimeoutError) as exc:
+            self.on_call(verb, 0)
+            raise ApiError(0, verb, path, f"cannot reach the API server: {exc}") from None
+        self.on_call(verb, 200)
+        return result or {}
+
+    async def create(self, namespace: str, manifest: Manifest) -> Manifest:
+        path = object_path(manifest["apiVersion"], manifest["kind"], namespace)
+        return await self._call("create", "POST", path, manifest)
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Manifest:
+        return await self._call("get", "GET", object_path(api_version, kind, namespace, name))
+
+    async def patch(self, api_version: str, kind: str, namespace: str, name: str, patch: Manifest) -> Manifest:
+        path = object_path(api_version, kind, namespace, name)
+        return await self._call("patch", "PATCH", path, patch, MERGE_PATCH)
+
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str, uid: str | None = None) -> None:
+        """Delete; with `uid`, only that incarnation (a precondition: a recreated namesake is left alone)."""
+        body: Manifest = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        await self._call("delete", "DELETE", object_path(api_version, kind, namespace, name), body)
+
+    async def patch_job_status(self, namespace: str, name: str, status: Manifest) -> Manifest:
+        path = object_path(API_VERSION, KIND, namespace, name) + "/status"
+        return await self._call("patch", "PATCH", path, {"status": status}, MERGE_PATCH)
+
+    async def post_event(self, job: Manifest, kind: str, reason: str, message: str, now: datetime.datetime) -> Manifest:
+        """A core/v1 Event on the RLJob: what `kubectl describe rljob` lists."""
+        meta = job["metadata"]
+        stamp = now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": kind,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": COMPONENT,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        return await self.create(meta["namespace"], event)
+
+
+async def load_configuration() -> Configuration:
+    """In a pod: the ServiceAccount; elsewhere: the current kubeconfig context (KUBECONFIG honoured)."""
+    from kubernetes_asyncio import config
+
+    configuration = Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        await config.load_kube_config(client_configuration=configuration)
+    return configuration

@@ -1,0 +1,460 @@
+"""One worker per RLJob: observe, plan (rljob.operator.reconcile), act. Never crashes on a bad job.
+
+kopf delivers events (handlers.py); each event wakes the job's worker, which reconciles serially, so
+two reconciles of one job never race. Pods come from kopf's pod index, which kopf fills completely
+before any handler runs: after an operator restart the first reconcile already sees every pod.
+
+The worker keeps the status it last wrote (the operator is the status's only writer) and two short-
+lived memories a watch-based cache needs: pods it created but has not seen yet, and pods it deleted
+that are still listed. Both expire, so a lost event costs a retry, never a stuck job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import datetime
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from rljob.api import API_VERSION, KIND, InvalidRLJob, RLJob, validate_job
+from rljob.api.status import TERMINAL_PHASES, Progress, RLJobStatus
+from rljob.operator.client import ApiError, KubeClient
+from rljob.operator.manifests import build_children
+from rljob.operator.metrics import OperatorMetrics
+from rljob.operator.naming import CONFIG_KEY, LABEL_ROLE
+from rljob.operator.podstate import PodState, observe_pod
+from rljob.operator.progress import ProgressReader
+from rljob.operator.reconcile import Observation, Plan, plan
+from rljob.operator.settings import OperatorSettings
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+Raw = dict[str, Any]
+
+RESTART_FREE_FIELDS: tuple[tuple[str, ...], ...] = (
+    ("roles", "rollout", "replicas"),
+    ("suspend",),
+    ("failurePolicy",),
+    ("activeDeadlineSeconds",),
+    ("ttlSecondsAfterFinished",),
+)
+"""Spec fields whose edits never recreate running pods; any other spec edit is a controlled restart."""
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    resync_seconds: float = 30.0
+    """Reconcile every job at least this often, events or not."""
+    progress_seconds: float = 10.0
+    """Pull actor 0's progress at most this often."""
+    expectation_seconds: float = 60.0
+    """How long a created (deleted) pod may be missing from (still present in) the watch."""
+    error_backoff_seconds: float = 5.0
+    max_concurrent_reconciles: int = 32
+
+
+def utcnow() -> datetime.datetime:
+    return datetime.datetime.now(tz=datetime.UTC)
+
+
+def restart_relevant(spec: Raw) -> Raw:
+    """The spec without the fields that can change under running pods."""
+    trimmed: Raw = copy.deepcopy(spec)
+    for path in RESTART_FREE_FIELDS:
+        node = trimmed
+        for part in path[:-1]:
+            node = node.get(part) or {}
+        node.pop(path[-1], None)
+    return trimmed
+
+
+def merge_patch_between(old: Any, new: Any) -> Any:
+    """The RFC 7386 merge patch that turns `old` into `new` (None where a key disappears)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    patch: Raw = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        if key not in old:
+            patch[key] = value
+        elif isinstance(value, dict) and isinstance(old[key], dict):
+            sub = merge_patch_between(old[key], value)
+            if sub:
+                patch[key] = sub
+        elif old[key] != value:
+            patch[key] = value
+    return patch
+
+
+def dump_status(status: RLJobStatus) -> Raw:
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def load_status(raw: Any) -> RLJobStatus:
+    """The status as last written; a status the operator cannot read starts afresh (it is derived anyway)."""
+    if not isinstance(raw, dict):
+        return RLJobStatus()
+    try:
+        return RLJobStatus.model_validate(raw, by_alias=True)
+    except ValidationError:
+        logger.warning("unreadable RLJob status, starting from an empty one: %s", raw)
+        return RLJobStatus()
+
+
+def parse_job(body: Raw) -> tuple[RLJob | None, InvalidRLJob | None]:
+    try:
+        return validate_job({k: v for k, v in body.items() if k != "status"}), None
+    except InvalidRLJob as exc:
+        return None, exc
+
+
+@dataclass
+class ConfigSync:
+    """What reading the children back found: whether the spec change needs new pods, and what to patch."""
+
+    spec_changed: bool = False
+    patches: list[tuple[Raw, Raw]] = field(default_factory=list)
+    """(existing object, merge patch) to apply after the status is written."""
+
+
+class JobWorker:
+    """Reconciles one RLJob, one pass at a time, woken by events and timers."""
+
+    def __init__(self, controller: Controller, key: Key, body: Raw) -> None:
+        self.controller = controller
+        self.key = key
+        self.body = body
+        self.wake = asyncio.Event()
+        self.status: RLJobStatus | None = None
+        self.written: Raw | None = None
+        self.expected: dict[str, float] = {}
+        self.deleting: dict[str, float] = {}
+        self.synced_generation: int | None = None
+        self.last_progress = 0.0
+        self.progress: Progress | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def phase(self) -> str:
+        status = self.status if self.status is not None else load_status(self.body.get("status"))
+        return status.phase
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.run(), name=f"rljob {self.key[0]}/{self.key[1]}")
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+    async def run(self) -> None:
+        while True:
+            self.wake.clear()
+            delay = await self.reconcile_safely()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=delay)
+
+    async def reconcile_safely(self) -> float:
+        ctl = self.controller
+        async with ctl.semaphore:
+            started = time.perf_counter()
+            try:
+                delay = await self.reconcile()
+            except asyncio.CancelledError:
+                raise
+            except ApiError as exc:
+                ctl.metrics.reconcile_errors.inc()
+                logger.warning("rljob %s/%s: API error, retrying: %s", *self.key, exc)
+                delay = ctl.config.error_backoff_seconds
+            except Exception:
+                # A bug must not take the operator or other jobs down: log it, back off, retry.
+                ctl.metrics.reconcile_errors.inc()
+                logger.exception("rljob %s/%s: reconcile failed, retrying", *self.key)
+                delay = ctl.config.error_backoff_seconds
+            finally:
+                ctl.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+        return delay
+
+    def observed_pods(self, raws: list[Raw]) -> list[PodState]:
+        now = time.monotonic()
+        self.deleting = {uid: t for uid, t in self.deleting.items() if t > now}
+        pods = []
+        for raw in raws:
+            pod = observe_pod(raw)
+            if pod is None:
+                continue
+            if pod.uid in self.deleting and not pod.terminating:
+                pod = replace(pod, terminating=True)
+            pods.append(pod)
+        seen = {p.name for p in pods}
+        self.expected = {name: t for name, t in self.expected.items() if t > now and name not in seen}
+        return pods
+
+    async def reconcile(self) -> float | None:
+        ctl = self.controller
+        body = self.body
+        meta = body["metadata"]
+        namespace, name = self.key
+        if meta.get("deletionTimestamp"):
+            return None  # the garbage collector removes the children with the job
+        if self.status is None:
+            self.status = load_status(body.get("status"))
+            self.written = body.get("status") or {}  # what the server holds: the base of the next patch
+        job, invalid = parse_job(body)
+        desired_pods: dict[str, Raw] = {}
+        others: list[Raw] = []
+        if job is not None:
+            try:
+                for child in build_children(job, ctl.settings):
+                    if child["kind"] == "Pod":
+                        desired_pods[child["metadata"]["name"]] = child
+                    else:
+                        others.append(child)
+            except InvalidRLJob as exc:
+                job, invalid, desired_pods, others = None, exc, {}, []
+        raws = ctl.pods_of(namespace, name)
+        pods = self.observed_pods(raws)
+        generation = int(meta.get("generation") or 1)
+
+        sync = ConfigSync()
+        active = self.status.phase not in TERMINAL_PHASES and job is not None and not job.spec.suspend
+        if active and self.synced_generation != generation:
+            sync = await self.sync_children(others)
+        progress = await self.pull_progress(job, raws) if job is not None else None
+        obs = Observation(
+            job=job,
+            invalid=invalid,
+            generation=generation,
+            status=self.status,
+            pods=pods,
+            desired_pods=desired_pods,
+            now=ctl.clock(),
+            expected=set(self.expected),
+            spec_changed=sync.spec_changed,
+            progress=progress,
+        )
+        result = plan(obs)
+        await self.write_status(result)
+        await self.post_events(result)
+        for existing, patch in sync.patches:
+            await ctl.client.patch(
+                existing["apiVersion"], existing["kind"], namespace, existing["metadata"]["name"], patch
+            )
+        if active:
+            self.synced_generation = generation
+        await self.act(result, pods, desired_pods)
+        return self.next_delay(result)
+
+    async def sync_children(self, others: list[Raw]) -> ConfigSync:
+        """Create the ConfigMap, Service and PodGroup if absent; read back what exists to spot spec edits."""
+        ctl = self.controller
+        namespace = self.key[0]
+        sync = ConfigSync()
+        for manifest in others:
+            try:
+                await ctl.client.create(namespace, manifest)
+                continue
+            except ApiError as exc:
+                if not exc.exists:
+                    raise
+            name = manifest["metadata"]["name"]
+            existing = await ctl.client.get(manifest["apiVersion"], manifest["kind"], namespace, name)
+            if manifest["kind"] == "ConfigMap":
+                old = yaml.safe_load((existing.get("data") or {}).get(CONFIG_KEY) or "{}") or {}
+                new = yaml.safe_load(manifest["data"][CONFIG_KEY])
+                if old.get("spec") != new.get("spec"):
+                    sync.spec_changed = restart_relevant(old.get("spec") or {}) != restart_relevant(new["spec"])
+                    sync.patches.append((existing, {"data": manifest["data"]}))
+            elif manifest["kind"] == "PodGroup":
+                patch = merge_patch_between(existing.get("spec") or {}, manifest.get("spec") or {})
+                patch = {k: v for k, v in patch.items() if v is not None}
+                if patch:
+                    sync.patches.append((existing, {"spec": patch}))
+        return sync
+
+    async def pull_progress(self, job: RLJob, raws: list[Raw]) -> Progress | None:
+        ctl = self.controller
+        now = time.monotonic()
+        if now - self.last_progress < ctl.config.progress_seconds:
+            return None
+        actor0 = next(
+            (
+                r
+                for r in raws
+                if r["metadata"]["labels"].get(LABEL_ROLE) == "actor"
+                and r["metadata"]["labels"].get("rljob.io/replica") == "0"
+                and (r.get("status") or {}).get("phase") == "Running"
+                and not r["metadata"].get("deletionTimestamp")
+            ),
+            None,
+        )
+        if actor0 is None:
+            return None
+        self.last_progress = now
+        return await ctl.progress.read(actor0, job.spec.logging.prometheus_port)
+
+    async def write_status(self, result: Plan) -> None:
+        new = dump_status(result.status)
+        if new == self.written:
+            self.status = result.status
+            return
+        patch = merge_patch_between(self.written or {}, new)
+        try:
+            await self.controller.client.patch_job_status(*self.key, patch)
+        except ApiError as exc:
+            if exc.not_found:
+                return  # deleted meanwhile; its DELETED event stops this worker
+            raise
+        self.status = result.status
+        self.written = new
+
+    async def post_events(self, result: Plan) -> None:
+        ctl = self.controller
+        for event in result.events:
+            logger.info("rljob %s/%s: %s %s", *self.key, event.reason, event.message)
+            try:
+                await ctl.client.post_event(self.body, event.type, event.reason, event.message, ctl.clock())
+            except ApiError as exc:
+                logger.warning("rljob %s/%s: cannot post event %s: %s", *self.key, event.reason, exc)
+
+    async def act(self, result: Plan, pods: list[PodState], desired: dict[str, Raw]) -> None:
+        ctl = self.controller
+        namespace = self.key[0]
+        by_name = {p.name: p for p in pods}
+        horizon = time.monotonic() + ctl.config.expectation_seconds
+
+        async def delete(name: str) -> None:
+            pod = by_name[name]
+            try:
+                await ctl.client.delete("v1", "Pod", namespace, name, uid=pod.uid)
+            except ApiError as exc:
+                if exc.status not in (404, 409):  # gone already, or a newer pod took the name
+                    raise
+            self.deleting[pod.uid] = horizon
+
+        async def create(name: str) -> None:
+            try:
+                await ctl.client.create(namespace, desired[name])
+            except ApiError as exc:
+                if not exc.exists:
+                    raise
+            self.expected[name] = horizon
+
+        await _gather(delete(n) for n in result.delete if n in by_name)
+        await _gather(create(n) for n in result.create)
+        for role, reason in result.replaced:
+            ctl.metrics.replacements.labels(role, reason).inc()
+        if result.restart_counted:
+            ctl.metrics.restarts.labels("true").inc()
+        elif any(role == "actor" for role, _ in result.replaced):
+            ctl.metrics.restarts.labels("false").inc()
+        if result.delete_job:
+            try:
+                await ctl.client.delete(API_VERSION, KIND, *self.key, uid=self.body["metadata"].get("uid"))
+            except ApiError as exc:
+                if exc.status not in (404, 409):
+                    raise
+
+    def next_delay(self, result: Plan) -> float:
+        ctl = self.controller
+        delays = [ctl.config.resync_seconds]
+        if result.requeue_after is not None:
+            delays.append(result.requeue_after + 0.05)
+        if result.status.phase in ("Starting", "Running"):
+            delays.append(ctl.config.progress_seconds)
+        if self.expected or self.deleting:
+            now = time.monotonic()
+            delays.append(max(min(list(self.expected.values()) + list(self.deleting.values())) - now, 0.05))
+        return max(min(delays), 0.0)
+
+
+async def _gather(calls: Iterable[Any]) -> None:
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+
+
+class Controller:
+    """Holds the workers of every RLJob in view, the shared client, progress reader and metrics."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        settings: OperatorSettings,
+        metrics: OperatorMetrics,
+        progress: ProgressReader | None = None,
+        config: ControllerConfig | None = None,
+        clock: Callable[[], datetime.datetime] = utcnow,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.metrics = metrics
+        self.progress = progress or ProgressReader()
+        self.config = config or ControllerConfig()
+        self.clock = clock
+        self.semaphore = asyncio.Semaphore(self.config.max_concurrent_reconciles)
+        self.workers: dict[Key, JobWorker] = {}
+        self.pod_index: Any = None
+        metrics.watch_state(self._phases, self._pod_phases)
+
+    def pods_of(self, namespace: str, job: str) -> list[Raw]:
+        if self.pod_index is None:
+            return []
+        try:
+            return list(self.pod_index[(namespace, job)])
+        except KeyError:
+            return []
+
+    def job_event(self, event_type: str | None, body: Raw) -> None:
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace") or "", meta.get("name") or "")
+        worker = self.workers.get(key)
+        if event_type == "DELETED":
+            if worker is not None:
+                del self.workers[key]
+                asyncio.get_running_loop().create_task(worker.stop())
+            return
+        if worker is None or worker.body["metadata"].get("uid") != meta.get("uid"):
+            if worker is not None:
+                asyncio.get_running_loop().create_task(worker.stop())
+            worker = self.workers[key] = JobWorker(self, key, body)
+            worker.start()
+            return
+        worker.body = body
+        worker.wake.set()
+
+    def pod_event(self, namespace: str, job: str) -> None:
+        worker = self.workers.get((namespace, job))
+        if worker is not None:
+            worker.wake.set()
+
+    async def stop(self) -> None:
+        """Stop every worker and close the HTTP sessions (idempotent)."""
+        workers, self.workers = list(self.workers.values()), {}
+        for worker in workers:
+            await worker.stop()
+        await self.progress.close()
+        await self.client.close()
+
+    def _phases(self) -> list[str]:
+        return [w.phase for w in list(self.workers.values())]
+
+    def _pod_phases(self) -> list[tuple[str, str]]:
+        pods: list[tuple[str, str]] = []
+        if self.pod_index is None:
+            return pods
+        for key in list(self.workers):
+            for raw in self.pods_of(*key):
+                role = raw["metadata"]["labels"].get(LABEL_ROLE, "")
+                pods.append((role, (raw.get("status") or {}).get("phase") or "Pending"))
+        return pods

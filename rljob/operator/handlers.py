@@ -1,0 +1,56 @@
+"""kopf handlers: thin. They keep the pod index and hand every event to the controller.
+
+No kopf finalizers, annotations or progress storage on RLJobs: the handlers only watch (`on.event`,
+`index`), so deleting an RLJob never waits for the operator, and the children go with it through
+their owner references. A restarted operator sees every existing job as an initial-listing event
+(kopf's resume) and every existing pod in the index before the first reconcile.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from rljob.api import GROUP, PLURAL, VERSION
+from rljob.operator.controller import Controller
+from rljob.operator.naming import LABEL_JOB
+
+POD_INDEX = "rljob_pods"
+
+
+def compact_pod(body: kopf.Body) -> dict[str, Any]:
+    """What the controller reads from a pod; the index keeps only this (pod specs are large)."""
+    meta = body.get("metadata", {})
+    keep = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp", "resourceVersion")
+    return {
+        "metadata": {k: meta[k] for k in keep if k in meta},
+        "spec": {"nodeName": body.get("spec", {}).get("nodeName")},
+        "status": dict(body.get("status", {})),
+    }
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Add the operator's handlers to a kopf registry; the Controller comes in through `memo.controller`."""
+
+    @kopf.index("v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry, id=POD_INDEX)
+    def rljob_pods(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
+        return {(namespace, labels[LABEL_JOB]): compact_pod(body)}
+
+    @kopf.on.event("v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
+    async def pod_changed(namespace: str, labels: dict[str, str], memo: kopf.Memo, **kwargs: Any) -> None:
+        controller: Controller = memo.controller
+        controller.pod_index = kwargs[POD_INDEX]
+        controller.pod_event(namespace, labels[LABEL_JOB])
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def rljob_changed(event: kopf.RawEvent, memo: kopf.Memo, **kwargs: Any) -> None:
+        controller: Controller = memo.controller
+        controller.pod_index = kwargs[POD_INDEX]
+        controller.job_event(event["type"], dict(event["object"]))
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop_workers(memo: kopf.Memo, **_: Any) -> None:
+        """Stop the job workers and close connections while kopf shuts down: kopf waits for leftover tasks."""
+        controller: Controller = memo.controller
+        await controller.stop()

@@ -1,0 +1,101 @@
+"""Problems only the pod builders can see: a valid RLJob whose pods would clash with what rljob adds.
+
+The operator reports these like any invalid spec (Failed, reason InvalidSpec) and `rljob render`
+prints them; each names the field to change.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Iterator
+
+from rljob.api import ROLE_NAMES, InvalidRLJob, Problem, RLJob
+from rljob.runtime.identity import CONFIG_PATH_IN_POD, DATA_PORT, MASTER_PORT, SYNC_PORT, pod_identity
+
+CONFIG_VOLUME = "rljob-config"
+CHECKPOINT_VOLUME = "rljob-checkpoints"
+SHM_VOLUME = "rljob-dshm"
+RESERVED_VOLUMES = (CONFIG_VOLUME, CHECKPOINT_VOLUME, SHM_VOLUME)
+CONFIG_DIR_IN_POD = posixpath.dirname(CONFIG_PATH_IN_POD)
+DEFAULT_CHECKPOINT_DIR_IN_POD = "/checkpoints"
+
+# Kubernetes label values: at most 63 characters, alphanumerics with '-', '_' or '.' inside.
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def reserved_env_names() -> frozenset[str]:
+    """Variables the operator sets from the pod's identity; a role's `env` must not override them."""
+    identity = pod_identity("job", "ns", "actor", 0, {r: 1 for r in ROLE_NAMES}, 9090)
+    return frozenset(identity.to_env())
+
+
+def checkpoint_dir_in_pod(job: RLJob) -> str:
+    return job.spec.checkpoint.dir or DEFAULT_CHECKPOINT_DIR_IN_POD
+
+
+def build_problems(job: RLJob) -> list[Problem]:
+    return list(_problems(job))
+
+
+def ensure_buildable(job: RLJob) -> None:
+    """Raise InvalidRLJob listing every clash; return quietly when the job's pods can be built."""
+    problems = build_problems(job)
+    if problems:
+        raise InvalidRLJob(problems)
+
+
+def _problems(job: RLJob) -> Iterator[Problem]:
+    spec = job.spec
+    port = spec.logging.prometheus_port
+    if port in (DATA_PORT, MASTER_PORT, SYNC_PORT):
+        yield Problem(
+            "spec.logging.prometheusPort",
+            f"{port} is used inside pods by the data plane ({DATA_PORT}), the actor group ({MASTER_PORT}) "
+            f"or weight sync ({SYNC_PORT}): choose another port, e.g. 9090",
+        )
+    ckpt_dir = checkpoint_dir_in_pod(job)
+    if not ckpt_dir.startswith("/"):
+        yield Problem("spec.checkpoint.dir", f"must be an absolute path in pods, e.g. /checkpoints (got {ckpt_dir!r})")
+    if spec.scheduling.gang == "kueue" and spec.scheduling.queue and not _is_label_value(spec.scheduling.queue):
+        yield Problem(
+            "spec.scheduling.queue",
+            f"becomes the kueue.x-k8s.io/queue-name label: at most 63 letters, digits, '-', '_' or '.' "
+            f"(got {spec.scheduling.queue!r})",
+        )
+    reserved_env = reserved_env_names()
+    for role in ROLE_NAMES:
+        rs = spec.roles.get(role)
+        base = f"spec.roles.{role}"
+        product = rs.placement.gpu_product
+        if product and not _is_label_value(product):
+            yield Problem(
+                f"{base}.placement.gpuProduct",
+                f"must be a node label value like NVIDIA-H100-80GB-HBM3 (got {product!r})",
+            )
+        for i, var in enumerate(rs.env):
+            if var.name in reserved_env:
+                yield Problem(
+                    f"{base}.env[{i}].name",
+                    f"{var.name} is set by the operator from the pod's identity: remove it from env",
+                )
+        for i, volume in enumerate(rs.volumes):
+            if volume.name in RESERVED_VOLUMES:
+                yield Problem(f"{base}.volumes[{i}].name", f"{volume.name!r} is reserved by rljob: rename the volume")
+        for i, mount in enumerate(rs.volume_mounts):
+            path = posixpath.normpath(mount.mount_path)
+            if path == CONFIG_DIR_IN_POD:
+                yield Problem(
+                    f"{base}.volumeMounts[{i}].mountPath",
+                    f"{CONFIG_DIR_IN_POD} holds the job config in every pod: mount the volume elsewhere",
+                )
+            if role == "actor" and spec.checkpoint.volume_claim and path == posixpath.normpath(ckpt_dir):
+                yield Problem(
+                    f"{base}.volumeMounts[{i}].mountPath",
+                    f"checkpoint.volumeClaim is mounted at {ckpt_dir} in actor pods: mount this volume elsewhere "
+                    "or drop checkpoint.volumeClaim",
+                )
+
+
+def _is_label_value(value: str) -> bool:
+    return len(value) <= 63 and bool(_LABEL_VALUE.match(value))

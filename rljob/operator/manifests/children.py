@@ -1,0 +1,27 @@
+"""Everything the operator creates for a job, in creation order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rljob.api import RLJob
+from rljob.operator.manifests.checks import ensure_buildable
+from rljob.operator.manifests.config import build_config_map
+from rljob.operator.manifests.gang import build_pod_group
+from rljob.operator.manifests.pods import build_job_pods
+from rljob.operator.manifests.service import build_service
+from rljob.operator.settings import OperatorSettings
+
+
+def build_children(job: RLJob, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """ConfigMap, Service, PodGroup (when the gang scheduler has one), then every pod of every role.
+
+    The order only lets pods find their config and group when they are admitted; it never encodes
+    start-up order: all pods are created together and roles wait for their peers' readiness.
+    """
+    ensure_buildable(job)
+    children = [build_config_map(job, settings), build_service(job, settings)]
+    group = build_pod_group(job, settings)
+    if group is not None:
+        children.append(group)
+    return children + build_job_pods(job, settings)

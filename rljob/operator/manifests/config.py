@@ -1,0 +1,57 @@
+"""The ConfigMap holding the resolved job, read by every role at `CONFIG_PATH_IN_POD`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import yaml
+
+from rljob.api import RLJob
+from rljob.operator.naming import CONFIG_KEY, child_metadata, config_map_name
+from rljob.operator.settings import OperatorSettings
+
+Manifest = dict[str, Any]
+
+
+def resolved_job_document(job: RLJob) -> dict[str, Any]:
+    """The resolved job as roles read it: spec with every default, and only the stable metadata.
+
+    Server-set metadata (uid, resourceVersion, managedFields) and annotations (kopf writes its
+    progress there) change on every reconcile; leaving them out keeps the config and its hash stable.
+    """
+    document = job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
+    metadata = {"name": job.name}
+    if job.metadata.namespace:
+        metadata["namespace"] = job.metadata.namespace
+    if job.metadata.labels:
+        metadata["labels"] = dict(job.metadata.labels)
+    document["metadata"] = metadata
+    return document
+
+
+# libyaml's emitter when PyYAML has it: the ConfigMap is built on every reconcile.
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def resolved_job_yaml(job: RLJob) -> str:
+    return yaml.dump(resolved_job_document(job), Dumper=_Dumper, sort_keys=False, width=100)
+
+
+def config_hash(job: RLJob) -> str:
+    """A short digest of the resolved job: pods carry it, so an edited spec shows which pods are stale.
+
+    Taken over canonical JSON, so it does not depend on the YAML emitter at hand."""
+    canonical = json.dumps(resolved_job_document(job), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def build_config_map(job: RLJob, settings: OperatorSettings) -> Manifest:
+    del settings  # the config is the job itself; the signature matches the other builders
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": child_metadata(job, config_map_name(job), "config"),
+        "data": {CONFIG_KEY: resolved_job_yaml(job)},
+    }

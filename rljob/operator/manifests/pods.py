@@ -1,0 +1,242 @@
+"""One Pod per role replica: `<job>-<role>-<i>` running `rljob role <role>` in the role's image."""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from typing import Any
+
+from rljob.api import ROLE_NAMES, InvalidRLJob, RLJob, RoleName
+from rljob.api.spec import RoleSpec
+from rljob.operator.manifests.checks import (
+    CHECKPOINT_VOLUME,
+    CONFIG_DIR_IN_POD,
+    CONFIG_VOLUME,
+    SHM_VOLUME,
+    checkpoint_dir_in_pod,
+    ensure_buildable,
+)
+from rljob.operator.manifests.config import config_hash
+from rljob.operator.manifests.gang import PodGangMetadata, pod_gang_metadata, replica_counts
+from rljob.operator.manifests.placement import GPU_RESOURCE, PlacementProblem, role_affinity, role_tolerations
+from rljob.operator.naming import (
+    ANNOTATION_CONFIG_HASH,
+    LABEL_REPLICA,
+    LABEL_ROLE,
+    child_metadata,
+    config_map_name,
+    pod_name,
+    service_name,
+)
+from rljob.operator.settings import OperatorSettings
+from rljob.runtime.identity import DATA_PORT, MASTER_PORT, SYNC_PORT, pod_identity
+
+CONTAINER_NAME = "main"
+"""The container of every role pod; `kubectl logs <pod>` needs no `-c`."""
+HEALTH_PATH = "/healthz"
+
+
+def role_image(job: RLJob, role: RoleName, settings: OperatorSettings) -> str:
+    """The role's own image, else the operator default for it (see OperatorSettings)."""
+    own = job.spec.roles.get(role).image
+    if own:
+        return own
+    if role == "actor":
+        return settings.trainer_image
+    if role == "rollout":
+        return settings.rollout_image if job.spec.rollout.engine == "vllm" else settings.trainer_image
+    return settings.env_image
+
+
+@dataclass(frozen=True)
+class _JobPods:
+    """What every pod of a job shares, computed once per job rather than once per pod."""
+
+    counts: dict[str, int]
+    config_hash: str
+    gang: PodGangMetadata
+
+
+def _job_pods(job: RLJob, settings: OperatorSettings) -> _JobPods:
+    ensure_buildable(job)
+    return _JobPods(replica_counts(job), config_hash(job), pod_gang_metadata(job, settings))
+
+
+def build_pod(job: RLJob, settings: OperatorSettings, role: RoleName, replica: int) -> dict[str, Any]:
+    """The pod of one replica of a role of a resolved job; raises InvalidRLJob on clashes (see checks)."""
+    return _build_pod(job, settings, role, replica, _job_pods(job, settings))
+
+
+def build_pods(job: RLJob, settings: OperatorSettings, role: RoleName) -> list[dict[str, Any]]:
+    shared = _job_pods(job, settings)
+    return [_build_pod(job, settings, role, i, shared) for i in range(shared.counts[role])]
+
+
+def build_job_pods(job: RLJob, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """Every pod of the job, role by role (actor, rollout, env, reward), replica by replica."""
+    shared = _job_pods(job, settings)
+    return [_build_pod(job, settings, r, i, shared) for r in ROLE_NAMES for i in range(shared.counts[r])]
+
+
+def _build_pod(
+    job: RLJob, settings: OperatorSettings, role: RoleName, replica: int, shared: _JobPods
+) -> dict[str, Any]:
+    counts = shared.counts
+    if not 0 <= replica < counts[role]:
+        raise ValueError(f"{role} replica {replica} is outside the job's {counts[role]} {role} replicas")
+    rs = job.spec.roles.get(role)
+    try:
+        affinity = role_affinity(role, rs)
+    except PlacementProblem as exc:
+        raise InvalidRLJob([exc.problem]) from None
+
+    metadata = child_metadata(job, pod_name(job, role, replica), role)
+    gang = shared.gang
+    labels: dict[str, str] = {**settings.extra_pod_labels, **metadata["labels"]}  # type: ignore[dict-item]
+    labels.update({LABEL_ROLE: role, LABEL_REPLICA: str(replica)})
+    labels.update(gang.labels)
+    metadata["labels"] = labels
+    metadata["annotations"] = {ANNOTATION_CONFIG_HASH: shared.config_hash, **gang.annotations}
+
+    volumes, mounts = _volumes(job, role, rs, settings)
+    pod_spec: dict[str, Any] = {
+        "hostname": pod_name(job, role, replica),
+        "subdomain": service_name(job),
+        # The operator owns restarts: a failed actor restarts the whole group, other roles are replaced.
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": settings.termination_grace_period_seconds,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": settings.run_as_user,
+            "runAsGroup": settings.run_as_group,
+            "fsGroup": settings.run_as_group,
+            # Large dataset and checkpoint volumes: chown only when the root's group differs.
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_container(job, role, replica, rs, settings, mounts, counts)],
+        "volumes": volumes,
+    }
+    if settings.pod_service_account:
+        pod_spec["serviceAccountName"] = settings.pod_service_account
+    else:
+        pod_spec["automountServiceAccountToken"] = False
+    if settings.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
+    if gang.scheduler_name:
+        pod_spec["schedulerName"] = gang.scheduler_name
+    placement = rs.placement
+    if placement.priority_class_name:
+        pod_spec["priorityClassName"] = placement.priority_class_name
+    if placement.node_selector:
+        pod_spec["nodeSelector"] = dict(placement.node_selector)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    tolerations = role_tolerations(rs)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _container(
+    job: RLJob,
+    role: RoleName,
+    replica: int,
+    rs: RoleSpec,
+    settings: OperatorSettings,
+    mounts: list[dict[str, Any]],
+    counts: dict[str, int],
+) -> dict[str, Any]:
+    metrics_port = job.spec.logging.prometheus_port
+    identity = pod_identity(job.name, job.metadata.namespace or "default", role, replica, counts, metrics_port)
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in identity.to_env().items()]
+    env += [var.model_dump(mode="json", by_alias=True, exclude_none=True) for var in rs.env]
+    if not job.metadata.namespace:
+        # Rendered without a namespace: the pod learns it from the API when it is created.
+        env = [e for e in env if e["name"] != "RLJOB_NAMESPACE"]
+        env.insert(1, {"name": "RLJOB_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})
+    ports = [{"name": "data", "containerPort": DATA_PORT, "protocol": "TCP"}]
+    if role == "actor":
+        ports += [
+            {"name": "dist", "containerPort": MASTER_PORT, "protocol": "TCP"},
+            {"name": "sync", "containerPort": SYNC_PORT, "protocol": "TCP"},
+        ]
+    ports.append({"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"})
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": role_image(job, role, settings),
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["rljob"],
+        "args": ["role", role],
+        "env": env,
+        "ports": ports,
+        # Ready once the role serves (models loaded, peers reached). No liveness probe: a trainer blocked
+        # in a long collective must not be killed by a timeout; the operator watches pod failures instead.
+        "readinessProbe": {
+            "httpGet": {"path": HEALTH_PATH, "port": "metrics"},
+            "periodSeconds": 5,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": mounts,
+    }
+    resources = _resources(rs)
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def _resources(rs: RoleSpec) -> dict[str, Any]:
+    limits = dict(rs.resources.limits)
+    requests = dict(rs.resources.requests)
+    if rs.gpus_per_replica > 0:
+        # Extended resources are requested through limits (requests default to them and must match).
+        limits[GPU_RESOURCE] = rs.gpus_per_replica
+    resources: dict[str, Any] = {}
+    if limits:
+        resources["limits"] = limits
+    if requests:
+        resources["requests"] = requests
+    return resources
+
+
+def _volumes(
+    job: RLJob, role: RoleName, rs: RoleSpec, settings: OperatorSettings
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [{"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(job)}}]
+    mounts: list[dict[str, Any]] = [{"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR_IN_POD, "readOnly": True}]
+    volumes += [v.model_dump(mode="json", by_alias=True, exclude_none=True) for v in rs.volumes]
+    mounts += [m.model_dump(mode="json", by_alias=True, exclude_none=True) for m in rs.volume_mounts]
+    user_paths = [posixpath.normpath(m.mount_path) for m in rs.volume_mounts]
+    if role == "actor":
+        checkpoint = _checkpoint_volume(job, user_paths)
+        if checkpoint is not None:
+            volumes.append(checkpoint)
+            mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_dir_in_pod(job)})
+    if settings.gpu_shared_memory and rs.gpus_per_replica > 0 and "/dev/shm" not in user_paths:
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    return volumes, mounts
+
+
+def _checkpoint_volume(job: RLJob, user_paths: list[str]) -> dict[str, Any] | None:
+    """The actor's checkpoint volume at `checkpoint.dir`.
+
+    - `checkpoint.volumeClaim` set: that PersistentVolumeClaim; checkpoints outlive pods, so a restarted
+      actor group resumes (with several actor pods on several nodes the claim must be ReadWriteMany).
+    - no claim, and one of the role's own volumes is mounted at the directory or above it: theirs.
+    - otherwise an emptyDir: checkpoints survive a container restart but not a recreated pod, so an
+      actor-group restart starts again from step 0. Set a volumeClaim for jobs that must resume.
+    """
+    claim = job.spec.checkpoint.volume_claim
+    if claim:
+        return {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
+    ckpt = posixpath.normpath(checkpoint_dir_in_pod(job))
+    if any(ckpt == path or ckpt.startswith(path.rstrip("/") + "/") for path in user_paths):
+        return None
+    return {"name": CHECKPOINT_VOLUME, "emptyDir": {}}

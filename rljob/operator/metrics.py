@@ -1,0 +1,85 @@
+"""Operator metrics in Prometheus form, in their own registry (several operators can share a process)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from rljob.api.status import PHASES
+
+
+class _StateCollector(Collector):
+    """Gauges computed at scrape time from the controller's view: no bookkeeping to drift."""
+
+    def __init__(
+        self,
+        phases: Callable[[], Iterable[str]],
+        pods: Callable[[], Iterable[tuple[str, str]]],
+    ) -> None:
+        self.phases = phases
+        self.pods = pods
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        jobs = GaugeMetricFamily("rljob_operator_rljobs", "RLJobs by phase", labels=["phase"])
+        counts = dict.fromkeys(PHASES, 0)
+        for phase in self.phases():
+            counts[phase] = counts.get(phase, 0) + 1
+        for phase, count in counts.items():
+            jobs.add_metric([phase], count)
+        yield jobs
+        pods = GaugeMetricFamily("rljob_operator_child_pods", "Child pods by role and phase", labels=["role", "phase"])
+        by_key: dict[tuple[str, str], int] = {}
+        for key in self.pods():
+            by_key[key] = by_key.get(key, 0) + 1
+        for (role, phase), count in sorted(by_key.items()):
+            pods.add_metric([role, phase], count)
+        yield pods
+
+
+class OperatorMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.reconcile_seconds = Histogram(
+            "rljob_operator_reconcile_duration_seconds",
+            "Time of one reconcile of one RLJob, API calls included",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=self.registry,
+        )
+        self.restarts = Counter(
+            "rljob_operator_actor_restarts",
+            "Actor-group restarts, by whether they counted against maxRestarts",
+            ["counted"],
+            registry=self.registry,
+        )
+        self.replacements = Counter(
+            "rljob_operator_pod_replacements",
+            "Pods deleted to be replaced, by role and reason",
+            ["role", "reason"],
+            registry=self.registry,
+        )
+        self.api_calls = Counter(
+            "rljob_operator_api_requests",
+            "Kubernetes API requests by verb and HTTP status",
+            ["verb", "code"],
+            registry=self.registry,
+        )
+        self.api_errors = Counter(
+            "rljob_operator_api_errors",
+            "Failed Kubernetes API requests by verb and HTTP status",
+            ["verb", "code"],
+            registry=self.registry,
+        )
+        self.reconcile_errors = Counter(
+            "rljob_operator_reconcile_errors", "Reconciles that raised and were retried", registry=self.registry
+        )
+
+    def observe_call(self, verb: str, status: int) -> None:
+        self.api_calls.labels(verb, str(status)).inc()
+        if status >= 400 or status == 0:
+            self.api_errors.labels(verb, str(status)).inc()
+
+    def watch_state(self, phases: Callable[[], Iterable[str]], pods: Callable[[], Iterable[tuple[str, str]]]) -> None:
+        self.registry.register(_StateCollector(phases, pods))

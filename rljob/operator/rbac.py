@@ -1,0 +1,104 @@
+"""Every Kubernetes API call the operator makes, declared once.
+
+The Helm chart's RBAC rules are checked against this list by `tests/operator/test_chart.py`: the
+chart grants exactly these (group, resource, verbs), no wildcards. Code that starts calling a new
+resource or verb adds it here, with the reason, and the chart follows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Scope = Literal["namespaced", "cluster"]
+
+
+@dataclass(frozen=True)
+class ApiAccess:
+    group: str
+    """API group; "" is the core group."""
+    resource: str
+    """Plural resource name, with `/subresource` where one is used."""
+    verbs: tuple[str, ...]
+    scope: Scope
+    why: str
+    peering_only: bool = False
+    """Needed only when kopf peering (a hot standby) is enabled."""
+
+
+OPERATOR_API_ACCESS: tuple[ApiAccess, ...] = (
+    ApiAccess(
+        "rljob.io",
+        "rljobs",
+        ("list", "watch", "delete"),
+        "namespaced",
+        "kopf watches jobs (event handlers: no finalizers, no annotations); ttlSecondsAfterFinished deletes",
+    ),
+    ApiAccess("rljob.io", "rljobs/status", ("patch",), "namespaced", "phase, conditions, counts, progress"),
+    ApiAccess(
+        "rljob.io",
+        "rljobs/finalizers",
+        ("update",),
+        "namespaced",
+        "children's ownerReferences set blockOwnerDeletion (OwnerReferencesPermissionEnforcement)",
+    ),
+    ApiAccess(
+        "",
+        "pods",
+        ("list", "watch", "create", "delete"),
+        "namespaced",
+        "kopf indexes job pods; one pod per role replica, deleted to be replaced or when the job ends",
+    ),
+    ApiAccess("", "services", ("get", "create"), "namespaced", "headless service for DNS, created if absent"),
+    ApiAccess(
+        "",
+        "configmaps",
+        ("get", "create", "patch"),
+        "namespaced",
+        "resolved job config, created if absent, read back and patched when the spec changes",
+    ),
+    ApiAccess("", "events", ("create",), "namespaced", "an Event on every transition"),
+    ApiAccess(
+        "scheduling.volcano.sh",
+        "podgroups",
+        ("get", "create", "patch"),
+        "namespaced",
+        "gang: volcano; minMember follows rollout scaling",
+    ),
+    ApiAccess(
+        "scheduling.x-k8s.io",
+        "podgroups",
+        ("get", "create", "patch"),
+        "namespaced",
+        "gang: scheduler-plugins; minMember follows rollout scaling",
+    ),
+    ApiAccess("", "namespaces", ("list", "watch"), "cluster", "kopf follows namespaces matching --namespace globs"),
+    ApiAccess(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        ("list", "watch"),
+        "cluster",
+        "kopf notices the RLJob CRD being installed or removed while it runs",
+    ),
+    ApiAccess(
+        "kopf.dev",
+        "clusterkopfpeerings",
+        ("get", "list", "watch", "patch"),
+        "cluster",
+        "peering of an all-namespaces operator with its standby",
+        peering_only=True,
+    ),
+    ApiAccess(
+        "kopf.dev",
+        "kopfpeerings",
+        ("get", "list", "watch", "patch"),
+        "namespaced",
+        "peering of a namespaced operator with its standby",
+        peering_only=True,
+    ),
+)
+
+
+def required_access(*, peering: bool) -> list[ApiAccess]:
+    """The calls an operator makes, with or without peering."""
+    return [a for a in OPERATOR_API_ACCESS if peering or not a.peering_only]

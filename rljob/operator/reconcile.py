@@ -1,0 +1,416 @@
+"""Desired vs observed -> actions and the new status. Pure: no API, no clock, no kopf.
+
+The controller feeds one `Observation` of a job (its spec or why the spec is invalid, the status it
+last wrote, the pods it sees, the pods it has asked for and not seen yet) and carries out the `Plan`.
+Every decision is idempotent, so replaying an observation (a stale cache, an operator restart) never
+does a thing twice: pods have deterministic names, and the restart budget is charged only on the
+transition into Restarting, which is written to status before any pod is touched.
+
+Failure policy (spec.failurePolicy):
+- actor pod failed (its code, not the cluster) -> the whole actor group is deleted and recreated and
+  resumes from its checkpoint; `restarts` +1; past maxRestarts the job fails (BackoffLimitExceeded).
+- an actor pod lost to eviction, preemption or node loss, or gone while the group runs -> the same group
+  restart without charging the budget.
+- rollout / env / reward pod failed or gone -> that pod alone is replaced; training goes on; its role's
+  `failed` count grows (disruptions are replaced without counting).
+- actor replica 0 exits 0 -> Succeeded; pods still running are deleted (finished ones stay for logs).
+- a spec edit that changes what pods run (anything but rollout replicas, suspend, failurePolicy,
+  activeDeadlineSeconds and ttlSecondsAfterFinished) -> controlled restart of every pod, not charged.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rljob.api import ROLE_NAMES, InvalidRLJob, RLJob
+from rljob.api.status import TERMINAL_PHASES, Progress, RLJobStatus
+from rljob.operator.podstate import PodState
+from rljob.operator.status import (
+    FAILED,
+    READY,
+    RESTARTING,
+    SCHEDULED,
+    SUCCEEDED,
+    SUSPENDED,
+    clear_condition,
+    container_problems,
+    describe_pods,
+    get_condition,
+    parse_rfc3339,
+    rfc3339,
+    role_counts,
+    scheduling_problems,
+    set_condition,
+)
+
+Manifest = dict[str, Any]
+EventType = Literal["Normal", "Warning"]
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """A Kubernetes Event to post on the RLJob."""
+
+    type: EventType
+    reason: str
+    message: str
+
+
+@dataclass
+class Observation:
+    """Everything the reconciler knows about one job at one moment."""
+
+    job: RLJob | None
+    """The validated, resolved job; None when `invalid` says why it is not."""
+    invalid: InvalidRLJob | None
+    generation: int
+    status: RLJobStatus
+    pods: list[PodState]
+    desired_pods: dict[str, Manifest]
+    """Name -> manifest of every pod the spec asks for (empty when the spec is invalid)."""
+    now: datetime.datetime
+    expected: set[str] = field(default_factory=set)
+    """Pods created recently that the watch has not delivered yet: not missing, just not seen."""
+    spec_changed: bool = False
+    """The spec changed in a way that needs new pods (see module docstring)."""
+    progress: Progress | None = None
+    """Fresh progress from actor 0, when it answered."""
+
+
+@dataclass
+class Plan:
+    status: RLJobStatus
+    create: list[str] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+    events: list[JobEvent] = field(default_factory=list)
+    delete_job: bool = False
+    requeue_after: float | None = None
+    """Seconds until the plan changes on its own (deadline, TTL), if nothing else happens first."""
+    replaced: list[tuple[str, str]] = field(default_factory=list)
+    """(role, why) of every pod deleted to be replaced: for metrics."""
+    restart_counted: bool = False
+
+
+class _Planner:
+    def __init__(self, obs: Observation) -> None:
+        self.obs = obs
+        self.status = copy.deepcopy(obs.status)
+        self.plan = Plan(status=self.status)
+        self.now = obs.now
+        self.pods = {p.name: p for p in obs.pods}
+        self.live = [p for p in obs.pods if not p.terminating]
+        self.new_failures: dict[str, int] = {}
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def event(self, kind: EventType, reason: str, message: str) -> None:
+        self.plan.events.append(JobEvent(kind, reason, message))
+
+    def transition(self, phase: str, reason: str, message: str) -> None:
+        if self.status.phase == phase:
+            return
+        kind: EventType = "Warning" if phase in ("Failed", "Restarting") else "Normal"
+        self.event(kind, reason, f"{self.status.phase} -> {phase}: {message}")
+        self.status.phase = phase  # type: ignore[assignment]
+
+    def delete(self, pod: PodState) -> None:
+        if not pod.terminating and pod.name not in self.plan.delete:
+            self.plan.delete.append(pod.name)
+
+    def delete_active(self) -> None:
+        """Delete pods still running or waiting; finished pods stay for `kubectl logs`."""
+        for pod in self.live:
+            if not pod.finished:
+                self.delete(pod)
+
+    def finish(self, succeeded: bool, reason: str, message: str) -> None:
+        self.status.completion_time = self.status.completion_time or rfc3339(self.now)
+        set_condition(self.status, SUCCEEDED if succeeded else FAILED, True, reason, message, self.now)
+        clear_condition(self.status, RESTARTING, reason, message, self.now)
+        self.transition("Succeeded" if succeeded else "Failed", reason, message)
+        self.delete_active()
+        self.schedule_ttl()
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(seconds, 0.0)
+        current = self.plan.requeue_after
+        self.plan.requeue_after = seconds if current is None else min(current, seconds)
+
+    def schedule_ttl(self) -> None:
+        job = self.obs.job
+        ttl = job.spec.ttl_seconds_after_finished if job is not None else None
+        finished = parse_rfc3339(self.status.completion_time)
+        if ttl is None or finished is None:
+            return
+        left = (finished - self.now).total_seconds() + ttl
+        if left <= 0:
+            self.plan.delete_job = True
+        else:
+            self.requeue(left)
+
+    # --- the decision ---------------------------------------------------------------------------
+
+    def run(self) -> Plan:
+        obs = self.obs
+        self.retry_fixed_spec()
+        if self.status.phase in TERMINAL_PHASES:
+            self.delete_active()
+            self.schedule_ttl()
+            return self.finalize()
+        if obs.invalid is not None or obs.job is None:
+            problems = obs.invalid.problems if obs.invalid else []
+            message = "; ".join(p.render() for p in problems) or "the spec is not a valid RLJob"
+            self.finish(False, "InvalidSpec", message)
+            return self.finalize()
+        job = obs.job
+        if self.deadline_exceeded(job):
+            return self.finalize()
+        if job.spec.suspend:
+            self.suspend()
+            return self.finalize()
+        if self.status.phase == "Suspended":
+            set_condition(self.status, SUSPENDED, False, "Resumed", "spec.suspend is false", self.now)
+            self.transition("Pending", "Resumed", "pods are recreated; the actor resumes from its checkpoint")
+        if self.status.start_time is None:
+            self.status.start_time = rfc3339(self.now)
+            if job.spec.active_deadline_seconds:
+                self.requeue(job.spec.active_deadline_seconds)
+        if self.succeeded(job):
+            return self.finalize()
+        if obs.spec_changed and self.status.phase != "Restarting":
+            self.restart_all()
+        if self.status.phase != "Restarting":
+            self.check_actors(job)
+        if self.status.phase in TERMINAL_PHASES:
+            return self.finalize()
+        self.replace_other_roles(job)
+        if self.status.phase in TERMINAL_PHASES:
+            return self.finalize()
+        self.create_missing()
+        self.update_phase()
+        return self.finalize()
+
+    def retry_fixed_spec(self) -> None:
+        """A job failed for an invalid spec gets another chance once its spec is edited and valid."""
+        failed = get_condition(self.status, FAILED)
+        edited = self.obs.generation != (self.status.observed_generation or 0)
+        if (
+            self.status.phase == "Failed"
+            and failed is not None
+            and failed.reason == "InvalidSpec"
+            and edited
+            and self.obs.job is not None
+        ):
+            self.status.conditions = [c for c in self.status.conditions if c.type != FAILED]
+            self.status.completion_time = None
+            self.transition("Pending", "SpecFixed", "the edited spec is valid")
+
+    def deadline_exceeded(self, job: RLJob) -> bool:
+        limit = job.spec.active_deadline_seconds
+        started = parse_rfc3339(self.status.start_time)
+        if not limit or started is None or self.status.phase == "Suspended":
+            return False
+        left = (started - self.now).total_seconds() + limit
+        if left > 0:
+            self.requeue(left)
+            return False
+        self.finish(False, "DeadlineExceeded", f"the job ran longer than activeDeadlineSeconds ({limit}s)")
+        return True
+
+    def suspend(self) -> None:
+        for pod in self.live:
+            self.delete(pod)
+        set_condition(self.status, SUSPENDED, True, "Suspended", "spec.suspend is true: pods deleted", self.now)
+        clear_condition(self.status, RESTARTING, "Suspended", "the job is suspended", self.now)
+        # Like a Kubernetes Job: the deadline counts running time, so it starts again on resume.
+        self.status.start_time = None
+        self.transition("Suspended", "Suspended", "pods deleted; status kept")
+        self.count_roles()
+
+    def succeeded(self, job: RLJob) -> bool:
+        actor0 = self.pods.get(_pod_name(self.obs, "actor", 0))
+        if actor0 is None or not (actor0.succeeded or (actor0.exit_code == 0 and actor0.finished)):
+            return False
+        total = job.spec.trainer.steps
+        self.status.progress.total_steps = self.status.progress.total_steps or total
+        # The contract: actor 0 exits 0 only once trainer.steps are done.
+        self.status.progress.step = self.status.progress.total_steps
+        self.count_roles()
+        self.finish(True, "TrainingCompleted", f"actor 0 exited 0 after {total} steps")
+        return True
+
+    def restart_all(self) -> None:
+        for pod in self.live:
+            self.delete(pod)
+        message = "the spec changed: every pod is recreated; the actor resumes from its checkpoint"
+        set_condition(self.status, RESTARTING, True, "SpecChanged", message, self.now)
+        self.transition("Restarting", "SpecChanged", message)
+
+    def check_actors(self, job: RLJob) -> None:
+        """Decide whether the actor group must restart, and whether that is charged to maxRestarts."""
+        actors = [p for p in self.live if p.role == "actor"]
+        # Ranks other than 0 may exit 0 a moment before rank 0 does at the end: only failures count.
+        failed = [p for p in actors if p.failed]
+        group_started = self.status.phase in ("Starting", "Running")
+        missing = [
+            name
+            for name in _role_pod_names(self.obs, "actor")
+            if name not in self.pods and name not in self.obs.expected and group_started
+        ]
+        if not failed and not missing:
+            return
+        charged = [p for p in failed if p.failed and not p.disrupted]
+        if charged:
+            pod = charged[0]
+            why = f"actor pod {pod.name} failed" + (f" (exit code {pod.exit_code})" if pod.exit_code else "")
+            if pod.reason or pod.message:
+                why += f": {' '.join(x for x in (pod.reason, pod.message) if x)}"
+            policy = job.spec.failure_policy
+            if policy.actor == "FailJob":
+                self.finish(False, "PodFailed", f"{why}; failurePolicy.actor is FailJob")
+                return
+            if self.status.restarts >= policy.max_restarts:
+                self.finish(
+                    False,
+                    "BackoffLimitExceeded",
+                    f"{why}; the actor group already restarted {self.status.restarts} times "
+                    f"(failurePolicy.maxRestarts {policy.max_restarts})",
+                )
+                return
+            self.status.restarts += 1
+            self.plan.restart_counted = True
+            reason = "ActorFailed"
+            message = f"{why}; restarting the actor group ({self.status.restarts}/{policy.max_restarts})"
+        elif failed:
+            pod = failed[0]
+            reason = "ActorDisrupted"
+            message = f"actor pod {pod.name} was disrupted" + (f" ({pod.reason})" if pod.reason else "")
+            message += "; restarting the actor group (not counted against maxRestarts)"
+        else:
+            reason = "ActorLost"
+            message = f"actor pod {missing[0]} disappeared; restarting the actor group (not counted)"
+        for pod in actors:
+            self.delete(pod)
+            self.plan.replaced.append(("actor", reason))
+        set_condition(self.status, RESTARTING, True, reason, message, self.now)
+        self.transition("Restarting", reason, message)
+
+    def replace_other_roles(self, job: RLJob) -> None:
+        desired = set(self.obs.desired_pods)
+        policy = job.spec.failure_policy
+        for pod in self.live:
+            if pod.name not in desired:
+                self.delete(pod)  # scaled down, or left over from an older spec
+                continue
+            if pod.role == "actor" or not pod.finished:
+                continue
+            if pod.failed and not pod.disrupted and getattr(policy, pod.role, "Replace") == "FailJob":
+                self.finish(
+                    False, "PodFailed", f"{pod.role} pod {pod.name} failed; failurePolicy.{pod.role} is FailJob"
+                )
+                return
+            if pod.disrupted:
+                reason, kind = "PodDisrupted", "Normal"
+            elif pod.failed:
+                reason, kind = "PodFailed", "Warning"
+                self.new_failures[pod.role] = self.new_failures.get(pod.role, 0) + 1
+            else:
+                reason, kind = "PodExited", "Normal"
+            detail = " ".join(x for x in (pod.reason, pod.message) if x)
+            self.event(kind, reason, f"{pod.name} {'(' + detail + ') ' if detail else ''}is replaced; training goes on")
+            self.plan.replaced.append((pod.role, reason))
+            self.delete(pod)
+
+    def create_missing(self) -> None:
+        restarting = self.status.phase == "Restarting"
+        actors_present = any(p.role == "actor" for p in self.obs.pods)
+        for name, manifest in self.obs.desired_pods.items():
+            if name in self.pods or name in self.obs.expected:
+                continue
+            if restarting and _role_of(manifest) == "actor" and actors_present:
+                continue  # the new group starts only when every old actor is gone
+            self.plan.create.append(name)
+        if restarting and not actors_present:
+            set_condition(self.status, RESTARTING, False, "Recreated", "the actor group was recreated", self.now)
+            self.transition("Starting", "Recreated", "the actor group was recreated")
+
+    def update_phase(self) -> None:
+        obs = self.obs
+        self.count_roles()
+        unschedulable = scheduling_problems(obs.pods)
+        if unschedulable:
+            self.warn_condition(SCHEDULED, "Unschedulable", describe_pods(unschedulable))
+        else:
+            scheduled = all(name in self.pods and self.pods[name].scheduled for name in obs.desired_pods)
+            if scheduled:
+                set_condition(self.status, SCHEDULED, True, "AllPodsScheduled", "every pod has a node", self.now)
+        reason, problems = container_problems(obs.pods)
+        ready_pods = [n for n in obs.desired_pods if n in self.pods and self.pods[n].ready]
+        all_ready = len(ready_pods) == len(obs.desired_pods)
+        if problems:
+            self.warn_condition(READY, reason, describe_pods(problems))
+        elif all_ready:
+            set_condition(self.status, READY, True, "AllPodsReady", f"{len(ready_pods)} pods ready", self.now)
+        else:
+            message = f"{len(ready_pods)}/{len(obs.desired_pods)} pods ready"
+            set_condition(self.status, READY, False, "PodsNotReady", message, self.now)
+        if self.status.phase == "Restarting":
+            return
+        actors = _role_pod_names(obs, "actor")
+        actors_ready = all(n in self.pods and self.pods[n].ready for n in actors)
+        every_scheduled = all(n in self.pods and self.pods[n].scheduled for n in obs.desired_pods)
+        if all_ready or (self.status.phase == "Running" and actors_ready):
+            self.transition("Running", "Running", "every pod is ready; training")
+        elif every_scheduled and not unschedulable:
+            self.transition("Starting", "Starting", "every pod is placed; waiting for readiness")
+        elif self.status.phase not in ("Pending", "Starting"):
+            self.transition("Pending", "Pending", "waiting for pods to be created and scheduled")
+
+    def warn_condition(self, kind: str, reason: str, message: str) -> None:
+        """Set a condition False for a problem; post a Warning when the problem is new."""
+        before = get_condition(self.status, kind)
+        new = before is None or before.status != "False" or before.reason != reason
+        set_condition(self.status, kind, False, reason, message, self.now)
+        if new:
+            self.event("Warning", reason, message)
+
+    def count_roles(self) -> None:
+        desired: dict[str, int] = {role: 0 for role in ROLE_NAMES}
+        for manifest in self.obs.desired_pods.values():
+            role = _role_of(manifest)
+            desired[role] = desired.get(role, 0) + 1
+        role_counts(self.status, desired, self.obs.pods, self.new_failures)
+        self.new_failures = {}
+
+    def finalize(self) -> Plan:
+        obs = self.obs
+        if obs.progress is not None and self.status.phase not in TERMINAL_PHASES:
+            self.status.progress = obs.progress
+        if obs.job is not None and not self.status.progress.total_steps:
+            self.status.progress.total_steps = obs.job.spec.trainer.steps
+        self.status.observed_generation = obs.generation
+        return self.plan
+
+
+def _role_of(manifest: Manifest) -> str:
+    return manifest["metadata"]["labels"]["rljob.io/role"]
+
+
+def _role_pod_names(obs: Observation, role: str) -> list[str]:
+    return [name for name, m in obs.desired_pods.items() if _role_of(m) == role]
+
+
+def _pod_name(obs: Observation, role: str, replica: int) -> str:
+    for name, manifest in obs.desired_pods.items():
+        labels = manifest["metadata"]["labels"]
+        if labels["rljob.io/role"] == role and labels["rljob.io/replica"] == str(replica):
+            return name
+    return ""
+
+
+def plan(obs: Observation) -> Plan:
+    """What to do about one job now: pods to create and delete, the status to write, events to post."""
+    return _Planner(obs).run()

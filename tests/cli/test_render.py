@@ -1,0 +1,54 @@
+"""`rljob render`: the resolved job, then exactly the manifests the operator creates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from rljob.api import load_job_file
+from rljob.cli.main import app
+from rljob.operator.manifests import build_children
+from rljob.operator.settings import OperatorSettings
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+H100_JOB = EXAMPLES / "grpo-qwen-math-h100.yaml"
+
+
+def render(*args: str):
+    return CliRunner().invoke(app, ["render", *args])
+
+
+def test_render_prints_the_resolved_job_then_every_child(monkeypatch):
+    monkeypatch.delenv("RLJOB_OPERATOR_TRAINER_IMAGE", raising=False)
+    result = render(str(H100_JOB))
+    assert result.exit_code == 0, result.output
+    documents = list(yaml.safe_load_all(result.output))
+    assert documents[0]["kind"] == "RLJob" and documents[0]["spec"]["roles"]["env"]["replicas"] == 0
+    job = load_job_file(H100_JOB)
+    assert documents[1:] == build_children(job, OperatorSettings())
+    kinds = [d["kind"] for d in documents]
+    assert kinds == ["RLJob", "ConfigMap", "Service", "PodGroup"] + ["Pod"] * 8
+
+
+def test_render_only_job_or_only_children():
+    (job,) = yaml.safe_load_all(render("--only", "job", str(H100_JOB)).output)
+    assert job["kind"] == "RLJob" and "status" not in job
+    children = list(yaml.safe_load_all(render("--only", "children", str(H100_JOB)).output))
+    assert children[0]["kind"] == "ConfigMap" and len(children) == 11
+
+
+def test_render_uses_the_operator_image_settings(monkeypatch):
+    monkeypatch.setenv("RLJOB_OPERATOR_TRAINER_IMAGE", "registry.local/trainer:7")
+    pods = [d for d in yaml.safe_load_all(render("--only", "children", str(H100_JOB)).output) if d["kind"] == "Pod"]
+    assert pods[0]["spec"]["containers"][0]["image"] == "registry.local/trainer:7"
+
+
+def test_render_reports_a_clash_with_the_field_to_change(tmp_path):
+    text = (EXAMPLES / "cartpole-ppo.yaml").read_text() + "  logging:\n    prometheusPort: 29500\n"
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(text)
+    result = render(str(manifest))
+    assert result.exit_code == 1
+    assert "spec.logging.prometheusPort" in result.output and "choose another port" in result.output

@@ -1,0 +1,279 @@
+"""Fixtures for the controller tests: the API emulator on a local port, the real operator running
+against it, and the parts of a cluster the emulator lacks (kubelet, scheduler, garbage collector),
+played explicitly by `Cluster`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kmock
+import kopf
+import pytest
+import yaml
+from kubernetes_asyncio.client import Configuration
+
+from rljob.operator import handlers
+from rljob.operator.app import OperatorOptions, run_operator
+from rljob.operator.controller import ControllerConfig
+from rljob.operator.metrics import OperatorMetrics
+from rljob.operator.progress import ProgressReader, ProgressUrl
+from tests.operator.controller.emulator import KubernetesApiEmulator
+
+RLJOBS = kmock.resource("rljob.io", "v1alpha1", "rljobs")
+PODS = kmock.resource("", "v1", "pods")
+CONFIGMAPS = kmock.resource("", "v1", "configmaps")
+SERVICES = kmock.resource("", "v1", "services")
+EVENTS = kmock.resource("", "v1", "events")
+SCALE_PATH = ("spec", "roles", "rollout", "replicas")
+
+RESOURCES: dict[str, dict[str, Any]] = {
+    "rljob.io/v1alpha1/rljobs": {"kind": "RLJob", "namespaced": True, "subresources": {"status", "scale"}},
+    "v1/pods": {"kind": "Pod", "namespaced": True, "subresources": {"status"}},
+    "v1/services": {"kind": "Service", "namespaced": True},
+    "v1/configmaps": {"kind": "ConfigMap", "namespaced": True},
+    "v1/events": {"kind": "Event", "namespaced": True},
+    "v1/namespaces": {"kind": "Namespace", "namespaced": False},
+    "scheduling.volcano.sh/v1beta1/podgroups": {"kind": "PodGroup", "namespaced": True},
+    "scheduling.x-k8s.io/v1alpha1/podgroups": {"kind": "PodGroup", "namespaced": True},
+}
+
+
+def new_emulator(**kwargs: Any) -> KubernetesApiEmulator:
+    emulator = KubernetesApiEmulator(
+        status_subresources={RLJOBS, PODS}, scale_subresources={RLJOBS: SCALE_PATH}, **kwargs
+    )
+    for key, info in RESOURCES.items():
+        emulator.resources[key] = kmock.ResourceInfo(
+            verbs={"list", "watch", "get", "create", "patch", "delete"}, **info
+        )
+    return emulator
+
+
+@pytest.fixture()
+async def kube() -> AsyncIterator[KubernetesApiEmulator]:
+    """A realistic API server stand-in on 127.0.0.1 (its URL is `kube.url`)."""
+    emulator = new_emulator()
+    async with emulator, kmock.Server(emulator):
+        yield emulator
+
+
+NS = "ns"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+FAST = ControllerConfig(resync_seconds=2.0, progress_seconds=0.2, expectation_seconds=3.0, error_backoff_seconds=0.2)
+
+
+def cartpole_job(name: str = "cp", **spec: Any) -> dict[str, Any]:
+    """The CartPole example (1 actor, 1 rollout, 2 env pods) with spec overrides merged in."""
+    job = yaml.safe_load((EXAMPLES / "cartpole-ppo.yaml").read_text())
+    job["metadata"] = {"name": name, "namespace": NS}
+    for key, value in spec.items():
+        if isinstance(value, dict) and isinstance(job["spec"].get(key), dict):
+            job["spec"][key] = {**job["spec"][key], **value}
+        else:
+            job["spec"][key] = value
+    return job
+
+
+def kopf_test_settings() -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    settings.scanning.disabled = True
+    settings.posting.enabled = False
+    settings.watching.reconnect_backoff = 0.1
+    settings.queueing.exit_timeout = 0.5
+    settings.queueing.idle_timeout = 0.5
+    settings.networking.request_timeout = 10
+    return settings
+
+
+@dataclass
+class RunningOperator:
+    metrics: OperatorMetrics
+    task: asyncio.Task[None]
+
+
+@contextlib.asynccontextmanager
+async def operator_running(
+    kube: KubernetesApiEmulator,
+    progress_url: ProgressUrl | None = None,
+    config: ControllerConfig = FAST,
+    metrics_port: int | None = None,
+    liveness_port: int | None = None,
+) -> Any:
+    """Run the real operator (kopf + controller) against the emulator for the body of a `with`.
+
+    Enter it from the test body, not from an async fixture: kopf cancels tasks created after it started.
+    """
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry)
+    url = str(kube.url).rstrip("/")
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=url, insecure=True)
+
+    stop = asyncio.Event()
+    metrics = OperatorMetrics()
+    options = OperatorOptions(
+        namespaces=(NS,), metrics_port=metrics_port, liveness_port=liveness_port, controller=config
+    )
+    progress = ProgressReader(url_for=progress_url) if progress_url else ProgressReader(url_for=lambda pod, port: None)
+    task = asyncio.create_task(
+        run_operator(
+            options,
+            Configuration(host=url),
+            registry,
+            progress=progress,
+            settings=kopf_test_settings(),
+            stop_flag=stop,
+            metrics=metrics,
+        )
+    )
+    try:
+        yield RunningOperator(metrics, task)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
+    """Poll `check` until it returns something truthy (its value is returned) or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except (KeyError, TypeError, AssertionError) as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not reached in {timeout}s: {what or check}; last: {last!r}")
+
+
+# --- the tests play kubelet and scheduler -----------------------------------------------------------
+
+
+class Cluster:
+    """Kubelet, scheduler and garbage collector for the emulator, driven explicitly by the tests."""
+
+    def __init__(self, kube: KubernetesApiEmulator) -> None:
+        self.kube = kube
+
+    def job(self, name: str) -> dict[str, Any] | None:
+        return self.kube.read_object(RLJOBS, NS, name)
+
+    def status(self, name: str) -> dict[str, Any]:
+        return (self.job(name) or {}).get("status") or {}
+
+    def phase(self, name: str) -> str | None:
+        return self.status(name).get("phase")
+
+    def pods(self, job: str) -> dict[str, dict[str, Any]]:
+        return {p["metadata"]["name"]: p for p in self.kube.list_objects(PODS, NS, f"rljob.io/job={job}")}
+
+    def uid(self, pod: str) -> str:
+        return self.kube.read_object(PODS, NS, pod)["metadata"]["uid"]
+
+    def events(self, job: str) -> list[dict[str, Any]]:
+        events = self.kube.list_objects(EVENTS, NS)
+        return [e for e in events if e["involvedObject"]["name"] == job]
+
+    def reasons(self, job: str) -> list[str]:
+        return [e["reason"] for e in self.events(job)]
+
+    def create_job(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return self.kube.create_object(RLJOBS, NS, manifest)
+
+    def patch_job(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return self.kube.patch_object(RLJOBS, NS, name, patch)
+
+    def run(self, pod: str, ready: bool = True, ip: str = "127.0.0.1") -> None:
+        self.kube.patch_object(PODS, NS, pod, {"spec": {"nodeName": "node-1"}})
+        self.kube.patch_status(
+            PODS,
+            NS,
+            pod,
+            {
+                "phase": "Running",
+                "podIP": ip,
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True"},
+                    {"type": "Ready", "status": "True" if ready else "False"},
+                ],
+                "containerStatuses": [{"name": "main", "ready": ready, "state": {"running": {}}}],
+            },
+        )
+
+    def run_all(self, job: str) -> None:
+        for name in self.pods(job):
+            self.run(name)
+
+    def exit(self, pod: str, code: int, reason: str = "") -> None:
+        terminated = {"exitCode": code, "reason": reason or ("Completed" if code == 0 else "Error")}
+        self.kube.patch_status(
+            PODS,
+            NS,
+            pod,
+            {
+                "phase": "Succeeded" if code == 0 else "Failed",
+                "conditions": [{"type": "Ready", "status": "False"}],
+                "containerStatuses": [{"name": "main", "ready": False, "state": {"terminated": terminated}}],
+            },
+        )
+
+    def evict(self, pod: str) -> None:
+        self.kube.patch_status(
+            PODS,
+            NS,
+            pod,
+            {
+                "phase": "Failed",
+                "reason": "Evicted",
+                "message": "The node was low on resource: memory.",
+                "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}],
+            },
+        )
+
+    def unschedulable(self, pod: str, message: str) -> None:
+        self.kube.patch_status(
+            PODS,
+            NS,
+            pod,
+            {
+                "phase": "Pending",
+                "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+                ],
+            },
+        )
+
+    def image_pull_failure(self, pod: str) -> None:
+        self.kube.patch_object(PODS, NS, pod, {"spec": {"nodeName": "node-1"}})
+        waiting = {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "ghcr.io/rljob/nope:1"'}
+        self.kube.patch_status(
+            PODS,
+            NS,
+            pod,
+            {
+                "phase": "Pending",
+                "conditions": [{"type": "PodScheduled", "status": "True"}],
+                "containerStatuses": [{"name": "main", "image": "ghcr.io/rljob/nope:1", "state": {"waiting": waiting}}],
+            },
+        )
+
+    def delete_job(self, name: str) -> None:
+        self.kube.delete_object(RLJOBS, NS, name)
+        self.kube.collect_garbage()
+
+
+@pytest.fixture()
+def cluster(kube: KubernetesApiEmulator) -> Cluster:
+    return Cluster(kube)

@@ -1,0 +1,488 @@
+"""A small, realistic Kubernetes API server for operator tests: kmock's emulator plus what kopf relies on.
+
+kmock 0.8's `KubernetesEmulator` stores objects but leaves out server behaviour a controller depends
+on. This subclass adds it, nothing more:
+
+- `metadata.resourceVersion` (one global counter), `uid`, `creationTimestamp`, `generation` (bumped
+  when anything but metadata and status changes), namespace filled from the URL, `generateName`;
+- 409 `AlreadyExists` on create, 409 `Conflict` on a stale `resourceVersion` in a patch or a
+  delete precondition, 422 `Invalid` on a failed JSON-patch `test`, 404 `NotFound`;
+- the status subresource: patches of the object ignore `status`, patches of `/status` change only it;
+- a scale subresource mapped onto a spec path (like the CRD's `specReplicasPath`);
+- label selectors on list and watch; watches resume from a `resourceVersion` and answer 410 Gone
+  when that version has been compacted away (`compact()`), as a real server does after a while;
+- finalizers and `deletionTimestamp`; pods are removed at once unless `graceful_pod_deletion` is set,
+  in which case they terminate until the test (playing kubelet) calls `finish_termination`.
+
+There is no kubelet, scheduler or garbage collector: tests play them with `patch_status`, `delete_object`
+and `collect_garbage`, which go through the same write path as HTTP requests (watchers see them).
+User reactions added with kmock's DSL (`kmock[...] << error`) win over this behaviour, which is how
+tests inject API errors without changing the stored state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import itertools
+import re
+import uuid
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import attrs
+import jsonpatch
+import kmock
+from kmock._internal import apps, rendering
+
+Resource = kmock.resource
+Raw = dict[str, Any]
+
+PODS = Resource("", "v1", "pods")
+CLOSE = object()
+"""Sentinel pushed into a live watch to end it with 410 Gone."""
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: nested mappings merge, null deletes, everything else replaces."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+_SELECTOR_TERM = re.compile(
+    r"^\s*(?:(?P<neg>!)\s*(?P<absent>[\w./-]+)"
+    r"|(?P<key>[\w./-]+)\s*(?:(?P<op>==|!=|=)\s*(?P<value>[\w./-]*)"
+    r"|\s+(?P<setop>in|notin)\s*\((?P<values>[^)]*)\))?)\s*$"
+)
+
+
+def _split_selector(selector: str) -> list[str]:
+    """Split on commas outside parentheses: `a in (x,y),b=c` is two terms."""
+    terms, depth, current = [], 0, ""
+    for char in selector:
+        depth += char == "("
+        depth -= char == ")"
+        if char == "," and depth == 0:
+            terms.append(current)
+            current = ""
+        else:
+            current += char
+    terms.append(current)
+    return [t for t in terms if t.strip()]
+
+
+def selector_matches(selector: str, labels: Mapping[str, str]) -> bool:
+    """Kubernetes label-selector semantics: `k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (..)`, `k notin (..)`."""
+    for term in _split_selector(selector):
+        match = _SELECTOR_TERM.match(term)
+        if match is None:
+            raise ValueError(f"unparsable label selector term {term!r}")
+        if match["neg"]:
+            if match["absent"] in labels:
+                return False
+            continue
+        key = match["key"]
+        if match["op"] in ("=", "=="):
+            if labels.get(key) != match["value"]:
+                return False
+        elif match["op"] == "!=":
+            if labels.get(key) == match["value"]:
+                return False
+        elif match["setop"]:
+            values = {v.strip() for v in match["values"].split(",") if v.strip()}
+            if match["setop"] == "in" and labels.get(key) not in values:
+                return False
+            if match["setop"] == "notin" and key in labels and labels[key] in values:
+                return False
+        elif key not in labels:
+            return False
+    return True
+
+
+@attrs.define
+class _Watch:
+    resource: Resource
+    namespace: str | None
+    selector: str
+    queue: asyncio.Queue[Any] = attrs.field(factory=asyncio.Queue)
+
+    def wants(self, raw: Raw) -> bool:
+        meta = raw.get("metadata", {})
+        if self.namespace is not None and meta.get("namespace") != self.namespace:
+            return False
+        return selector_matches(self.selector, meta.get("labels") or {})
+
+
+@attrs.define(kw_only=True)
+class KubernetesApiEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator with resource versions, conflicts, subresources, selectors and watch resumption."""
+
+    status_subresources: set[Resource] = attrs.field(factory=set)
+    """Resources whose `status` is written only through `/status`."""
+    scale_subresources: dict[Resource, tuple[str, ...]] = attrs.field(factory=dict)
+    """Resource -> path of its replica count in the object, e.g. ("spec", "roles", "rollout", "replicas")."""
+    graceful_pod_deletion: bool = False
+    keep_history: bool = True
+    """kmock keeps every version of every object (handy in tests); benchmarks turn it off to save memory."""
+    watch_log_size: int = 10_000
+
+    _revision: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _last_revision: int = attrs.field(default=0, init=False)
+    _compacted: int = attrs.field(default=0, init=False)
+    _logs: dict[Resource, deque[tuple[int, Raw]]] = attrs.field(factory=lambda: defaultdict(deque), init=False)
+    _watches: list[_Watch] = attrs.field(factory=list, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        # PUT (replace) is not a kmock action; serve it for the scale subresource and status writes.
+        self.fallback["put"] << self._serve_replace
+
+    # --- request dispatch -----------------------------------------------------------------------
+
+    async def _handle(self, request: rendering.Request) -> Any:
+        # Skip kmock's own state changes (KubernetesEmulator._handle): the fallbacks below own the state,
+        # so a user reaction that answers a request (an injected error) leaves the state untouched.
+        return await apps.RawHandler._handle(self, request)
+
+    async def _serve_fetch(self, request: rendering.Request) -> Raw:
+        obj = self._current(request.resource, request.namespace, request.name)
+        if request.subresource == "scale":
+            return self._scale_of(request.resource, obj)
+        return obj
+
+    async def _serve_list(self, request: rendering.Request) -> Raw:
+        self._require_known(request.resource)
+        selector = request.params.get("labelSelector", "")
+        items = [raw for raw in self._all(request.resource, request.namespace) if self._selected(raw, selector)]
+        return {
+            "apiVersion": "v1",
+            "kind": "List",
+            "metadata": {"resourceVersion": str(self._last_revision)},
+            "items": items,
+        }
+
+    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[Any]:
+        self._require_known(request.resource)
+        yield b""  # send the headers now: the stream may stay silent for a while
+        selector = request.params.get("labelSelector", "")
+        since = request.params.get("resourceVersion")
+        watch = _Watch(request.resource, request.namespace, selector)
+        self._watches.append(watch)
+        try:
+            if since in (None, "", "0"):
+                for raw in self._all(request.resource, request.namespace):
+                    if watch.wants(raw):
+                        yield {"type": "ADDED", "object": raw}
+            elif int(since) < self._compacted:
+                yield _gone(since)
+                return
+            else:
+                for revision, event in list(self._logs[request.resource]):
+                    if revision > int(since) and watch.wants(event["object"]):
+                        yield event
+            timeout = float(request.params.get("timeoutSeconds") or 0) or None
+            async with asyncio.timeout(timeout):
+                while True:
+                    event = await watch.queue.get()
+                    if event is CLOSE:
+                        yield _gone(since or "0")
+                        return
+                    yield event
+        except TimeoutError:
+            return
+        finally:
+            self._watches.remove(watch)
+
+    async def _serve_create(self, request: rendering.Request) -> Raw:
+        self._require_known(request.resource)
+        body = request.data
+        if not isinstance(body, Mapping):
+            raise kmock.KubernetesError(400, "BadRequest", "the request body must be a JSON object")
+        return self.create_object(request.resource, request.namespace, body)
+
+    async def _serve_update(self, request: rendering.Request) -> Raw:
+        if request.subresource == "scale":
+            return self._patch_scale(request.resource, request.namespace, request.name, request.data)
+        return self.patch_object(
+            request.resource,
+            request.namespace,
+            request.name,
+            request.data,
+            subresource=request.subresource,
+        )
+
+    async def _serve_replace(self, request: rendering.Request) -> Raw:
+        if request.subresource == "scale":
+            return self._patch_scale(request.resource, request.namespace, request.name, request.data)
+        if request.subresource == "status":
+            status = (request.data or {}).get("status")
+            return self.patch_object(request.resource, request.namespace, request.name, {"status": status}, "status")
+        raise kmock.KubernetesError(405, "MethodNotAllowed", "this emulator replaces only status and scale")
+
+    async def _serve_delete(self, request: rendering.Request) -> Raw:
+        preconditions = (request.data or {}).get("preconditions") if isinstance(request.data, Mapping) else None
+        return self.delete_object(request.resource, request.namespace, request.name, preconditions=preconditions)
+
+    # --- the state: also called directly by tests playing kubelet, scheduler and GC -------------
+
+    def create_object(self, resource: Resource, namespace: str | None, body: Mapping[str, Any]) -> Raw:
+        raw = copy.deepcopy(dict(body))
+        meta = raw.setdefault("metadata", {})
+        if namespace is not None:
+            if meta.get("namespace") not in (None, namespace):
+                raise kmock.KubernetesError(
+                    400, "BadRequest", "the namespace of the object does not match the namespace of the request"
+                )
+            meta["namespace"] = namespace
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise kmock.KubernetesError(422, "Invalid", "metadata.name or metadata.generateName is required")
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        key = (resource, meta.get("namespace"), meta["name"])
+        if key in self._objects and not self._objects[key].deleted:
+            raise kmock.KubernetesError(
+                409, "AlreadyExists", f'{resource.plural} "{meta["name"]}" already exists', {"name": meta["name"]}
+            )
+        for server_field in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
+            meta.pop(server_field, None)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = now_rfc3339()
+        meta["generation"] = 1
+        if resource in self.status_subresources:
+            raw.pop("status", None)
+        return self._store(resource, key, raw, "ADDED")
+
+    def patch_object(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        patch: Any,
+        subresource: str | None = None,
+    ) -> Raw:
+        old = self._current(resource, namespace, name)
+        if isinstance(patch, list):
+            try:
+                new = jsonpatch.apply_patch(old, patch)
+            except jsonpatch.JsonPatchTestFailed as exc:
+                raise kmock.KubernetesError(422, "Invalid", f"the JSON patch test failed: {exc}") from None
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
+                raise kmock.KubernetesError(422, "Invalid", f"the JSON patch cannot be applied: {exc}") from None
+        elif isinstance(patch, Mapping):
+            expected = (patch.get("metadata") or {}).get("resourceVersion")
+            if expected is not None and expected != old["metadata"]["resourceVersion"]:
+                raise _conflict(resource, name)
+            new = merge_patch(old, patch)
+        else:
+            raise kmock.KubernetesError(400, "BadRequest", "a patch is a JSON object or a JSON-patch list")
+        if resource in self.status_subresources:
+            # The main endpoint ignores status; /status changes nothing but status.
+            if subresource == "status":
+                new = dict(old, status=new.get("status"))
+            else:
+                new = dict(new, status=old.get("status"))
+            if new.get("status") is None:
+                new.pop("status")
+        if new == old:
+            return old
+        for server_field in ("uid", "creationTimestamp", "resourceVersion", "generation", "deletionTimestamp"):
+            if server_field in old["metadata"]:
+                new["metadata"][server_field] = old["metadata"][server_field]
+        if _spec_of(new) != _spec_of(old):
+            new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+        key = (resource, namespace, name)
+        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+            self._store(resource, key, new, "MODIFIED")
+            return self._remove(resource, key)
+        return self._store(resource, key, new, "MODIFIED")
+
+    def patch_status(self, resource: Resource, namespace: str | None, name: str, status: Mapping[str, Any]) -> Raw:
+        return self.patch_object(resource, namespace, name, {"status": dict(status)}, subresource="status")
+
+    def delete_object(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        preconditions: Mapping[str, Any] | None = None,
+    ) -> Raw:
+        old = self._current(resource, namespace, name)
+        meta = old["metadata"]
+        for field in ("uid", "resourceVersion"):
+            if preconditions and preconditions.get(field) not in (None, meta.get(field)):
+                raise _conflict(resource, name)
+        key = (resource, namespace, name)
+        if meta.get("deletionTimestamp"):
+            return old
+        graceful = self.graceful_pod_deletion and resource == PODS
+        if meta.get("finalizers") or graceful:
+            new = copy.deepcopy(old)
+            new["metadata"]["deletionTimestamp"] = now_rfc3339()
+            if graceful:
+                new["metadata"]["deletionGracePeriodSeconds"] = 30
+            return self._store(resource, key, new, "MODIFIED")
+        return self._remove(resource, key)
+
+    def finish_termination(self, namespace: str, name: str) -> None:
+        """Kubelet: a terminating pod's containers have stopped; the pod object goes away."""
+        self._remove(PODS, (PODS, namespace, name))
+
+    def collect_garbage(self) -> list[tuple[Resource, str | None, str]]:
+        """Garbage collector: delete every object whose owners (by uid) no longer exist."""
+        alive = {raw["metadata"]["uid"] for _, raw in self._live_items()}
+        removed = []
+        for (resource, namespace, name), raw in list(self._live_items()):
+            owners = raw["metadata"].get("ownerReferences") or []
+            if owners and not any(o.get("uid") in alive for o in owners):
+                self.delete_object(resource, namespace, name)
+                removed.append((resource, namespace, name))
+        return removed
+
+    def compact(self) -> None:
+        """Forget every past revision and end live watches with 410 Gone, like etcd compaction."""
+        self._compacted = self._last_revision + 1
+        for log in self._logs.values():
+            log.clear()
+        for watch in self._watches:
+            watch.queue.put_nowait(CLOSE)
+
+    def read_object(self, resource: Resource, namespace: str | None, name: str) -> Raw | None:
+        key = (resource, namespace, name)
+        if key not in self._objects or self._objects[key].deleted:
+            return None
+        return copy.deepcopy(self._objects[key].raw)
+
+    def list_objects(self, resource: Resource, namespace: str | None = None, selector: str = "") -> list[Raw]:
+        return [raw for raw in self._all(resource, namespace) if self._selected(raw, selector)]
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _store(self, resource: Resource, key: Any, raw: Raw, event_type: str) -> Raw:
+        revision = next(self._revision)
+        self._last_revision = revision
+        raw["metadata"]["resourceVersion"] = str(revision)
+        if key not in self._objects:
+            self._objects[key] = raw
+        else:
+            obj = self._objects[key]
+            if not self.keep_history:
+                del obj.history[:]
+            obj.history.append(raw)
+        self._publish(resource, revision, {"type": event_type, "object": copy.deepcopy(raw)})
+        return copy.deepcopy(raw)
+
+    def _remove(self, resource: Resource, key: Any) -> Raw:
+        obj = self._objects[key]
+        raw = copy.deepcopy(obj.raw)
+        revision = next(self._revision)
+        self._last_revision = revision
+        raw["metadata"]["resourceVersion"] = str(revision)
+        obj.delete()
+        if not self.keep_history:
+            del self._objects[key]
+        self._publish(resource, revision, {"type": "DELETED", "object": raw})
+        return raw
+
+    def _publish(self, resource: Resource, revision: int, event: Raw) -> None:
+        log = self._logs[resource]
+        log.append((revision, event))
+        while len(log) > self.watch_log_size:
+            self._compacted = max(self._compacted, log.popleft()[0] + 1)
+        for watch in self._watches:
+            if watch.resource == resource and watch.wants(event["object"]):
+                watch.queue.put_nowait(event)
+
+    def _current(self, resource: Resource | None, namespace: str | None, name: str | None) -> Raw:
+        key = (resource, namespace, name)
+        if resource is None or name is None or key not in self._objects or self._objects[key].deleted:
+            raise kmock.KubernetesError(
+                404, "NotFound", f'{getattr(resource, "plural", "object")} "{name}" not found', {"name": name}
+            )
+        return copy.deepcopy(self._objects[key].raw)
+
+    def _live_items(self) -> list[tuple[Any, Raw]]:
+        return [(key, obj.raw) for key, obj in self._objects.items() if not obj.deleted]
+
+    def _all(self, resource: Resource | None, namespace: str | None) -> list[Raw]:
+        return [
+            copy.deepcopy(obj.raw)
+            for (res, ns, _), obj in self._objects.items()
+            if res == resource and (namespace is None or ns == namespace) and not obj.deleted
+        ]
+
+    @staticmethod
+    def _selected(raw: Raw, selector: str) -> bool:
+        return not selector or selector_matches(selector, raw.get("metadata", {}).get("labels") or {})
+
+    def _require_known(self, resource: Resource | None) -> None:
+        if resource is None or resource not in self._get_resources():
+            raise kmock.KubernetesError(404, "NotFound", f"the server could not find the resource {resource}")
+
+    def _scale_of(self, resource: Resource | None, obj: Raw) -> Raw:
+        path = self.scale_subresources.get(resource) if resource is not None else None
+        if path is None:
+            raise kmock.KubernetesError(404, "NotFound", f"{resource} has no scale subresource")
+        value: Any = obj
+        for part in path:
+            value = (value or {}).get(part)
+        return {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {k: obj["metadata"][k] for k in ("name", "namespace", "uid", "resourceVersion")},
+            "spec": {"replicas": value or 0},
+        }
+
+    def _patch_scale(self, resource: Resource | None, namespace: str | None, name: str | None, body: Any) -> Raw:
+        obj = self._current(resource, namespace, name)
+        path = self.scale_subresources.get(resource) if resource is not None else None
+        replicas = ((body or {}).get("spec") or {}).get("replicas")
+        if path is None or not isinstance(replicas, int) or replicas < 0:
+            raise kmock.KubernetesError(422, "Invalid", "spec.replicas must be a non-negative integer")
+        patch: Raw = {}
+        node = patch
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = replicas
+        assert resource is not None and name is not None
+        updated = self.patch_object(resource, namespace, name, patch)
+        return self._scale_of(resource, dict(updated, metadata=obj["metadata"] | updated["metadata"]))
+
+
+def _spec_of(raw: Raw) -> Raw:
+    return {k: v for k, v in raw.items() if k not in ("metadata", "status")}
+
+
+def _conflict(resource: Resource, name: str) -> kmock.KubernetesError:
+    return kmock.KubernetesError(
+        409,
+        "Conflict",
+        f'Operation cannot be fulfilled on {resource.plural} "{name}": the object has been modified; '
+        "please apply your changes to the latest version and try again",
+    )
+
+
+def _gone(since: str) -> Raw:
+    return {
+        "type": "ERROR",
+        "object": {
+            "apiVersion": "v1",
+            "kind": "Status",
+            "status": "Failure",
+            "code": 410,
+            "reason": "Expired",
+            "message": f"too old resource version: {since}",
+        },
+    }

@@ -1,0 +1,111 @@
+"""The API stand-in behaves like a real server where the operator depends on it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import kmock
+import pytest
+
+from tests.operator.controller.conftest import PODS, RLJOBS
+from tests.operator.controller.emulator import KubernetesApiEmulator
+
+JOBS_URL = "/apis/rljob.io/v1alpha1/namespaces/ns/rljobs"
+PODS_URL = "/api/v1/namespaces/ns/pods"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+JSON_PATCH = {"Content-Type": "application/json-patch+json"}
+
+
+def pod(name: str, **labels: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": {}}
+
+
+async def test_create_fills_server_metadata_and_rejects_duplicates(kube: KubernetesApiEmulator) -> None:
+    resp = await kube.post(PODS_URL, json=pod("a"))
+    created = await resp.json()
+    meta = created["metadata"]
+    assert meta["namespace"] == "ns"
+    assert meta["uid"] and meta["creationTimestamp"] and meta["resourceVersion"]
+    assert meta["generation"] == 1
+    again = await kube.post(PODS_URL, json=pod("a"))
+    assert again.status == 409
+    assert (await again.json())["reason"] == "AlreadyExists"
+    generated = await (await kube.post(PODS_URL, json={"metadata": {"generateName": "job-"}})).json()
+    assert generated["metadata"]["name"].startswith("job-") and len(generated["metadata"]["name"]) == 9
+
+
+async def test_stale_resource_version_conflicts_and_failed_patch_test_is_invalid(kube: KubernetesApiEmulator) -> None:
+    created = await (await kube.post(PODS_URL, json=pod("a"))).json()
+    rv = created["metadata"]["resourceVersion"]
+    ok = await kube.patch(
+        f"{PODS_URL}/a", json={"metadata": {"resourceVersion": rv, "labels": {"x": "1"}}}, headers=MERGE
+    )
+    assert ok.status == 200
+    assert int((await ok.json())["metadata"]["resourceVersion"]) > int(rv)
+    stale = await kube.patch(f"{PODS_URL}/a", json={"metadata": {"resourceVersion": rv}}, headers=MERGE)
+    assert stale.status == 409
+    test_op = [{"op": "test", "path": "/metadata/labels/x", "value": "2"}]
+    failed = await kube.patch(f"{PODS_URL}/a", data=json.dumps(test_op), headers=JSON_PATCH)
+    assert failed.status == 422
+
+
+async def test_status_is_isolated_from_the_object_and_spec_changes_bump_generation(
+    kube: KubernetesApiEmulator,
+) -> None:
+    job = {"apiVersion": "rljob.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "j"}, "spec": {"suspend": False}}
+    created = await (await kube.post(JOBS_URL, json=dict(job, status={"phase": "Running"}))).json()
+    assert "status" not in created
+    main = await (await kube.patch(f"{JOBS_URL}/j", json={"status": {"phase": "X"}, "spec": {"suspend": True}})).json()
+    assert "status" not in main and main["metadata"]["generation"] == 2
+    status = await (await kube.patch(f"{JOBS_URL}/j/status", json={"status": {"phase": "Running"}, "spec": {}})).json()
+    assert status["status"] == {"phase": "Running"} and status["spec"] == {"suspend": True}
+    assert status["metadata"]["generation"] == 2
+
+
+async def test_scale_subresource_writes_the_rollout_replicas(kube: KubernetesApiEmulator) -> None:
+    job = {"apiVersion": "rljob.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "j"}, "spec": {}}
+    await kube.post(JOBS_URL, json=job)
+    scaled = await (await kube.patch(f"{JOBS_URL}/j/scale", json={"spec": {"replicas": 3}})).json()
+    assert scaled["spec"]["replicas"] == 3
+    assert kube.read_object(RLJOBS, "ns", "j")["spec"]["roles"]["rollout"]["replicas"] == 3
+
+
+async def test_label_selectors_filter_lists(kube: KubernetesApiEmulator) -> None:
+    for name, role in (("a", "actor"), ("b", "rollout"), ("c", "env")):
+        await kube.post(PODS_URL, json=pod(name, job="j", role=role))
+    await kube.post(PODS_URL, json=pod("d"))
+
+    async def names(selector: str) -> list[str]:
+        listed = await (await kube.get(PODS_URL, params={"labelSelector": selector})).json()
+        return sorted(item["metadata"]["name"] for item in listed["items"])
+
+    assert await names("job=j") == ["a", "b", "c"]
+    assert await names("job=j,role!=actor") == ["b", "c"]
+    assert await names("role in (actor, env)") == ["a", "c"]
+    assert await names("!job") == ["d"]
+
+
+async def test_watch_resumes_from_a_version_and_answers_410_after_compaction(kube: KubernetesApiEmulator) -> None:
+    first = await (await kube.post(PODS_URL, json=pod("a"))).json()
+    await kube.post(PODS_URL, json=pod("b"))
+    since = first["metadata"]["resourceVersion"]
+    async with kube.get(PODS_URL, params={"watch": "true", "resourceVersion": since, "timeoutSeconds": "1"}) as resp:
+        events = [json.loads(line) async for line in resp.content if line.strip()]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "b")]
+
+    kube.compact()
+    async with kube.get(PODS_URL, params={"watch": "true", "resourceVersion": since}) as resp:
+        events = [json.loads(line) async for line in resp.content if line.strip()]
+    assert events[0]["type"] == "ERROR" and events[0]["object"]["code"] == 410
+
+
+async def test_finalizers_hold_deletion_until_released(kube: KubernetesApiEmulator) -> None:
+    await kube.post(PODS_URL, json={"metadata": {"name": "a", "finalizers": ["x"]}})
+    deleted = await (await kube.delete(f"{PODS_URL}/a")).json()
+    assert deleted["metadata"]["deletionTimestamp"]
+    await kube.patch(f"{PODS_URL}/a", json={"metadata": {"finalizers": None}})
+    assert kube.read_object(PODS, "ns", "a") is None
+    await asyncio.sleep(0)
+    with pytest.raises(kmock.KubernetesError):
+        kube.patch_object(PODS, "ns", "a", {})

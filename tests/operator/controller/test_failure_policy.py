@@ -1,0 +1,108 @@
+"""Failure policy: which pod failure leads to which reaction, and what is charged to maxRestarts."""
+
+from __future__ import annotations
+
+from tests.operator.controller.conftest import Cluster, cartpole_job, eventually, operator_running
+from tests.operator.controller.emulator import KubernetesApiEmulator
+
+
+async def start_running(cluster: Cluster, manifest: dict) -> dict[str, str]:
+    cluster.create_job(manifest)
+    name = manifest["metadata"]["name"]
+    await eventually(lambda: len(cluster.pods(name)) == sum(_replicas(manifest).values()), what="all pods")
+    cluster.run_all(name)
+    await eventually(lambda: cluster.phase(name) == "Running", what="Running")
+    return {pod: cluster.uid(pod) for pod in cluster.pods(name)}
+
+
+def _replicas(manifest: dict) -> dict[str, int]:
+    roles = manifest["spec"]["roles"]
+    return {role: roles.get(role, {}).get("replicas", 1 if role in ("actor", "rollout") else 0) for role in roles}
+
+
+async def test_rollout_and_env_failures_replace_only_that_pod_and_training_continues(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    async with operator_running(kube):
+        uids = await start_running(cluster, cartpole_job())
+        cluster.exit("cp-rollout-0", 137, "OOMKilled")
+        cluster.exit("cp-env-1", 1)
+        await eventually(
+            lambda: cluster.uid("cp-rollout-0") != uids["cp-rollout-0"] and cluster.uid("cp-env-1") != uids["cp-env-1"],
+            what="replacements",
+        )
+        assert cluster.uid("cp-actor-0") == uids["cp-actor-0"] and cluster.uid("cp-env-0") == uids["cp-env-0"]
+        status = await eventually(lambda: cluster.status("cp")["roles"]["env"]["failed"] == 1 and cluster.status("cp"))
+        assert status["roles"]["rollout"]["failed"] == 1
+        assert status["restarts"] == 0 and status["phase"] == "Running"
+        assert cluster.reasons("cp").count("PodFailed") == 2
+
+
+async def test_actor_failure_restarts_whole_group(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
+    async with operator_running(kube):
+        manifest = cartpole_job(roles={"actor": {"replicas": 2}, "rollout": {"replicas": 1}, "env": {"replicas": 1}})
+        uids = await start_running(cluster, manifest)
+        cluster.exit("cp-actor-1", 1)
+        await eventually(lambda: cluster.status("cp").get("restarts") == 1, what="restarts+1")
+        await eventually(
+            lambda: all(cluster.uid(f"cp-actor-{i}") != uids[f"cp-actor-{i}"] for i in (0, 1)), what="new actor group"
+        )
+        assert cluster.uid("cp-rollout-0") == uids["cp-rollout-0"]  # the rest of the job keeps running
+        assert cluster.uid("cp-env-0") == uids["cp-env-0"]
+        await eventually(lambda: cluster.phase("cp") == "Starting", what="Starting")
+        cluster.run_all("cp")
+        await eventually(lambda: cluster.phase("cp") == "Running", what="Running again")
+        assert "ActorFailed" in cluster.reasons("cp")
+        assert cluster.status("cp")["restarts"] == 1
+
+
+async def test_evictions_are_replaced_without_charging_the_budget(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    async with operator_running(kube):
+        uids = await start_running(cluster, cartpole_job(failurePolicy={"maxRestarts": 0}))
+        cluster.evict("cp-actor-0")
+        cluster.evict("cp-env-0")
+        await eventually(
+            lambda: cluster.uid("cp-actor-0") != uids["cp-actor-0"] and cluster.uid("cp-env-0") != uids["cp-env-0"],
+            what="replaced after eviction",
+        )
+        status = cluster.status("cp")
+        assert status["restarts"] == 0 and status["phase"] != "Failed"
+        assert status["roles"]["env"]["failed"] == 0
+        assert {"ActorDisrupted", "PodDisrupted"} <= set(cluster.reasons("cp"))
+
+
+async def test_failures_beyond_max_restarts_fail_the_job(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
+    async with operator_running(kube):
+        uids = await start_running(cluster, cartpole_job(failurePolicy={"maxRestarts": 1}))
+        cluster.exit("cp-actor-0", 1)
+        await eventually(lambda: cluster.uid("cp-actor-0") != uids["cp-actor-0"], what="first restart")
+        cluster.run("cp-actor-0")
+        cluster.exit("cp-actor-0", 2)
+        await eventually(lambda: cluster.phase("cp") == "Failed", what="Failed")
+        status = cluster.status("cp")
+        failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "BackoffLimitExceeded" and "exit code 2" in failed["message"]
+        assert status["restarts"] == 1 and status["completionTime"]
+        # Running pods are deleted; the failed actor stays for `kubectl logs`.
+        await eventually(lambda: set(cluster.pods("cp")) == {"cp-actor-0"}, what="cleanup")
+        assert "BackoffLimitExceeded" in cluster.reasons("cp")
+
+
+async def test_invalid_spec_fails_that_job_and_the_operator_serves_the_others(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    async with operator_running(kube) as op:
+        cluster.create_job(cartpole_job("bad", rollout={"engine": "vllm"}))
+        cluster.create_job(cartpole_job("good"))
+        await eventually(lambda: cluster.phase("bad") == "Failed", what="bad Failed")
+        failed = next(c for c in cluster.status("bad")["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "InvalidSpec" and "spec.rollout.engine" in failed["message"]
+        assert "InvalidSpec" in cluster.reasons("bad")
+        assert cluster.pods("bad") == {}
+        await eventually(lambda: len(cluster.pods("good")) == 4, what="the good job's pods")
+        # Fixing the spec gives the job another chance.
+        cluster.patch_job("bad", {"spec": {"rollout": {"engine": "torch"}}})
+        await eventually(lambda: len(cluster.pods("bad")) == 4, what="pods after the fix")
+        assert not op.task.done()

@@ -1,0 +1,176 @@
+"""An RLJob from creation to success, driven through the real operator against the API emulator."""
+
+from __future__ import annotations
+
+import yaml
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from tests.operator.controller.conftest import (
+    CONFIGMAPS,
+    NS,
+    SERVICES,
+    Cluster,
+    cartpole_job,
+    eventually,
+    operator_running,
+)
+from tests.operator.controller.emulator import KubernetesApiEmulator
+
+MERGE = {"Content-Type": "application/merge-patch+json"}
+CHILD_PODS = {"cp-actor-0", "cp-rollout-0", "cp-env-0", "cp-env-1"}
+
+
+async def test_create_makes_every_child_at_once_then_succeeds_and_cleans_up(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    async with operator_running(kube):
+        job = cluster.create_job(cartpole_job())
+        pods = await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS and cluster.pods("cp"))
+        for pod in pods.values():
+            owner = pod["metadata"]["ownerReferences"][0]
+            assert owner["uid"] == job["metadata"]["uid"] and owner["controller"] is True
+        assert kube.read_object(CONFIGMAPS, NS, "cp-config") and kube.read_object(SERVICES, NS, "cp")
+        await eventually(lambda: cluster.phase("cp") == "Pending", what="Pending")
+
+        cluster.run_all("cp")
+        await eventually(lambda: cluster.phase("cp") == "Running", what="Running")
+        status = cluster.status("cp")
+        assert status["roles"]["env"] == {"desired": 2, "ready": 2, "failed": 0}
+        assert status["startTime"]
+
+        cluster.exit("cp-actor-0", 0)
+        await eventually(lambda: cluster.phase("cp") == "Succeeded", what="Succeeded")
+        await eventually(lambda: set(cluster.pods("cp")) == {"cp-actor-0"}, what="cleanup")
+        status = cluster.status("cp")
+        assert status["completionTime"] and status["progress"]["step"] == 150
+        assert {"Running", "TrainingCompleted"} <= set(cluster.reasons("cp"))
+
+
+async def test_suspend_deletes_pods_keeps_status_and_resume_recreates_them(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    async with operator_running(kube):
+        cluster.create_job(cartpole_job())
+        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
+        cluster.run_all("cp")
+        await eventually(lambda: cluster.phase("cp") == "Running")
+        cluster.patch_job("cp", {"spec": {"suspend": True}})
+        await eventually(lambda: cluster.phase("cp") == "Suspended", what="Suspended")
+        await eventually(lambda: cluster.pods("cp") == {}, what="pods deleted")
+        assert cluster.status("cp")["progress"]["totalSteps"] == 150
+        cluster.patch_job("cp", {"spec": {"suspend": False}})
+        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS, what="pods recreated")
+        cluster.run_all("cp")
+        await eventually(lambda: cluster.phase("cp") == "Running", what="Running after resume")
+        assert cluster.status("cp")["restarts"] == 0
+        assert {"Suspended", "Resumed"} <= set(cluster.reasons("cp"))
+
+
+async def test_scaling_rollout_adds_and_removes_rollout_pods_without_touching_actors(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    async with operator_running(kube):
+        cluster.create_job(cartpole_job())
+        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
+        cluster.run_all("cp")
+        await eventually(lambda: cluster.phase("cp") == "Running")
+        actor = cluster.uid("cp-actor-0")
+        scale = "/apis/rljob.io/v1alpha1/namespaces/ns/rljobs/cp/scale"
+        response = await kube.patch(scale, json={"spec": {"replicas": 3}}, headers=MERGE)
+        assert response.status == 200
+        await eventually(lambda: {"cp-rollout-1", "cp-rollout-2"} <= set(cluster.pods("cp")), what="scaled up")
+        cluster.run("cp-rollout-1")
+        cluster.run("cp-rollout-2")
+        await eventually(lambda: cluster.status("cp")["roles"]["rollout"] == {"desired": 3, "ready": 3, "failed": 0})
+        config = kube.read_object(CONFIGMAPS, NS, "cp-config")["data"]["job.yaml"]
+        assert yaml.safe_load(config)["spec"]["roles"]["rollout"]["replicas"] == 3
+        cluster.patch_job("cp", {"spec": {"roles": {"rollout": {"replicas": 1}}}})
+        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS, what="scaled down")
+        assert cluster.uid("cp-actor-0") == actor and cluster.phase("cp") == "Running"
+        assert cluster.status("cp")["restarts"] == 0
+
+
+async def test_other_spec_edits_restart_every_pod_with_the_new_spec(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    async with operator_running(kube):
+        cluster.create_job(cartpole_job())
+        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
+        uids = {pod: cluster.uid(pod) for pod in CHILD_PODS}
+        cluster.patch_job("cp", {"spec": {"trainer": {"learningRate": 0.0005}}})
+        await eventually(
+            lambda: set(cluster.pods("cp")) == CHILD_PODS and all(cluster.uid(p) != uids[p] for p in CHILD_PODS),
+            what="every pod recreated",
+        )
+        config = kube.read_object(CONFIGMAPS, NS, "cp-config")["data"]["job.yaml"]
+        assert yaml.safe_load(config)["spec"]["trainer"]["learningRate"] == 0.0005
+        assert "SpecChanged" in cluster.reasons("cp") and cluster.status("cp")["restarts"] == 0
+
+
+async def test_active_deadline_fails_the_job(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
+    async with operator_running(kube):
+        cluster.create_job(cartpole_job(activeDeadlineSeconds=1))
+        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
+        cluster.run_all("cp")
+        await eventually(lambda: cluster.phase("cp") == "Failed", timeout=5, what="DeadlineExceeded")
+        failed = next(c for c in cluster.status("cp")["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "DeadlineExceeded"
+        await eventually(lambda: cluster.pods("cp") == {}, what="pods deleted")
+
+
+async def test_finished_job_is_deleted_after_its_ttl(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
+    async with operator_running(kube):
+        cluster.create_job(cartpole_job(ttlSecondsAfterFinished=1))
+        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
+        cluster.run_all("cp")
+        cluster.exit("cp-actor-0", 0)
+        await eventually(lambda: cluster.phase("cp") == "Succeeded")
+        assert cluster.job("cp") is not None
+        await eventually(lambda: cluster.job("cp") is None, timeout=5, what="deleted by TTL")
+        kube.collect_garbage()
+        assert cluster.pods("cp") == {} and kube.read_object(CONFIGMAPS, NS, "cp-config") is None
+
+
+async def test_conditions_say_why_a_job_waits(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
+    async with operator_running(kube):
+        cluster.create_job(cartpole_job())
+        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
+        message = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+        cluster.unschedulable("cp-actor-0", message)
+        cluster.image_pull_failure("cp-env-0")
+
+        def condition(kind: str) -> dict:
+            return next((c for c in cluster.status("cp").get("conditions", []) if c["type"] == kind), {})
+
+        await eventually(lambda: condition("Scheduled").get("reason") == "Unschedulable", what="Unschedulable")
+        assert condition("Scheduled")["message"] == f"cp-actor-0: {message}"
+        await eventually(lambda: condition("Ready").get("reason") == "ImagePullBackOff", what="image pull")
+        assert "ghcr.io/rljob/nope:1" in condition("Ready")["message"]
+        assert cluster.phase("cp") == "Pending"
+        assert {"Unschedulable", "ImagePullBackOff"} <= set(cluster.reasons("cp"))
+        cluster.run_all("cp")
+        await eventually(lambda: condition("Scheduled")["status"] == "True" and cluster.phase("cp") == "Running")
+
+
+async def test_progress_is_pulled_from_actor_zero(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
+    progress = {"step": 42, "totalSteps": 150, "rewardMean": 187.5, "updatedAt": "2026-01-01T00:00:00Z"}
+
+    async def serve(request: web.Request) -> web.Response:
+        return web.json_response(progress)
+
+    app = web.Application()
+    app.router.add_get("/progress", serve)
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        async with operator_running(kube, progress_url=lambda pod, port: str(server.make_url("/progress"))):
+            cluster.create_job(cartpole_job())
+            await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
+            cluster.run_all("cp")
+            await eventually(lambda: cluster.status("cp")["progress"]["step"] == 42, what="progress")
+            assert cluster.status("cp")["progress"]["rewardMean"] == 187.5
+            progress["step"] = 43
+            await eventually(lambda: cluster.status("cp")["progress"]["step"] == 43, what="progress updated")
+    finally:
+        await server.close()

