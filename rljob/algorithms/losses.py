@@ -7,6 +7,7 @@ mode reduces to the plain mean there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -112,6 +113,102 @@ def ppo_policy_loss(
             "ratio_mean": masked_mean(ratio, mask),
         }
     return loss, stats
+
+
+def gspo_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None = None,
+    mask: Tensor | None = None,
+    aggregation: Aggregation = "seq-mean-token-mean",
+    correction_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (Zheng et al. 2025): PPO's clipped objective on a *sequence* importance ratio.
+
+    s_i = exp(mean_t (log pi(y_it) - log pi_old(y_it)))   (length-normalised, eq. 7)
+    Written in the GSPO-token form s_it = sg(s_i) * pi(y_it) / sg(pi(y_it)): every token of a
+    sequence carries the value s_i, and the gradient is the sequence-level one. The paper averages
+    per sequence (`seq-mean-token-mean`) and uses much smaller clip ranges than PPO (3e-4 / 4e-4).
+    """
+    tokens, m = _as_tokens(logprobs - old_logprobs, mask)
+    seq_log_ratio = (tokens * m).sum(dim=-1, keepdim=True) / m.sum(dim=-1, keepdim=True).clamp(min=1.0)
+    token_logprobs = logprobs.unsqueeze(-1) if logprobs.dim() == 1 else logprobs
+    token_log_ratio = seq_log_ratio.detach() + token_logprobs - token_logprobs.detach()
+    adv = advantages.unsqueeze(-1) if advantages.dim() < token_logprobs.dim() else advantages
+    # ppo_policy_loss on log-ratio form: old logprobs of 0 and "logprobs" equal to the sequence log ratio.
+    weights = None if correction_weights is None else correction_weights.reshape(token_logprobs.shape)
+    return ppo_policy_loss(
+        token_log_ratio,
+        torch.zeros_like(token_log_ratio),
+        adv.expand_as(token_log_ratio),
+        clip_low,
+        clip_high,
+        dual_clip=dual_clip,
+        mask=m,
+        aggregation=aggregation,
+        correction_weights=weights,
+    )
+
+
+def cispo_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None = None,
+    mask: Tensor | None = None,
+    aggregation: Aggregation = "token-mean",
+    correction_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1, Chen et al. 2025, eq. 4): clip the importance weight, never drop a token's gradient.
+
+    loss_t = -sg(min(ratio_t, 1 + clip_high)) * A_t * log pi(y_t)
+    PPO zeroes the gradient of a clipped token; rare "fork" tokens are exactly those, so CISPO keeps
+    them with a bounded weight. As in the paper no lower bound is imposed (`clip_low` and
+    `dual_clip` are unused). stats as in `ppo_policy_loss`; clip_fraction counts capped weights.
+    """
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    weight = torch.clamp(ratio, max=1.0 + clip_high).detach()
+    per_token = -weight * advantages * logprobs
+    if correction_weights is not None:
+        per_token = per_token * correction_weights.detach()
+    loss = aggregate_loss(per_token, mask, aggregation)
+    with torch.no_grad():
+        stats = {
+            "clip_fraction": masked_mean((ratio > 1.0 + clip_high).to(ratio.dtype), mask),
+            "approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
+            "ratio_mean": masked_mean(ratio, mask),
+        }
+    return loss, stats
+
+
+PolicyLossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
+
+POLICY_LOSSES: dict[str, PolicyLossFn] = {
+    "ppo": ppo_policy_loss,
+    "grpo": ppo_policy_loss,
+    "dr_grpo": ppo_policy_loss,
+    "dapo": ppo_policy_loss,  # with clip-higher (clipRatioHigh 0.28) and token-mean aggregation
+    "rloo": ppo_policy_loss,
+    "reinforce_pp": ppo_policy_loss,
+    "gspo": gspo_policy_loss,
+    "cispo": cispo_policy_loss,
+}
+"""Policy loss per `spec.algorithm.name`; all share `ppo_policy_loss`'s signature."""
+
+
+def policy_loss_for(algorithm: str) -> PolicyLossFn:
+    try:
+        return POLICY_LOSSES[algorithm]
+    except KeyError:
+        raise ValueError(
+            f"algorithm.name {algorithm!r} has no policy loss (known: {', '.join(sorted(POLICY_LOSSES))})"
+        ) from None
 
 
 def value_loss(

@@ -7,6 +7,7 @@ from rljob.algorithms.losses import (
     aggregate_loss,
     entropy_bonus,
     explained_variance,
+    gspo_policy_loss,
     kl_estimate,
     off_policy_weights,
     ppo_policy_loss,
@@ -136,3 +137,45 @@ def test_explained_variance():
     assert explained_variance(target, target) == pytest.approx(1.0)
     assert explained_variance(torch.full((4,), 2.5), target) == pytest.approx(0.0)
     assert math.isnan(explained_variance(target, torch.ones(4)))
+
+
+def test_gspo_uses_one_length_normalised_ratio_per_sequence():
+    old = torch.zeros(2, 2, dtype=torch.float64)
+    mask = torch.tensor([[1, 1], [1, 0]])
+    # sequence 0: token log ratios (ln 2, 0) -> s = exp(ln 2 / 2) = 1.41421, A = +1: clipped at 1.2 -> -1.2
+    # sequence 1: one valid token, ratio 0.9 (the padded token's 5.0 is ignored), A = -1 -> 0.9
+    new = torch.tensor([[math.log(2), 0.0], [math.log(0.9), 5.0]], dtype=torch.float64, requires_grad=True)
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    loss, stats = gspo_policy_loss(new, old, adv, 0.2, 0.2, mask=mask, aggregation="seq-mean-token-mean")
+    assert loss.item() == pytest.approx((-1.2 + 0.9) / 2)
+    assert stats["clip_fraction"].item() == pytest.approx(2 / 3)
+    loss.backward()
+    # sequence 1 unclipped: d/d logp of (1/2) * (-A * s) with s = exp(logp) -> 0.9 / 2; sequence 0 clipped -> 0
+    torch.testing.assert_close(new.grad, torch.tensor([[0.0, 0.0], [0.45, 0.0]], dtype=torch.float64))
+
+
+def test_cispo_keeps_the_gradient_of_clipped_tokens_with_a_capped_weight():
+    from rljob.algorithms.losses import cispo_policy_loss
+
+    old = torch.log(torch.tensor([0.2, 0.4], dtype=torch.float64))
+    new = torch.log(torch.tensor([0.3, 0.2], dtype=torch.float64)).requires_grad_()  # ratios 1.5, 0.5
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    loss, stats = cispo_policy_loss(new, old, adv, clip_low=0.2, clip_high=0.28)
+    # weights: min(1.5, 1.28) = 1.28 and 0.5 (no lower bound)
+    # tokens: -1.28 * 1 * ln 0.3 = 1.541083 ; -0.5 * -1 * ln 0.2 = -0.804719 ; mean = 0.368182
+    assert loss.item() == pytest.approx((1.28 * -math.log(0.3) + 0.5 * math.log(0.2)) / 2)
+    assert stats["clip_fraction"].item() == pytest.approx(0.5)
+    loss.backward()
+    torch.testing.assert_close(new.grad, torch.tensor([-0.64, 0.25], dtype=torch.float64))
+
+
+def test_policy_loss_registry_covers_every_algorithm():
+    import typing
+
+    from rljob.algorithms.losses import POLICY_LOSSES, policy_loss_for
+    from rljob.api.spec import AlgorithmName
+
+    assert set(POLICY_LOSSES) == set(typing.get_args(AlgorithmName))
+    assert policy_loss_for("dapo") is ppo_policy_loss
+    with pytest.raises(ValueError, match=r"algorithm\.name"):
+        policy_loss_for("trpo")
