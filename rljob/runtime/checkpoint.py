@@ -14,7 +14,6 @@ Only one process (actor rank 0) writes to a directory.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
@@ -95,6 +94,30 @@ def verify(path: Path) -> int:
     return step
 
 
+_LEAF_TYPES = (torch.Tensor, int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def check_loadable(value: Any, where: str = "state") -> None:
+    """Reject what `torch.load(weights_only=True)` would refuse, at save time and naming the key.
+
+    Checkpoints are loaded without unpickling arbitrary objects; a numpy array or a custom class in
+    the state would otherwise only fail at resume, when the checkpoint looks "corrupted".
+    """
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str | int):
+                raise TypeError(f"checkpoint {where} has a key of type {type(key).__name__}; use str or int keys")
+            check_loadable(item, f"{where}[{key!r}]")
+    elif isinstance(value, list | tuple) and not isinstance(value, torch.Size):
+        for i, item in enumerate(value):
+            check_loadable(item, f"{where}[{i}]")
+    elif not isinstance(value, _LEAF_TYPES):
+        raise TypeError(
+            f"checkpoint {where} is a {type(value).__module__}.{type(value).__name__}; store tensors, numbers, "
+            "strings, lists or dicts (e.g. torch.from_numpy(array) or array.tolist())"
+        )
+
+
 class CheckpointManager:
     """Saves and finds checkpoints in one directory, keeping the newest `keep`."""
 
@@ -117,21 +140,24 @@ class CheckpointManager:
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
         """Write `state` as the checkpoint of `step` atomically; prune old ones; return its directory."""
+        check_loadable(state)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._remove_stale_temporaries()
         final = self.directory / step_dir_name(step)
         tmp = self.directory / f"{_TMP_PREFIX}{step_dir_name(step)}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        payload = buffer.getvalue()
-        _write_durably(tmp / STATE_FILE, payload)
+        state_path = tmp / STATE_FILE
+        # Straight to the file (no in-memory copy of a large model), then hashed from disk.
+        with state_path.open("wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
         manifest = {
             "format": FORMAT_VERSION,
             "step": step,
             "savedAt": datetime.now(UTC).isoformat(),
-            "files": {STATE_FILE: {"sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload)}},
+            "files": {STATE_FILE: {"sha256": _sha256(state_path), "bytes": state_path.stat().st_size}},
         }
         _write_durably(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2).encode())
         _fsync_dir(tmp)

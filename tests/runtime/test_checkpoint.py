@@ -41,17 +41,18 @@ def test_only_the_last_keep_checkpoints_are_kept(tmp_path):
 def test_a_crash_mid_save_leaves_the_previous_checkpoint_valid(tmp_path):
     manager = CheckpointManager(tmp_path, keep=3)
     manager.save(1, state_of(1))
-    # A real process killed by SIGKILL while torch.save is writing the state of step 2.
+    # A real process killed by SIGKILL while torch.save is writing the state of step 2: the last
+    # tensor kills its own process when pickled, after the first tensor's bytes are in the file.
     script = textwrap.dedent(
         f"""
         import os, signal, torch
         from rljob.runtime.checkpoint import CheckpointManager
 
-        class DiesWhilePickled:
-            def __reduce__(self):
+        class DiesWhilePickled(torch.Tensor):
+            def __reduce_ex__(self, protocol):
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        state = {{"weights": torch.zeros(1000), "bomb": DiesWhilePickled()}}
+        state = {{"weights": torch.zeros(1000), "bomb": torch.zeros(3).as_subclass(DiesWhilePickled)}}
         CheckpointManager({str(tmp_path)!r}, keep=3).save(2, state)
         """
     )
@@ -182,3 +183,10 @@ def test_a_resumed_run_reproduces_the_next_step_loss(tmp_path):
     resumed = [_train_step(model, optimizer, data, targets) for _ in range(2)]
     assert step == 3
     assert resumed == uninterrupted
+
+
+def test_state_that_could_not_be_loaded_safely_is_rejected_at_save_time(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=1)
+    with pytest.raises(TypeError, match=r"state\['data'\]\['order'\] is a numpy.ndarray"):
+        manager.save(1, {"data": {"order": np.arange(3)}})
+    assert manager.steps() == []
