@@ -50,6 +50,15 @@ def aggregate_loss(
     - seq-mean-token-sum-norm: token sum divided by a constant length (Dr. GRPO), mean over
       sequences; `norm_length` defaults to the padded length L.
     """
+    if mask is None:
+        # Fast path (gym PPO: one value per sample, no padding): no mask tensor to build and multiply.
+        tokens = loss.unsqueeze(-1) if loss.dim() == 1 else loss
+        if aggregation in ("token-mean", "seq-mean-token-mean"):
+            return tokens.mean()
+        if aggregation == "seq-mean-token-sum":
+            return tokens.sum(dim=-1).mean()
+        if aggregation == "seq-mean-token-sum-norm":
+            return tokens.sum(dim=-1).mean() / (norm_length if norm_length is not None else tokens.shape[-1])
     tokens, m = _as_tokens(loss, mask)
     masked = tokens * m
     if aggregation == "token-mean":
@@ -65,6 +74,8 @@ def aggregate_loss(
 
 
 def masked_mean(x: Tensor, mask: Tensor | None = None) -> Tensor:
+    if mask is None:
+        return x.mean()
     tokens, m = _as_tokens(x, mask)
     return (tokens * m).sum() / m.sum().clamp(min=1.0)
 

@@ -179,3 +179,11 @@ def test_policy_loss_registry_covers_every_algorithm():
     assert policy_loss_for("dapo") is ppo_policy_loss
     with pytest.raises(ValueError, match=r"algorithm\.name"):
         policy_loss_for("trpo")
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_aggregation_without_a_mask_equals_an_all_ones_mask(mode):
+    assert aggregate_loss(LOSS, None, mode).item() == pytest.approx(aggregate_loss(LOSS, torch.ones(2, 3), mode).item())
+    assert aggregate_loss(LOSS, None, mode, norm_length=6).item() == pytest.approx(
+        aggregate_loss(LOSS, torch.ones(2, 3), mode, norm_length=6).item()
+    )
