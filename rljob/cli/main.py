@@ -16,6 +16,8 @@ from rljob import __version__
 from rljob.api import InvalidRLJob, RLJob, load_job_file
 from rljob.api.crd import crd_yaml
 from rljob.api.loading import iter_job_files
+from rljob.cli import role as role_cli
+from rljob.cli import run as run_cli
 
 app = typer.Typer(
     name="rljob",
@@ -79,6 +81,10 @@ def crd() -> None:
 def version() -> None:
     """Print the rljob version."""
     typer.echo(f"rljob {__version__}")
+
+
+role_cli.register(app)
+run_cli.register(app)
 
 
 def main() -> None:
