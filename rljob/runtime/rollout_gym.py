@@ -12,9 +12,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
-from rljob.runtime.models import MLPActorCritic
+from rljob.runtime.numpy_policy import NumpyPolicy
 from rljob.runtime.transport import RemoteError, RequestClient, RequestTimeout, TransportError
 
 log = logging.getLogger("rljob.rollout")
@@ -73,7 +72,7 @@ class TrajectoryCollector:
         replica.running_return = np.zeros(replica.count)
         replica.running_length = np.zeros(replica.count, dtype=np.int64)
 
-    def collect(self, steps: int, policy: MLPActorCritic, version: int) -> dict[str, np.ndarray | int | float]:
+    def collect(self, steps: int, policy: NumpyPolicy, version: int) -> dict[str, np.ndarray | int | float]:
         """`steps` transitions of every environment, all with policy `version`; retried from scratch when an
         env replica fails midway (its partial batch is dropped, never trained on)."""
         while True:
@@ -89,11 +88,11 @@ class TrajectoryCollector:
                 for replica in self.replicas:
                     replica.obs = None
 
-    def _collect_once(self, steps: int, policy: MLPActorCritic, version: int) -> dict[str, np.ndarray | int | float]:
+    def _collect_once(self, steps: int, policy: NumpyPolicy, version: int) -> dict[str, np.ndarray | int | float]:
         started = time.perf_counter()
         obs = np.concatenate([r.obs for r in self.replicas])  # type: ignore[misc]
         n = obs.shape[0]
-        obs_buf = np.zeros((steps + 1, *obs.shape), dtype=np.float32)
+        obs_buf = np.zeros((steps + 1, *obs.shape), dtype=np.float32)  # float32: the policy's dtype
         next_obs = np.zeros((steps, *obs.shape), dtype=np.float32)
         actions_buf: np.ndarray | None = None
         logprobs = np.zeros((steps, n), dtype=np.float32)
@@ -108,12 +107,10 @@ class TrajectoryCollector:
         running_length = np.concatenate([r.running_length for r in self.replicas])
         obs_buf[0] = obs
         for t in range(steps):
-            with torch.inference_mode():
-                a, lp, v = policy.act(torch.from_numpy(obs_buf[t]))
-            actions = a.numpy()
+            actions, logprobs[t], values[t] = policy.act(obs_buf[t])
             if actions_buf is None:
                 actions_buf = np.zeros((steps, *actions.shape), dtype=actions.dtype)
-            actions_buf[t], logprobs[t], values[t] = actions, lp.numpy(), v.numpy()
+            actions_buf[t] = actions
             replies = self._step_all([actions[bounds[i] : bounds[i + 1]] for i in range(len(self.replicas))])
             obs_buf[t + 1] = np.concatenate([r["obs"] for r in replies])
             next_obs[t] = np.concatenate([r["final_obs"] for r in replies])
@@ -127,9 +124,8 @@ class TrajectoryCollector:
                 episode_lengths.append(int(running_length[i]))
                 running_return[i] = 0.0
                 running_length[i] = 0
-        with torch.inference_mode():
-            # V(s_{t+1}) for every step in one pass; where an episode ended, s_{t+1} is its final observation.
-            next_values = policy.value(torch.from_numpy(next_obs.reshape(steps * n, -1))).numpy().reshape(steps, n)
+        # V(s_{t+1}) for every step in one pass; where an episode ended, s_{t+1} is its final observation.
+        next_values = policy.value(next_obs.reshape(steps * n, -1)).reshape(steps, n)
         for i, replica in enumerate(self.replicas):
             replica.obs = obs_buf[steps, bounds[i] : bounds[i + 1]].copy()
             replica.running_return = running_return[bounds[i] : bounds[i + 1]].copy()

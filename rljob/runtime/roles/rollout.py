@@ -19,6 +19,7 @@ import torch
 
 from rljob.runtime.gym_env import space_from_wire
 from rljob.runtime.models import MLPActorCritic, build_mlp_actor_critic
+from rljob.runtime.numpy_policy import NumpyPolicy
 from rljob.runtime.roles.common import RoleContext
 from rljob.runtime.rollout_gym import TrajectoryCollector
 from rljob.runtime.transport import Payload, RequestServer, process_tag
@@ -46,6 +47,7 @@ class RolloutEngine:
         self.policy: MLPActorCritic = build_mlp_actor_critic(spec.model.builtin, observation_space, action_space)
         self.policy.eval()
         self.staging = copy.deepcopy(self.policy)
+        self.fast_policy = NumpyPolicy(self.policy, seed=spec.trainer.seed * 1000 + 17 + identity.replica)
         self.subscriber = WeightSubscriber(
             identity.master_addr, identity.sync_port, spec.rollout.weight_sync.bucket_size_mb, torch.device("cpu")
         )
@@ -103,8 +105,7 @@ class RolloutEngine:
             with self.lock:
                 startable = self.lock.wait_for(
                     lambda: (
-                        (not self.ready
-                        and max(self.version, self.staged_version) >= max(self.next_required, 0))
+                        (not self.ready and max(self.version, self.staged_version) >= max(self.next_required, 0))
                         or self.context.stop.is_set()
                     ),
                     timeout=0.5,
@@ -113,9 +114,10 @@ class RolloutEngine:
                     continue
                 if self.staged_version > self.version:
                     self.policy.load_state_dict(self.staging.state_dict())
+                    self.fast_policy.load(self.policy)
                     self.version = self.staged_version
                 version, actor_tag = self.version, self.actor_tag
-            batch = self.collector.collect(self.steps_per_batch, self.policy, version)
+            batch = self.collector.collect(self.steps_per_batch, self.fast_policy, version)
             with self.lock:
                 if actor_tag == self.actor_tag:
                     self.ready.append(batch)
