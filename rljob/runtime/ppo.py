@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.distributed
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -176,8 +177,12 @@ class PPOLearner:
                     )
                 )
         self.step += 1
-        means = torch.stack(collected).mean(0).tolist()
-        first_loss = collected[0][0].item()
+        summary = torch.cat([torch.stack(collected).mean(0), collected[0][:1]])
+        if self.world_size > 1:
+            # Each rank saw its shard of every minibatch: report the whole minibatch, like one rank would.
+            torch.distributed.all_reduce(summary)
+            summary /= self.world_size
+        *means, first_loss = summary.tolist()
         keys = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm")
         out = dict(zip(keys, means, strict=True))
         out["first_loss"] = first_loss
