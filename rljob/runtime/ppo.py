@@ -8,7 +8,6 @@ up to float summation order: `roles.actor.replicas` changes who computes, not wh
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +19,7 @@ from rljob.algorithms.advantages import gae_advantages, normalize
 from rljob.algorithms.losses import entropy_bonus, explained_variance, ppo_policy_loss, value_loss
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
 from rljob.runtime.models import MLPActorCritic
+from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_rate
 
 BATCH_FIELDS = ("obs", "actions", "logprobs", "values", "next_values", "rewards", "terminated", "truncated")
 
@@ -53,32 +53,6 @@ class _Evaluate(nn.Module):
         return self.model.evaluate(obs, actions)
 
 
-def learning_rate(trainer: TrainerSpec, step: int) -> float:
-    """`trainer.learningRate` at update `step` (0-based): linear warmup, then constant/linear/cosine decay."""
-    base = trainer.learning_rate
-    if trainer.warmup_steps and step < trainer.warmup_steps:
-        return base * (step + 1) / trainer.warmup_steps
-    progress = min(1.0, (step - trainer.warmup_steps) / max(1, trainer.steps - trainer.warmup_steps))
-    if trainer.lr_schedule == "linear":
-        return base * (1.0 - progress)
-    if trainer.lr_schedule == "cosine":
-        return base * 0.5 * (1.0 + math.cos(math.pi * progress))
-    return base
-
-
-def make_optimizer(params: list[nn.Parameter], trainer: TrainerSpec) -> torch.optim.Optimizer:
-    if trainer.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=trainer.learning_rate, weight_decay=trainer.weight_decay)
-    cls = torch.optim.AdamW if trainer.optimizer == "adamw" else torch.optim.Adam
-    return cls(
-        params,
-        lr=trainer.learning_rate,
-        eps=trainer.optimizer_eps,
-        weight_decay=trainer.weight_decay,
-        foreach=True,
-    )
-
-
 class PPOLearner:
     """Owns the model's training state: optimizer, update counter and the minibatch RNG."""
 
@@ -98,7 +72,7 @@ class PPOLearner:
         # One rank: DDP's hooks would only add per-step overhead.
         self.evaluator: nn.Module = DistributedDataParallel(evaluator) if world_size > 1 else evaluator
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(self.params, trainer)
+        self.optimizer = build_optimizer(self.params, trainer)
         self.step = 0
         self.generator = torch.Generator().manual_seed(trainer.seed)
 
@@ -119,9 +93,8 @@ class PPOLearner:
     def update(self, batch: GymBatch) -> dict[str, float]:
         """One PPO update (epochs x minibatches optimizer steps); returns mean statistics."""
         algo = self.algorithm
-        lr = learning_rate(self.trainer, self.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr = learning_rate_at(self.step, self.trainer)
+        set_learning_rate(self.optimizer, lr)
         with torch.no_grad():
             ended = batch.terminated | batch.truncated
             advantages, returns = gae_advantages(

@@ -15,7 +15,8 @@ import torch
 from rljob.api.spec import AlgorithmSpec, BuiltinNetwork, TrainerSpec
 from rljob.runtime.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from rljob.runtime.models import build_mlp_actor_critic
-from rljob.runtime.ppo import BatchShapeError, GymBatch, PPOLearner, learning_rate
+from rljob.runtime.optim import learning_rate_at
+from rljob.runtime.ppo import BatchShapeError, GymBatch, PPOLearner
 
 ALGORITHM = AlgorithmSpec(name="ppo", epochs=3, minibatches=2, gamma=0.98, gae_lambda=0.8, value_clip=0.5)
 TRAINER = TrainerSpec(steps=10, batch_size=64, learning_rate=1e-3, lr_schedule="linear", grad_clip=0.5, seed=3)
@@ -96,7 +97,7 @@ def test_resumed_learner_reproduces_the_next_update(tmp_path):
     assert step == 2 and resumed.step == 3
     assert again["first_loss"] == uninterrupted["first_loss"]
     assert again["loss"] == uninterrupted["loss"]
-    assert again["learning_rate"] == uninterrupted["learning_rate"] == learning_rate(TRAINER, 2)
+    assert again["learning_rate"] == uninterrupted["learning_rate"] == learning_rate_at(2, TRAINER)
 
 
 def test_a_batch_that_does_not_split_over_the_replicas_names_the_settings():
