@@ -69,8 +69,13 @@ class PPOLearner:
         self.trainer = trainer
         self.rank, self.world_size = rank, world_size
         evaluator = _Evaluate(model)
+        self.device = next(model.parameters()).device
         # One rank: DDP's hooks would only add per-step overhead.
-        self.evaluator: nn.Module = DistributedDataParallel(evaluator) if world_size > 1 else evaluator
+        if world_size > 1:
+            device_ids = [self.device] if self.device.type == "cuda" else None
+            self.evaluator: nn.Module = DistributedDataParallel(evaluator, device_ids=device_ids)
+        else:
+            self.evaluator = evaluator
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, trainer)
         self.step = 0
@@ -93,6 +98,8 @@ class PPOLearner:
     def update(self, batch: GymBatch) -> dict[str, float]:
         """One PPO update (epochs x minibatches optimizer steps); returns mean statistics."""
         algo = self.algorithm
+        if batch.obs.device != self.device:
+            batch = GymBatch(*(getattr(batch, f).to(self.device) for f in BATCH_FIELDS))
         lr = learning_rate_at(self.step, self.trainer)
         set_learning_rate(self.optimizer, lr)
         with torch.no_grad():
@@ -110,7 +117,7 @@ class PPOLearner:
         mine = slice(self.rank * shard, (self.rank + 1) * shard)
         collected: list[Tensor] = []
         for _ in range(algo.epochs):
-            order = torch.randperm(n, generator=self.generator)
+            order = torch.randperm(n, generator=self.generator).to(self.device)
             for start in range(0, n, size):
                 index = order[start : start + size]
                 adv = advantages[index]
@@ -134,7 +141,7 @@ class PPOLearner:
                 if self.trainer.grad_clip is not None:
                     grad_norm = nn.utils.clip_grad_norm_(self.params, self.trainer.grad_clip, foreach=True)
                 else:
-                    grad_norm = torch.zeros(())
+                    grad_norm = torch.zeros((), device=self.device)
                 self.optimizer.step()
                 collected.append(
                     torch.stack(

@@ -83,7 +83,10 @@ class WeightPublisher:
         cached = self._groups.get(replica)
         if cached is None or cached[0] != key:
             self._groups[replica] = (key, make_pair_group(self.store, key, 0, self.device))
-        broadcast_state(self._groups[replica][1], state_tensors(model), self.bucket_bytes)
+        tensors = state_tensors(model)
+        if self.device.type == "cpu":
+            tensors = [t.cpu() for t in tensors]  # a CUDA-trained actor still syncs to CPU rollouts over gloo
+        broadcast_state(self._groups[replica][1], tensors, self.bucket_bytes)
 
     def forget(self, replica: int) -> None:
         """Drop the group of a rollout that went away; its replacement joins under a new key."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -146,17 +147,20 @@ class Controller:
         return [batches[i] for i in range(len(self.links))], sync_s
 
 
-def _share_batch(batch: GymBatch | None, shapes: dict[str, tuple[int, ...]], src: int = 0) -> GymBatch:
+def _share_batch(
+    batch: GymBatch | None, shapes: dict[str, tuple[int, ...]], device: torch.device, src: int = 0
+) -> GymBatch:
     """Send rank 0's batch to every rank as one flat float32 tensor (shapes are known everywhere)."""
     sizes = [math.prod(shapes[f]) for f in BATCH_FIELDS]
     if batch is not None:
         flat = torch.cat([getattr(batch, f).to(torch.float32).reshape(-1) for f in BATCH_FIELDS])
     else:
         flat = torch.empty(sum(sizes))
+    flat = flat.to(device)  # NCCL moves CUDA tensors only
     dist.broadcast(flat, src)
     if batch is not None:
         return batch
-    parts = torch.split(flat, sizes)
+    parts = torch.split(flat.cpu(), sizes)
     tensors = {f: p.reshape(shapes[f]) for f, p in zip(BATCH_FIELDS, parts, strict=True)}
     for f in ("terminated", "truncated"):
         tensors[f] = tensors[f].bool()
@@ -181,6 +185,13 @@ def _keep_metrics_until(path: Path, step: int) -> float:
     return float(kept[-1].get("wall_time", 0.0)) if kept else 0.0
 
 
+def _device(context: RoleContext) -> torch.device:
+    """CUDA when the actor was given GPUs and sees one (one GPU per replica: its pod's or the first); else CPU."""
+    if context.job.spec.roles.actor.gpus_per_replica > 0 and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
 def run_actor(context: RoleContext) -> int:
     spec = context.job.spec
     identity = context.identity
@@ -192,9 +203,8 @@ def run_actor(context: RoleContext) -> int:
     torch.distributions.Distribution.set_default_validate_args(False)
     rank, world = identity.replica, identity.replicas
     if world > 1:
-        backend = "nccl" if torch.cuda.is_available() and spec.roles.actor.gpus_per_replica > 0 else "gloo"
         dist.init_process_group(
-            backend,
+            "nccl" if _device(context).type == "cuda" else "gloo",
             init_method=f"tcp://{identity.master_addr}:{identity.master_port}",
             rank=rank,
             world_size=world,
@@ -238,7 +248,8 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
     observation_space = space_from_wire(spaces["observation_space"])
     action_space = space_from_wire(spaces["action_space"])
     torch.manual_seed(spec.trainer.seed)
-    model = build_mlp_actor_critic(spec.model.builtin, observation_space, action_space)
+    device = _device(context)
+    model = build_mlp_actor_critic(spec.model.builtin, observation_space, action_space).to(device)
     learner = PPOLearner(model, spec.algorithm, spec.trainer, rank=rank, world_size=world)
     learner.check_batch(spec.trainer.batch_size)
 
@@ -266,7 +277,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
     if rank != 0:
         health.ready()
         while learner.step < total:
-            learner.update(_share_batch(None, shapes))
+            learner.update(_share_batch(None, shapes, device))
         return 0
 
     tracker = ProgressTracker(total_steps=total, step=learner.step)
@@ -288,7 +299,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
             fetched = time.perf_counter()
             batch = _to_batch(replies)
             if world > 1:
-                _share_batch(batch, shapes)
+                _share_batch(batch, shapes, device)
             stats = learner.update(batch)
             trained = time.perf_counter()
             transitions = int(batch.rewards.numel())
