@@ -116,3 +116,19 @@ def test_set_overrides_a_field_and_bad_keys_are_named(cartpole_manifest, tmp_pat
     assert result.exit_code == 1 and "path.to.key=value" in result.output
     result = runner.invoke(app, ["run", str(manifest), "--set", "spec.roles.rollout.replicas=3"])
     assert result.exit_code == 1 and "spec.roles.rollout.replicas (3)" in result.output
+
+
+@pytest.mark.slow
+def test_rerun_resumes_from_the_newest_valid_checkpoint_skipping_a_corrupted_one(cartpole_manifest, start_run):
+    manifest = cartpole_manifest(steps=6, interval=3)
+    first = start_run(manifest, "--quiet", name="same")
+    assert first.process.wait(timeout=240) == 0, first.finish()
+    state = first.out / "checkpoints" / "step-00000006" / "state.pt"
+    state.write_bytes(state.read_bytes()[:-100] + bytes(100))  # flip the tail: the checksum no longer matches
+    again = start_run(manifest, "--quiet", "--set", "spec.trainer.steps=8", name="same")
+    output = again.finish()
+    assert again.process.returncode == 0, output
+    log = (again.out / "logs" / "actor-0.log").read_text()
+    assert "skipping checkpoint" in log and "step-00000006" in log
+    assert "resumed from" in log and "step-00000003" in log
+    assert_every_step_once(again.metrics(), 8)
