@@ -147,7 +147,11 @@ def run(
 
     console.print(f"[bold]rljob run[/] {escape(str(file))} -> {escape(str(run_dir))}")
     with progress:
-        local.start()
+        try:
+            local.start()
+        except BaseException:
+            local.stop()  # Ctrl-C (or a failed spawn) while starting: take down what did start
+            raise
         result = local.supervise(on_tick=tick)
         tick()
     metrics_path = run_dir / "metrics.jsonl"

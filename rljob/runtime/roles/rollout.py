@@ -68,8 +68,9 @@ class RolloutEngine:
             return {"tag": self.tag, "version": max(self.version, self.staged_version), "actor_tag": self.actor_tag}
 
     def sync_weights(self, request: Payload) -> Payload:
-        self.subscriber.receive(request["key"], request["actor_tag"], self.staging)
         with self.lock:
+            # Under the lock: the producer copies `staging` into the acting policy under it too.
+            self.subscriber.receive(request["key"], request["actor_tag"], self.staging)
             if request["actor_tag"] != self.actor_tag:
                 # A new actor incarnation (resumed from a checkpoint) numbers versions afresh.
                 self.actor_tag = request["actor_tag"]
