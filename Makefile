@@ -47,5 +47,14 @@ crds: $(STAMP)
 	$(BIN)/rljob crd > crds/rljob.io_rljobs.yaml
 	cp crds/rljob.io_rljobs.yaml charts/rljob-operator/crds/rljob.io_rljobs.yaml
 
+# PPO on CartPole-v1 with every role as a local process; prints progress, the return reached and where
+# metrics.jsonl, curve.png and the TensorBoard files are.
+demo: $(STAMP)
+	$(BIN)/rljob run examples/cartpole-ppo.yaml
+
+# rljob local vs stable-baselines3 PPO on CartPole-v1, 3 seeds each -> benchmarks/results/cartpole_vs_sb3.{json,png}
+bench-cartpole: $(STAMP)
+	$(BIN)/python benchmarks/cartpole_vs_sb3.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,1 +1,49 @@
 """Advantages, policy losses and KL estimators: pure torch functions."""
+
+from rljob.algorithms.advantages import (
+    GROUP_ADVANTAGES,
+    dr_grpo_advantages,
+    gae_advantages,
+    group_advantages,
+    grpo_advantages,
+    normalize,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
+from rljob.algorithms.losses import (
+    POLICY_LOSSES,
+    aggregate_loss,
+    cispo_policy_loss,
+    entropy_bonus,
+    explained_variance,
+    gspo_policy_loss,
+    kl_estimate,
+    masked_mean,
+    off_policy_weights,
+    policy_loss_for,
+    ppo_policy_loss,
+    value_loss,
+)
+
+__all__ = [
+    "GROUP_ADVANTAGES",
+    "POLICY_LOSSES",
+    "aggregate_loss",
+    "cispo_policy_loss",
+    "dr_grpo_advantages",
+    "entropy_bonus",
+    "explained_variance",
+    "gae_advantages",
+    "group_advantages",
+    "grpo_advantages",
+    "gspo_policy_loss",
+    "kl_estimate",
+    "masked_mean",
+    "normalize",
+    "off_policy_weights",
+    "policy_loss_for",
+    "ppo_policy_loss",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
+    "value_loss",
+]

@@ -17,6 +17,8 @@ from rljob import __version__
 from rljob.api import InvalidRLJob, RLJob, load_job_file
 from rljob.api.crd import crd_yaml
 from rljob.api.loading import iter_job_files
+from rljob.cli import role as role_cli
+from rljob.cli import run as run_cli
 from rljob.cli.operator import operator
 from rljob.operator.manifests import build_children
 from rljob.operator.settings import OperatorSettings, SettingsError
@@ -122,6 +124,8 @@ def version() -> None:
 
 
 app.command()(operator)
+role_cli.register(app)
+run_cli.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,56 @@
+"""`rljob role <actor|rollout|env|reward>`: the entrypoint of every role process (local or in a pod)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from rljob.api import InvalidRLJob
+
+ROLES = ("actor", "rollout", "env", "reward")
+
+
+def role(
+    name: Annotated[str, typer.Argument(help="actor, rollout, env or reward", metavar="ROLE")],
+) -> None:
+    """Run one role process. Identity and peers come from RLJOB_* variables (set by `rljob run` or the operator)."""
+    if name not in ROLES:
+        typer.secho(f"unknown role {name!r}: choose one of {', '.join(ROLES)}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2)
+    from rljob.runtime.identity import IdentityError, RoleIdentity
+
+    try:
+        identity = RoleIdentity.from_env()
+    except IdentityError as exc:
+        typer.secho(str(exc), fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+    if identity.role != name:
+        typer.secho(f"RLJOB_ROLE is {identity.role!r} but this is `rljob role {name}`", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1)
+    from rljob.runtime.roles.common import start_role
+
+    try:
+        context = start_role(identity)
+    except InvalidRLJob as exc:
+        for problem in exc.problems:
+            typer.secho(problem.render(exc.source), fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+    if name == "env":
+        from rljob.runtime.roles.env import run_env as run
+    elif name == "rollout":
+        from rljob.runtime.roles.rollout import run_rollout as run
+    elif name == "actor":
+        from rljob.runtime.roles.actor import run_actor as run
+    else:
+        context.log.error(
+            "the reward role scores LLM responses; this runtime trains gym tasks (task.type gym), which need none"
+        )
+        raise typer.Exit(1)
+    sys.stdout.flush()
+    raise typer.Exit(run(context))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(role)

@@ -1,0 +1,178 @@
+"""`rljob run FILE`: run a job locally, every role replica as a process, with a live progress bar."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+RUN_HELP = "Run an RLJob locally: every role replica as a process on this machine."
+
+
+def _load(file: Path, overrides: list[str]):
+    from rljob.api import InvalidRLJob, validate_job
+    from rljob.api.loading import parse_documents
+    from rljob.launch.overrides import OverrideError, apply_overrides
+
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        typer.secho(f"cannot read {file}: {exc.strerror}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+    try:
+        documents = parse_documents(text, str(file))
+        if len(documents) != 1:
+            typer.secho(
+                f"{file}: `rljob run` takes one RLJob per file, found {len(documents)} documents",
+                fg=typer.colors.RED,
+                err=True,
+            )
+            raise typer.Exit(1)
+        data = apply_overrides(documents[0].data, overrides)
+        # Line numbers only help when the file is what gets validated.
+        node = documents[0].node if not overrides else None
+        return validate_job(data, source=str(file), node=node)
+    except OverrideError as exc:
+        typer.secho(str(exc), fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+    except InvalidRLJob as exc:
+        for problem in exc.problems:
+            typer.secho(problem.render(exc.source), fg=typer.colors.RED, err=True)
+        if overrides:
+            typer.secho(f"(after --set {' --set '.join(overrides)})", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+
+
+def _poll_progress(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=0.3) as response:
+            return json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+
+
+def last_episodes_mean(metrics_path: Path, episodes: int = 20) -> float | None:
+    """Mean return of the last `episodes` finished episodes recorded in metrics.jsonl."""
+    if not metrics_path.exists():
+        return None
+    from rljob.runtime.metrics import read_metrics
+
+    returns: list[float] = []
+    for record in read_metrics(metrics_path):
+        returns.extend(record.get("episode_returns") or [])
+    tail = returns[-episodes:]
+    return sum(tail) / len(tail) if tail else None
+
+
+def run(
+    file: Annotated[Path, typer.Argument(help="RLJob manifest (YAML).", dir_okay=False)],
+    out: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/<job>-<timestamp>).")] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a field by YAML key path, e.g. --set spec.trainer.steps=20 (repeatable)."),
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="Do not echo role logs (they are still in OUT/logs).")] = False,
+) -> None:
+    """Run an RLJob locally: every role replica as a process on this machine."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from rljob.launch.local import LaunchError, LocalRun
+
+    job = _load(file, set_ or [])
+    run_dir = out or Path("runs") / f"{job.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    console = Console(stderr=True)
+    colours = {"actor": "cyan", "rollout": "magenta", "env": "green", "reward": "yellow", "launcher": "bold red"}
+
+    def sink(name: str, line: str) -> None:
+        if quiet and name != "launcher":
+            return
+        colour = colours.get(name.split("-")[0], "white")
+        console.print(f"[{colour}]{escape(name):>10}[/] | {escape(line)}", highlight=False, soft_wrap=True)
+
+    try:
+        local = LocalRun(job, run_dir.resolve(), sink)
+    except LaunchError as exc:
+        typer.secho(str(exc), fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+    total = job.spec.trainer.steps
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("return {task.fields[ret]}"),
+        TextColumn("{task.fields[rate]} steps/s"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
+    task = progress.add_task(job.name, total=total, ret="-", rate="-")
+    state = {"last": 0.0, "first_step": None, "first_time": 0.0}
+
+    def tick() -> None:
+        now = time.monotonic()
+        if now - state["last"] < 0.5:
+            return
+        state["last"] = now
+        report = _poll_progress(local.progress_url)
+        if not report:
+            return
+        step = int(report["step"])
+        if state["first_step"] is None or step < state["first_step"]:
+            state["first_step"], state["first_time"] = step, now
+        elapsed = now - state["first_time"]
+        rate = (step - state["first_step"]) / elapsed if elapsed > 0 else 0.0
+        reward = report.get("rewardMean")
+        progress.update(
+            task,
+            completed=step,
+            ret=f"{reward:.1f}" if reward is not None else "-",
+            rate=f"{rate:.1f}",
+        )
+
+    console.print(f"[bold]rljob run[/] {escape(str(file))} -> {escape(str(run_dir))}")
+    with progress:
+        try:
+            local.start()
+        except BaseException:
+            local.stop()  # Ctrl-C (or a failed spawn) while starting: take down what did start
+            raise
+        result = local.supervise(on_tick=tick)
+        tick()
+    metrics_path = run_dir / "metrics.jsonl"
+    reached = last_episodes_mean(metrics_path)
+    if result.exit_code == 0:
+        progress.update(task, completed=total)
+        console.print(f"[bold green]done[/]: {escape(result.reason)}")
+    else:
+        console.print(f"[bold red]failed[/]: {escape(result.reason)}")
+    if reached is not None:
+        console.print(f"mean return over the last 20 episodes: [bold]{reached:.1f}[/]")
+    if result.actor_restarts or result.replica_restarts:
+        console.print(f"restarts: actor group {result.actor_restarts}, replicas {result.replica_restarts}")
+    console.print(f"metrics: {escape(str(metrics_path))}")
+    curve = run_dir / "curve.png"
+    if curve.exists():
+        console.print(f"curve:   {escape(str(curve))}")
+    console.print(f"tensorboard: tensorboard --logdir {escape(str(run_dir / 'tb'))}")
+    console.print(f"logs:    {escape(str(run_dir / 'logs'))}")
+    raise typer.Exit(result.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(help=RUN_HELP)(run)

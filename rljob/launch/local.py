@@ -1,0 +1,270 @@
+"""The local launcher: every role replica of a job as a process on this machine.
+
+Each child runs `rljob role <role>` with the same environment contract the operator gives pods
+(`local_identities`), in its own process group, with PR_SET_PDEATHSIG so that it dies with the launcher
+even when the launcher itself is SIGKILLed. The supervisor loop applies `spec.failurePolicy`: a dead env
+or rollout replica is started again in place (same ports; the actor notices its new incarnation), a dead
+actor takes the whole actor group down and up again from the latest checkpoint, at most `maxRestarts`
+times. The job succeeds when actor replica 0 exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from rljob.api import ROLE_NAMES, RLJob
+from rljob.runtime.identity import RoleIdentity, local_identities, ports_needed
+
+STOP_GRACE_S = 10.0
+LOG_TAIL = 30
+
+
+class LaunchError(RuntimeError):
+    """The job cannot run locally as configured; the message names the field."""
+
+
+def check_local(job: RLJob) -> None:
+    """Rules of this runtime beyond the API's own validation."""
+    spec = job.spec
+    if spec.task.type != "gym" or spec.task.gym is None:
+        raise LaunchError("spec.task.type: the local runtime trains gym tasks (type gym) with ppo")
+    gym = spec.task.gym
+    env_replicas = spec.roles.env.replicas or 0
+    if env_replicas < 1:
+        raise LaunchError("spec.roles.env.replicas: gym tasks need at least one env replica")
+    if gym.num_envs < env_replicas:
+        raise LaunchError(f"spec.task.gym.numEnvs ({gym.num_envs}) must be >= spec.roles.env.replicas ({env_replicas})")
+    if spec.roles.rollout.replicas < 1 or spec.roles.rollout.replicas > env_replicas:
+        raise LaunchError(
+            f"spec.roles.rollout.replicas ({spec.roles.rollout.replicas}) must be between 1 and "
+            f"spec.roles.env.replicas ({env_replicas}): each rollout replica drives its own env replicas"
+        )
+    if spec.trainer.batch_size % gym.num_envs:
+        raise LaunchError(
+            f"spec.trainer.batchSize ({spec.trainer.batch_size}) must be a multiple of "
+            f"spec.task.gym.numEnvs ({gym.num_envs}): each batch is batchSize / numEnvs steps of every env"
+        )
+    minibatch, rest = divmod(spec.trainer.batch_size, spec.algorithm.minibatches)
+    if rest or minibatch % spec.roles.actor.replicas:
+        raise LaunchError(
+            f"spec.trainer.batchSize ({spec.trainer.batch_size}) must split into spec.algorithm.minibatches "
+            f"({spec.algorithm.minibatches}) minibatches, each divisible by spec.roles.actor.replicas "
+            f"({spec.roles.actor.replicas})"
+        )
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports that were free a moment ago (bound together so none repeats)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the launcher dies (Linux), whatever killed it."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@dataclass
+class Child:
+    identity: RoleIdentity
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL))
+    reader: threading.Thread | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.identity.role}-{self.identity.replica}"
+
+
+@dataclass
+class RunResult:
+    exit_code: int
+    reason: str
+    actor_restarts: int = 0
+    replica_restarts: dict[str, int] = field(default_factory=dict)
+
+
+LogSink = Callable[[str, str], None]
+"""(child name, line) for every line a child prints."""
+
+
+class LocalRun:
+    """Starts, supervises and stops the processes of one job."""
+
+    def __init__(self, job: RLJob, run_dir: Path, log_sink: LogSink, extra_env: dict[str, str] | None = None) -> None:
+        check_local(job)
+        self.job = job
+        self.run_dir = run_dir
+        self.log_sink = log_sink
+        self.extra_env = extra_env or {}
+        self.config_path = run_dir / "job.yaml"
+        replicas = {r: job.spec.roles.get(r).replicas or 0 for r in ROLE_NAMES}
+        identities = local_identities(
+            job.name, replicas, str(self.config_path), free_ports(ports_needed(replicas)), str(run_dir)
+        )
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.children = [Child(i, run_dir / "logs" / f"{i.role}-{i.replica}.log") for i in identities]
+        self.actor_restarts = 0
+        self._stopping = False
+
+    @property
+    def progress_url(self) -> str:
+        actor0 = next(c for c in self.children if c.identity.role == "actor" and c.identity.replica == 0)
+        return f"http://127.0.0.1:{actor0.identity.metrics_port}/progress"
+
+    def child(self, role: str, replica: int) -> Child:
+        return next(c for c in self.children if c.identity.role == role and c.identity.replica == replica)
+
+    def write_config(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        resolved = self.job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
+        self.config_path.write_text(yaml.safe_dump(resolved, sort_keys=False, width=100), encoding="utf-8")
+
+    def _spawn(self, child: Child) -> None:
+        env = {**os.environ, **child.identity.to_env(), **self.extra_env, "PYTHONUNBUFFERED": "1"}
+        child.process = subprocess.Popen(
+            [sys.executable, "-m", "rljob.cli.main", "role", child.identity.role],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        child.reader = threading.Thread(target=self._pump, args=(child, child.process), daemon=True)
+        child.reader.start()
+
+    def _pump(self, child: Child, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None
+        with child.log_path.open("ab") as log:
+            for raw in process.stdout:
+                log.write(raw)
+                log.flush()
+                line = raw.decode("utf-8", "replace").rstrip()
+                child.tail.append(line)
+                self.log_sink(child.name, line)
+
+    def start(self) -> None:
+        self.write_config()
+        # Servers first (env, rollout), then the actors that connect to them; order is not required
+        # (every client waits for its peers) but it makes the first log lines easier to read.
+        for role in ("env", "rollout", "reward", "actor"):
+            for child in self.children:
+                if child.identity.role == role:
+                    self._spawn(child)
+
+    def _signal(self, child: Child, sig: signal.Signals) -> None:
+        if child.process is not None and child.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.process.pid, sig)
+
+    def _stop_children(self, children: list[Child]) -> None:
+        for child in children:
+            self._signal(child, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for child in children:
+            if child.process is None:
+                continue
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            # Whatever is left in the group (the child itself if it ignored SIGTERM, or its own children).
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.process.pid, signal.SIGKILL)
+            child.process.wait()
+            if child.reader is not None:
+                child.reader.join(timeout=2)
+
+    def stop(self) -> None:
+        self._stopping = True
+        # Actors first: they drive the loop; then the servers they talk to.
+        order = {"actor": 0, "rollout": 1, "reward": 2, "env": 3}
+        self._stop_children(sorted(self.children, key=lambda c: order[c.identity.role]))
+
+    def supervise(self, on_tick: Callable[[], None] | None = None, poll_s: float = 0.2) -> RunResult:
+        """Run until actor 0 succeeds or the failure policy gives up; always leaves no child running."""
+        policy = self.job.spec.failure_policy
+        try:
+            while True:
+                if on_tick is not None:
+                    on_tick()
+                for child in self.children:
+                    assert child.process is not None
+                    code = child.process.poll()
+                    if code is None:
+                        continue
+                    role, replica = child.identity.role, child.identity.replica
+                    if role == "actor":
+                        if code == 0 and replica == 0:
+                            return self._result(0, f"reached trainer.steps ({self.job.spec.trainer.steps})")
+                        if code == 0:
+                            continue  # a non-zero rank finished its last update; rank 0 is finishing too
+                        reason = f"{child.name} exited with code {code}"
+                        if policy.actor == "FailJob":
+                            return self._result(1, f"{reason} (failurePolicy.actor is FailJob)", child)
+                        if self.actor_restarts >= policy.max_restarts:
+                            return self._result(
+                                1, f"{reason}; failurePolicy.maxRestarts ({policy.max_restarts}) exhausted", child
+                            )
+                        self.actor_restarts += 1
+                        self.log_sink(
+                            "launcher",
+                            f"{reason}: restarting the actor group from the latest checkpoint "
+                            f"({self.actor_restarts}/{policy.max_restarts})",
+                        )
+                        actors = [c for c in self.children if c.identity.role == "actor"]
+                        self._stop_children(actors)
+                        for actor in actors:
+                            actor.restarts += 1
+                            self._spawn(actor)
+                        break
+                    reason = f"{child.name} exited with code {code}"
+                    if getattr(policy, role) == "FailJob":
+                        return self._result(1, f"{reason} (failurePolicy.{role} is FailJob)", child)
+                    if child.restarts >= max(policy.max_restarts, 1) * 3:
+                        return self._result(1, f"{reason}; restarted {child.restarts} times already, giving up", child)
+                    child.restarts += 1
+                    self.log_sink("launcher", f"{reason}: replacing it (restart {child.restarts})")
+                    self._spawn(child)
+                time.sleep(poll_s)
+        except KeyboardInterrupt:
+            return self._result(130, "interrupted (Ctrl-C)")
+        finally:
+            self.stop()
+
+    def _result(self, code: int, reason: str, failed: Child | None = None) -> RunResult:
+        if failed is not None and failed.tail:
+            reason += f"\nlast lines of {failed.name} (full log: {failed.log_path}):\n  " + "\n  ".join(failed.tail)
+        return RunResult(
+            code,
+            reason,
+            actor_restarts=self.actor_restarts,
+            replica_restarts={c.name: c.restarts for c in self.children if c.restarts},
+        )

@@ -1,0 +1,45 @@
+"""`--set path.to.key=value`: edit a manifest by YAML key path before it is validated."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+
+class OverrideError(ValueError):
+    """A `--set` argument that cannot be applied; the message names it and says why."""
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`spec.trainer.steps=10` -> (["spec", "trainer", "steps"], 10); the value is read as YAML."""
+    path, sep, raw = text.partition("=")
+    if not sep or not path.strip():
+        raise OverrideError(f"--set {text!r}: expected path.to.key=value, e.g. --set spec.trainer.steps=20")
+    keys = path.strip().split(".")
+    if any(not k for k in keys):
+        raise OverrideError(f"--set {text!r}: empty key in path {path!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise OverrideError(f"--set {text!r}: the value is not valid YAML ({exc})") from None
+    return keys, value
+
+
+def apply_overrides(document: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """A copy of `document` with every `--set` applied in order; missing mappings on the way are created."""
+    result = copy.deepcopy(document)
+    for text in overrides:
+        keys, value = parse_override(text)
+        node: Any = result
+        for depth, key in enumerate(keys[:-1]):
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+            elif not isinstance(child, dict):
+                where = ".".join(keys[: depth + 1])
+                raise OverrideError(f"--set {text!r}: {where} is a {type(child).__name__}, not a mapping")
+            node = child
+        node[keys[-1]] = value
+    return result

@@ -1,0 +1,278 @@
+"""Actor checkpoints: atomic, checksummed, pruned, and skipped with a warning when damaged.
+
+Layout under `spec.checkpoint.dir`:
+
+    step-00000100/state.pt        torch.save of the actor's state dict
+    step-00000100/manifest.json   {"format", "step", "savedAt", "files": {name: {"sha256", "bytes"}}}
+
+A checkpoint is written into a hidden temporary directory, flushed to disk, and renamed into place
+with `os.replace`, so a crash mid-save leaves at most an ignored temporary directory: every
+`step-*` directory is complete or was damaged afterwards, which the manifest's checksums catch.
+Only one process (actor rank 0) writes to a directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.pt"
+MANIFEST_FILE = "manifest.json"
+FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+_TMP_PREFIX = ".tmp-"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used; the message says which and why."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    with path.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def verify(path: Path) -> int:
+    """Check a checkpoint directory against its manifest; return its step or raise CheckpointError."""
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a checkpoint directory")
+    manifest_path = path / MANIFEST_FILE
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        step = int(manifest["step"])
+        files: dict[str, dict[str, Any]] = manifest["files"]
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} has no {MANIFEST_FILE} (an incomplete copy?)") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{manifest_path} is unreadable: {e}") from None
+    if STATE_FILE not in files:
+        raise CheckpointError(f"{manifest_path} lists no {STATE_FILE}")
+    for name, entry in files.items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{file} is missing")
+        size = file.stat().st_size
+        if size != entry.get("bytes"):
+            raise CheckpointError(f"{file} is truncated or resized: {size} bytes, manifest says {entry.get('bytes')}")
+        if _sha256(file) != entry.get("sha256"):
+            raise CheckpointError(f"{file} is corrupted: its sha256 does not match the manifest")
+    return step
+
+
+_LEAF_TYPES = (torch.Tensor, int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def check_loadable(value: Any, where: str = "state") -> None:
+    """Reject what `torch.load(weights_only=True)` would refuse, at save time and naming the key.
+
+    Checkpoints are loaded without unpickling arbitrary objects; a numpy array or a custom class in
+    the state would otherwise only fail at resume, when the checkpoint looks "corrupted".
+    """
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str | int):
+                raise TypeError(f"checkpoint {where} has a key of type {type(key).__name__}; use str or int keys")
+            check_loadable(item, f"{where}[{key!r}]")
+    elif isinstance(value, list | tuple) and not isinstance(value, torch.Size):
+        for i, item in enumerate(value):
+            check_loadable(item, f"{where}[{i}]")
+    elif not isinstance(value, _LEAF_TYPES):
+        raise TypeError(
+            f"checkpoint {where} is a {type(value).__module__}.{type(value).__name__}; store tensors, numbers, "
+            "strings, lists or dicts (e.g. torch.from_numpy(array) or array.tolist())"
+        )
+
+
+class CheckpointManager:
+    """Saves and finds checkpoints in one directory, keeping the newest `keep`."""
+
+    def __init__(self, directory: str | Path, keep: int = 3) -> None:
+        if keep < 1:
+            raise ValueError(f"checkpoint.keep must be >= 1, got {keep}")
+        self.directory = Path(directory)
+        self.keep = keep
+
+    def steps(self) -> list[tuple[int, Path]]:
+        """Checkpoint directories by ascending step (by name only; not verified)."""
+        if not self.directory.is_dir():
+            return []
+        found = []
+        for child in self.directory.iterdir():
+            match = _STEP_DIR.match(child.name)
+            if match and child.is_dir():
+                found.append((int(match.group(1)), child))
+        return sorted(found)
+
+    def save(self, step: int, state: dict[str, Any]) -> Path:
+        """Write `state` as the checkpoint of `step` atomically; prune old ones; return its directory."""
+        check_loadable(state)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_temporaries()
+        final = self.directory / step_dir_name(step)
+        tmp = self.directory / f"{_TMP_PREFIX}{step_dir_name(step)}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        state_path = tmp / STATE_FILE
+        # Straight to the file (no in-memory copy of a large model), then hashed from disk.
+        with state_path.open("wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        manifest = {
+            "format": FORMAT_VERSION,
+            "step": step,
+            "savedAt": datetime.now(UTC).isoformat(),
+            "files": {STATE_FILE: {"sha256": _sha256(state_path), "bytes": state_path.stat().st_size}},
+        }
+        _write_durably(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2).encode())
+        _fsync_dir(tmp)
+        if final.exists():
+            # Saving a step again (after a resume): move the old copy aside, then swap in the new one.
+            aside = self.directory / f"{_TMP_PREFIX}replaced-{final.name}-{os.getpid()}"
+            os.replace(final, aside)
+            os.replace(tmp, final)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        _fsync_dir(self.directory)
+        self._prune(step)
+        return final
+
+    def _remove_stale_temporaries(self) -> None:
+        for child in self.directory.iterdir():
+            if child.name.startswith(_TMP_PREFIX):
+                log.info("removing %s left by an interrupted checkpoint save", child)
+                shutil.rmtree(child, ignore_errors=True)
+
+    def _prune(self, saved_step: int) -> None:
+        # Checkpoints past the one just saved belong to an abandoned run (we resumed from an older
+        # one): keeping them would make `resume: auto` jump back to that other history.
+        kept: list[tuple[int, Path]] = []
+        for step, path in self.steps():
+            if step > saved_step:
+                log.warning("removing checkpoint %s: it is newer than step %d, which this run just saved", path, step)
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                kept.append((step, path))
+        for _, path in kept[: max(0, len(kept) - self.keep)]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def load(self, path: str | Path) -> tuple[int, dict[str, Any]]:
+        """Verify and load one checkpoint directory (or its state.pt); raise CheckpointError if unusable."""
+        directory = Path(path)
+        if directory.name == STATE_FILE:
+            directory = directory.parent
+        step = verify(directory)
+        try:
+            state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
+        except Exception as e:  # a checksummed file that still fails to unpickle: written by another version
+            raise CheckpointError(f"{directory / STATE_FILE} cannot be loaded: {e}") from None
+        return step, state
+
+    def latest_valid(self) -> tuple[int, dict[str, Any], Path] | None:
+        """The newest checkpoint that verifies and loads; damaged ones are skipped with a warning."""
+        for _, path in reversed(self.steps()):
+            try:
+                step, state = self.load(path)
+            except CheckpointError as e:
+                log.warning("skipping checkpoint %s: %s", path, e)
+                continue
+            return step, state, path
+        return None
+
+
+def resolve_resume(resume: str, manager: CheckpointManager) -> tuple[int, dict[str, Any], Path] | None:
+    """Apply `spec.checkpoint.resume`: `auto` (latest valid, or None), `never` (None), or a checkpoint path."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        return manager.latest_valid()
+    path = Path(resume)
+    if not path.exists():
+        raise CheckpointError(
+            f"checkpoint.resume: {resume!r} does not exist; give a checkpoint directory "
+            f"(like {manager.directory / step_dir_name(100)}), or `auto`, or `never`"
+        )
+    try:
+        step, state = manager.load(path)
+    except CheckpointError as e:
+        raise CheckpointError(f"checkpoint.resume: {resume!r} cannot be used: {e}") from None
+    return step, state, path
+
+
+# --- random number generator states -------------------------------------------------------------
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """RNG states of python `random`, numpy's global generator and torch (CPU and CUDA), as loadable values.
+
+    Only tensors, lists and scalars, so checkpoints load with `torch.load(weights_only=True)`.
+    """
+    np_state = np.random.get_state(legacy=False)
+    state: dict[str, Any] = {
+        "python": list(random.getstate()),
+        "numpy": {
+            "bit_generator": np_state["bit_generator"],
+            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of `capture_rng_state`."""
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    np_state = state["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": np_state["bit_generator"],
+            "state": {"key": np_state["key"].numpy().astype(np.uint32), "pos": np_state["pos"]},
+            "has_gauss": np_state["has_gauss"],
+            "gauss": np_state["gauss"],
+        }
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,134 @@
+"""The HTTP side of every role: `/healthz`, `/metrics` and, on actor replica 0, `/progress`.
+
+A stdlib `ThreadingHTTPServer` in a daemon thread: no event loop to share with the role's own
+work, nothing to install. The data plane never goes through here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger(__name__)
+
+
+def rfc3339_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+@dataclass
+class Progress:
+    """RL progress as the operator reads it from `GET /progress` (the contract's exact keys)."""
+
+    step: int
+    total_steps: int
+    reward_mean: float | None = None
+    updated_at: str = field(default_factory=rfc3339_now)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "step": self.step,
+            "totalSteps": self.total_steps,
+            "rewardMean": self.reward_mean,
+            "updatedAt": self.updated_at,
+        }
+
+
+class ProgressTracker:
+    """Thread-safe latest progress; pass `tracker.snapshot` as the server's progress provider."""
+
+    def __init__(self, total_steps: int, step: int = 0) -> None:
+        self._lock = threading.Lock()
+        self._progress = Progress(step=step, total_steps=total_steps)
+
+    def update(self, step: int, reward_mean: float | None) -> None:
+        with self._lock:
+            # A step without finished episodes keeps the last known reward rather than blanking it.
+            reward = reward_mean if reward_mean is not None else self._progress.reward_mean
+            self._progress = Progress(step=step, total_steps=self._progress.total_steps, reward_mean=reward)
+
+    def snapshot(self) -> Progress:
+        with self._lock:
+            return self._progress
+
+
+class RoleHTTPServer:
+    """Serves one role's health, Prometheus metrics and (optionally) progress on `port` (0: any free port)."""
+
+    def __init__(self, port: int, registry: CollectorRegistry, host: str = "0.0.0.0") -> None:
+        self.registry = registry
+        self._ready = threading.Event()
+        self._progress_provider: Callable[[], Progress] | None = None
+        self._server = ThreadingHTTPServer((host, port), self._handler_class())
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> RoleHTTPServer:
+        self._thread = threading.Thread(target=self._server.serve_forever, name="role-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def mark_ready(self) -> None:
+        self._ready.set()
+
+    def mark_not_ready(self) -> None:
+        self._ready.clear()
+
+    def set_progress_provider(self, provider: Callable[[], Progress]) -> None:
+        self._progress_provider = provider
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> RoleHTTPServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/healthz":
+                    if server._ready.is_set():
+                        self._send(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
+                    else:
+                        self._send(HTTPStatus.SERVICE_UNAVAILABLE, b"starting\n", "text/plain; charset=utf-8")
+                elif path == "/metrics":
+                    self._send(HTTPStatus.OK, generate_latest(server.registry), CONTENT_TYPE_LATEST)
+                elif path == "/progress" and server._progress_provider is not None:
+                    body = json.dumps(server._progress_provider().to_json()).encode()
+                    self._send(HTTPStatus.OK, body, "application/json")
+                else:
+                    self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
+
+            def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                # Probes hit these endpoints every few seconds: keep them out of the role's log.
+                log.debug("%s " + format, self.address_string(), *args)
+
+        return Handler

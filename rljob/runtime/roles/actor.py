@@ -1,0 +1,372 @@
+"""The actor role: the PPO trainer group. Rank 0 is the single controller of the loop.
+
+Per step, rank 0 publishes the current weights to every rollout replica (versioned broadcast), takes one
+batch from each (within the staleness budget), shares the batch with the other ranks, and every rank runs
+the same PPO update under DDP. Rank 0 then logs metrics, reports progress and checkpoints. A rollout that
+restarted is noticed by its new tag and simply gets the weights again; its lost batch is asked for anew,
+so no step is skipped or done twice.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rljob.runtime.checkpoint import CheckpointManager, capture_rng_state, resolve_resume, restore_rng_state
+from rljob.runtime.gym_env import space_from_wire
+from rljob.runtime.metrics import (
+    APPROX_KL,
+    CLIP_FRACTION,
+    ENTROPY,
+    ENV_STEPS,
+    ENV_STEPS_PER_S,
+    EPISODES,
+    EXPLAINED_VARIANCE,
+    LEARNING_RATE,
+    LENGTH_MEAN,
+    POLICY_LOSS,
+    RETURN_MEAN,
+    STALENESS_MAX,
+    STALENESS_MEAN,
+    VALUE_LOSS,
+    RunMetrics,
+    phase_key,
+    read_metrics,
+)
+from rljob.runtime.models import build_mlp_actor_critic
+from rljob.runtime.ppo import BATCH_FIELDS, GymBatch, PPOLearner
+from rljob.runtime.role_http import ProgressTracker
+from rljob.runtime.roles.common import RoleContext
+from rljob.runtime.transport import RequestClient, RequestTimeout, TransportError, process_tag
+from rljob.runtime.weight_sync import WeightPublisher
+
+GROUP_TIMEOUT = datetime.timedelta(minutes=5)
+
+
+class RolloutLink:
+    """Actor rank 0's view of one rollout replica: its client, incarnation tag and last weights sent."""
+
+    def __init__(self, replica: int, endpoint: str) -> None:
+        self.replica = replica
+        self.client = RequestClient(endpoint, timeout=2.0, retries=1)
+        self.tag = ""
+        self.version = -1
+        self.restarts = 0
+
+
+class Controller:
+    """Rank 0's side of the loop: weights out, batches in."""
+
+    def __init__(self, context: RoleContext, learner: PPOLearner) -> None:
+        identity = context.identity
+        spec = context.job.spec
+        self.context = context
+        self.learner = learner
+        self.tag = process_tag()
+        self.staleness = spec.rollout.async_.max_staleness
+        self.publisher = WeightPublisher(
+            identity.master_addr,
+            identity.sync_port,
+            self.tag,
+            spec.rollout.weight_sync.bucket_size_mb,
+            torch.device("cpu"),
+        )
+        self.links = [RolloutLink(i, e) for i, e in enumerate(identity.endpoints["rollout"])]
+        self.log = context.log
+
+    def _status(self, link: RolloutLink) -> None:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                reply = link.client.call("status")
+                break
+            except RequestTimeout as exc:
+                if time.monotonic() > deadline or self.context.stop.is_set():
+                    raise
+                self.log.warning("rollout %d not answering (%s); waiting for it", link.replica, exc)
+        if reply["tag"] != link.tag:
+            if link.tag:
+                link.restarts += 1
+                self.log.warning("rollout %d restarted; sending it the weights again", link.replica)
+            link.tag = reply["tag"]
+            link.version = -1
+            self.publisher.forget(link.replica)
+
+    def sync(self, link: RolloutLink, version: int) -> None:
+        if not link.tag:
+            self._status(link)
+        key = self.publisher.group_key(link.replica, link.tag)
+        request = link.client.send("sync_weights", {"version": version, "key": key, "actor_tag": self.tag})
+        self.publisher.publish(link.replica, key, self.learner.model)
+        link.client.receive(request, timeout=60.0)
+        link.version = version
+
+    def fetch(self, version: int) -> tuple[list[dict[str, Any]], float]:
+        """One batch per rollout replica for the policy at `version`; (batches, seconds spent on weight sync)."""
+        batches: dict[int, dict[str, Any]] = {}
+        sync_s = 0.0
+        while len(batches) < len(self.links):
+            if self.context.stop.is_set():
+                raise InterruptedError("stopping")
+            pending = [link for link in self.links if link.replica not in batches]
+            try:
+                for link in pending:
+                    if link.version != version:
+                        started = time.perf_counter()
+                        self.sync(link, version)
+                        sync_s += time.perf_counter() - started
+                requests = [
+                    (
+                        link,
+                        link.client.send(
+                            "collect",
+                            {"actor_version": version, "max_staleness": self.staleness, "actor_tag": self.tag},
+                        ),
+                    )
+                    for link in pending
+                ]
+                for link, request in requests:
+                    reply = link.client.receive(request)
+                    if reply["tag"] != link.tag:
+                        self._status(link)
+                    elif reply["ready"]:
+                        batches[link.replica] = reply
+            except TransportError as exc:
+                self.log.warning("rollout request failed (%s); checking the rollout replicas", exc)
+                for link in pending:
+                    self._status(link)
+        return [batches[i] for i in range(len(self.links))], sync_s
+
+
+def _share_batch(
+    batch: GymBatch | None, shapes: dict[str, tuple[int, ...]], device: torch.device, src: int = 0
+) -> GymBatch:
+    """Send rank 0's batch to every rank as one flat float32 tensor (shapes are known everywhere)."""
+    sizes = [math.prod(shapes[f]) for f in BATCH_FIELDS]
+    if batch is not None:
+        flat = torch.cat([getattr(batch, f).to(torch.float32).reshape(-1) for f in BATCH_FIELDS])
+    else:
+        flat = torch.empty(sum(sizes))
+    flat = flat.to(device)  # NCCL moves CUDA tensors only
+    dist.broadcast(flat, src)
+    if batch is not None:
+        return batch
+    parts = torch.split(flat.cpu(), sizes)
+    tensors = {f: p.reshape(shapes[f]) for f, p in zip(BATCH_FIELDS, parts, strict=True)}
+    for f in ("terminated", "truncated"):
+        tensors[f] = tensors[f].bool()
+    if tensors["actions"].dtype != shapes.get("_action_dtype"):
+        tensors["actions"] = tensors["actions"].to(shapes["_action_dtype"])  # type: ignore[arg-type]
+    return GymBatch(**tensors)
+
+
+def _to_batch(replies: list[dict[str, Any]]) -> GymBatch:
+    """Concatenate the rollout replicas' [T, n_i, ...] arrays along the environment axis."""
+    joined = {f: np.concatenate([r[f] for r in replies], axis=1) for f in BATCH_FIELDS}
+    tensors = {f: torch.from_numpy(np.ascontiguousarray(joined[f])) for f in BATCH_FIELDS}
+    return GymBatch(**tensors)
+
+
+def _keep_metrics_until(path: Path, step: int) -> float:
+    """After a resume from `step`: drop later records (they are redone); return the last kept wall time."""
+    if not path.exists():
+        return 0.0
+    kept = [r for r in read_metrics(path) if r.get("step", 0) <= step]
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    return float(kept[-1].get("wall_time", 0.0)) if kept else 0.0
+
+
+def _device(context: RoleContext) -> torch.device:
+    """CUDA when the actor was given GPUs and sees one (one GPU per replica: its pod's or the first); else CPU."""
+    if context.job.spec.roles.actor.gpus_per_replica > 0 and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def run_actor(context: RoleContext) -> int:
+    spec = context.job.spec
+    identity = context.identity
+    gym = spec.task.gym
+    if gym is None:
+        context.log.error("this runtime's actor trains gym tasks with ppo; task.type is %s", spec.task.type)
+        return 1
+    torch.set_num_threads(1)
+    torch.distributions.Distribution.set_default_validate_args(False)
+    rank, world = identity.replica, identity.replicas
+    if world > 1:
+        dist.init_process_group(
+            "nccl" if _device(context).type == "cuda" else "gloo",
+            init_method=f"tcp://{identity.master_addr}:{identity.master_port}",
+            rank=rank,
+            world_size=world,
+            timeout=GROUP_TIMEOUT,
+        )
+    from rljob.runtime.roles.health import RoleHealth
+
+    health = RoleHealth(context, counters={})
+    try:
+        return _train(context, health, rank, world)
+    except InterruptedError:
+        context.log.info("stopped before trainer.steps was reached")
+        return 0 if rank else 1
+    finally:
+        health.close()
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
+    spec = context.job.spec
+    identity = context.identity
+    gym = spec.task.gym
+    assert gym is not None
+    steps_per_batch = spec.trainer.batch_size // gym.num_envs
+    if steps_per_batch * gym.num_envs != spec.trainer.batch_size:
+        context.log.error(
+            "trainer.batchSize (%d) must be a multiple of task.gym.numEnvs (%d)", spec.trainer.batch_size, gym.num_envs
+        )
+        return 1
+    env0 = RequestClient(identity.endpoints["env"][0], timeout=5.0, retries=0)
+    while True:
+        try:
+            spaces = env0.call("spaces")
+            break
+        except RequestTimeout:
+            context.log.info("waiting for env replica 0")
+            if context.stop.is_set():
+                raise InterruptedError from None
+    env0.close()
+    observation_space = space_from_wire(spaces["observation_space"])
+    action_space = space_from_wire(spaces["action_space"])
+    torch.manual_seed(spec.trainer.seed)
+    device = _device(context)
+    model = build_mlp_actor_critic(spec.model.builtin, observation_space, action_space).to(device)
+    learner = PPOLearner(model, spec.algorithm, spec.trainer, rank=rank, world_size=world)
+    learner.check_batch(spec.trainer.batch_size)
+
+    default_dir = str(Path(identity.run_dir) / "checkpoints") if identity.run_dir else "/checkpoints"
+    checkpoint_dir = spec.checkpoint.dir or default_dir
+    checkpoints = CheckpointManager(checkpoint_dir, keep=spec.checkpoint.keep)
+    env_steps, episodes = 0, 0
+    resumed = resolve_resume(spec.checkpoint.resume, checkpoints)
+    if resumed is not None:
+        step, state, path = resumed
+        learner.load_state_dict(state["learner"])
+        restore_rng_state(state["rng"])
+        env_steps, episodes = int(state["env_steps"]), int(state["episodes"])
+        context.log.info("resumed from %s (step %d, %d env steps)", path, step, env_steps)
+
+    shapes: dict[str, Any] = {
+        "obs": (steps_per_batch, gym.num_envs, *observation_space.shape),
+        "actions": (steps_per_batch, gym.num_envs, *model.action_shape),
+        "_action_dtype": torch.int64 if model.discrete else torch.float32,
+    }
+    for f in ("logprobs", "values", "next_values", "rewards", "terminated", "truncated"):
+        shapes[f] = (steps_per_batch, gym.num_envs)
+
+    total = spec.trainer.steps
+    if rank != 0:
+        health.ready()
+        while learner.step < total:
+            learner.update(_share_batch(None, shapes, device))
+        return 0
+
+    tracker = ProgressTracker(total_steps=total, step=learner.step)
+    health.server.set_progress_provider(tracker.snapshot)
+    controller = Controller(context, learner)
+    run_metrics = None
+    if identity.run_dir:
+        jsonl = Path(identity.run_dir) / "metrics.jsonl"
+        previous_wall = _keep_metrics_until(jsonl, learner.step)
+        run_metrics = RunMetrics(identity.run_dir, spec.logging.tensorboard, start_time=time.time() - previous_wall)
+    health.ready()
+    context.log.info("training %d steps from step %d (%d actor ranks)", total, learner.step, world)
+    last_return: float | None = None
+    try:
+        while learner.step < total:
+            step_started = time.perf_counter()
+            version = learner.step
+            replies, sync_s = controller.fetch(version)
+            fetched = time.perf_counter()
+            batch = _to_batch(replies)
+            if world > 1:
+                _share_batch(batch, shapes, device)
+            stats = learner.update(batch)
+            trained = time.perf_counter()
+            transitions = int(batch.rewards.numel())
+            env_steps += transitions
+            returns = np.concatenate([r["episode_returns"] for r in replies])
+            lengths = np.concatenate([r["episode_lengths"] for r in replies])
+            episodes += len(returns)
+            staleness = [version - int(r["version"]) for r in replies]
+            if max(staleness) > controller.staleness:
+                raise RuntimeError(f"got data {max(staleness)} versions old (maxStaleness {controller.staleness})")
+            collect_s = max(float(r["collect_s"]) for r in replies)
+            step_s = trained - step_started
+            record: dict[str, Any] = {
+                ENV_STEPS: env_steps,
+                RETURN_MEAN: float(returns.mean()) if len(returns) else None,
+                LENGTH_MEAN: float(lengths.mean()) if len(lengths) else None,
+                EPISODES: len(returns),
+                "episode_returns": [round(float(x), 3) for x in returns],
+                POLICY_LOSS: stats["policy_loss"],
+                VALUE_LOSS: stats["value_loss"],
+                ENTROPY: stats["entropy"],
+                APPROX_KL: stats["approx_kl"],
+                CLIP_FRACTION: stats["clip_fraction"],
+                EXPLAINED_VARIANCE: stats["explained_variance"],
+                LEARNING_RATE: stats["learning_rate"],
+                "loss": stats["loss"],
+                "first_loss": stats["first_loss"],
+                "grad_norm": stats["grad_norm"],
+                ENV_STEPS_PER_S: transitions / step_s if step_s > 0 else None,
+                STALENESS_MEAN: float(np.mean(staleness)),
+                STALENESS_MAX: int(max(staleness)),
+                "policy_version": version,
+                "rollout_restarts": sum(link.restarts for link in controller.links),
+                phase_key("rollout"): collect_s,
+                phase_key("sync"): sync_s,
+                phase_key("waiting"): max(0.0, fetched - step_started - sync_s),
+                phase_key("train"): trained - fetched,
+            }
+            if run_metrics is not None:
+                line = run_metrics.log(learner.step, record)
+            else:
+                line = {"step": learner.step, **record}
+            health.metrics.observe(line)
+            if record[RETURN_MEAN] is not None:
+                last_return = record[RETURN_MEAN]
+            tracker.update(learner.step, record[RETURN_MEAN])
+            if learner.step % 10 == 0 or learner.step == total:
+                context.log.info(
+                    "step %d/%d env_steps %d return %s",
+                    learner.step,
+                    total,
+                    env_steps,
+                    f"{last_return:.1f}" if last_return is not None else "-",
+                )
+            interval = spec.checkpoint.interval
+            if interval and (learner.step % interval == 0 or learner.step == total):
+                checkpoints.save(
+                    learner.step,
+                    {
+                        "learner": learner.state_dict(),
+                        "rng": capture_rng_state(),
+                        "env_steps": env_steps,
+                        "episodes": episodes,
+                    },
+                )
+    finally:
+        if run_metrics is not None:
+            run_metrics.close()
+    context.log.info("reached trainer.steps (%d); final return %s", total, last_return)
+    return 0

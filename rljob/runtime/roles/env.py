@@ -1,0 +1,68 @@
+"""The env role: serves its share of `task.gym.numEnvs` gymnasium environments over the transport.
+
+Methods: `spaces` (observation/action space), `reset` (seeded), `step` (actions for this replica's
+environments -> observations, rewards, terminated, truncated, final observations). A restarted env
+process answers `step` with `EnvNotReset` until the rollout resets it.
+"""
+
+from __future__ import annotations
+
+from rljob.runtime.gym_env import VectorGymEnv, env_share, space_to_wire
+from rljob.runtime.roles.common import RoleContext
+from rljob.runtime.transport import Payload, RequestServer, process_tag
+
+
+def run_env(context: RoleContext) -> int:
+    task = context.job.spec.task.gym
+    if task is None:
+        context.log.error("the env role serves gym tasks; this job's task.type is %s", context.job.spec.task.type)
+        return 1
+    identity = context.identity
+    start, count = env_share(task.num_envs, identity.replicas, identity.replica)
+    envs = VectorGymEnv(task, count)
+    tag = process_tag()
+    steps = 0
+
+    def spaces(_: Payload) -> Payload:
+        return {
+            "observation_space": space_to_wire(envs.observation_space),
+            "action_space": space_to_wire(envs.action_space),
+            "count": count,
+            "first": start,
+            "tag": tag,
+        }
+
+    def reset(request: Payload) -> Payload:
+        seed = request.get("seed")
+        # Distinct seeds per environment across replicas, shifted by the rollout on every reset.
+        obs = envs.reset(None if seed is None else int(seed) + start)
+        return {"obs": obs, "tag": tag}
+
+    def step(request: Payload) -> Payload:
+        nonlocal steps
+        result = envs.step(request["actions"])
+        steps += count
+        return {
+            "obs": result.obs,
+            "rewards": result.rewards,
+            "terminated": result.terminated,
+            "truncated": result.truncated,
+            "final_obs": result.final_obs,
+            "tag": tag,
+        }
+
+    from rljob.runtime.roles.health import RoleHealth
+
+    health = RoleHealth(context, counters={"env_steps_total": lambda: steps})
+    server = RequestServer(
+        identity.endpoints["env"][identity.replica], {"spaces": spaces, "reset": reset, "step": step}
+    )
+    health.ready()
+    context.log.info("serving %d %s environments (%d..%d)", count, task.env_id, start, start + count - 1)
+    try:
+        server.serve(context.stop.is_set)
+    finally:
+        server.close()
+        envs.close()
+        health.close()
+    return 0

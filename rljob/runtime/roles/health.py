@@ -1,0 +1,38 @@
+"""Every role's HTTP endpoint (R1's `RoleHTTPServer`) plus a few role-specific Prometheus gauges."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from rljob.runtime.metrics import RoleMetrics
+from rljob.runtime.role_http import RoleHTTPServer
+from rljob.runtime.roles.common import RoleContext
+
+
+class RoleHealth:
+    """`/healthz` (after `ready()`), `/metrics`; `counters` are read at scrape time, e.g. env steps served."""
+
+    def __init__(self, context: RoleContext, counters: dict[str, Callable[[], float]]) -> None:
+        identity = context.identity
+        self.registry = CollectorRegistry()
+        self.metrics = RoleMetrics(identity.job, identity.role, identity.replica, registry=self.registry)
+        self.counters = counters
+        self._live: dict[str, Gauge] = {}
+        self.server = RoleHTTPServer(identity.metrics_port, self.registry).start()
+        self._register()
+
+    def _register(self) -> None:
+        for name, read in self.counters.items():
+            if name not in self._live:
+                gauge = Gauge(f"rljob_{name}", f"{name.replace('_', ' ')} (this process)", registry=self.registry)
+                gauge.set_function(lambda read=read: float(read()))
+                self._live[name] = gauge
+
+    def ready(self) -> None:
+        self._register()
+        self.server.mark_ready()
+
+    def close(self) -> None:
+        self.server.stop()

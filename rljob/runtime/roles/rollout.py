@@ -1,0 +1,176 @@
+"""The rollout role (gym tasks): batched policy inference over its env replicas, weights from the actor.
+
+A producer thread collects batches of `trainer.batchSize / numEnvs` steps; the request thread answers the
+actor. The actor at policy version V with staleness budget k (`rollout.async.maxStaleness`) asks for a
+batch of version >= V - k. After handing one over, the producer starts the next batch as soon as its
+weights are recent enough for the actor's NEXT step (version >= V + 1 - k): with k = 0 it waits for the
+new weights (on-policy), with k >= 1 it collects while the actor trains (overlap). Older batches are
+dropped, never sent.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import deque
+from typing import Any
+
+import torch
+
+from rljob.runtime.gym_env import space_from_wire
+from rljob.runtime.models import MLPActorCritic, build_mlp_actor_critic
+from rljob.runtime.numpy_policy import NumpyPolicy
+from rljob.runtime.roles.common import RoleContext
+from rljob.runtime.rollout_gym import TrajectoryCollector
+from rljob.runtime.transport import Payload, RequestServer, process_tag
+from rljob.runtime.weight_sync import WeightSubscriber
+
+COLLECT_WAIT_S = 0.5
+"""How long a `collect` request waits for a batch before answering `ready: false` (the actor asks again),
+so that a dead rollout is noticed within seconds, however long a batch takes."""
+
+
+class RolloutEngine:
+    """Weights, versions and the batch queue shared by the request thread and the producer thread."""
+
+    def __init__(self, context: RoleContext) -> None:
+        spec = context.job.spec
+        identity = context.identity
+        self.context = context
+        self.tag = process_tag()
+        self.steps_per_batch = spec.trainer.batch_size // spec.task.gym.num_envs  # type: ignore[union-attr]
+        env_endpoints = identity.endpoints["env"]
+        mine = [(j, e) for j, e in enumerate(env_endpoints) if j % identity.replicas == identity.replica]
+        self.collector = TrajectoryCollector(mine, seed=spec.trainer.seed * 7919 + identity.replica)
+        observation_space = space_from_wire(self.collector.spaces["observation_space"])
+        action_space = space_from_wire(self.collector.spaces["action_space"])
+        self.policy: MLPActorCritic = build_mlp_actor_critic(spec.model.builtin, observation_space, action_space)
+        self.policy.eval()
+        self.staging = copy.deepcopy(self.policy)
+        self.fast_policy = NumpyPolicy(self.policy, seed=spec.trainer.seed * 1000 + 17 + identity.replica)
+        self.subscriber = WeightSubscriber(
+            identity.master_addr, identity.sync_port, spec.rollout.weight_sync.bucket_size_mb, torch.device("cpu")
+        )
+        self.lock = threading.Condition()
+        self.version = -1  # of `policy`; -1: no weights yet
+        self.staged_version = -1
+        self.actor_tag = ""
+        self.next_required = 0
+        self.ready: deque[dict[str, Any]] = deque()
+        self.collecting = False
+        self.dropped_stale = 0
+        self.batches = 0
+
+    # --- request thread -----------------------------------------------------------------------
+
+    def status(self, _: Payload) -> Payload:
+        with self.lock:
+            return {"tag": self.tag, "version": max(self.version, self.staged_version), "actor_tag": self.actor_tag}
+
+    def sync_weights(self, request: Payload) -> Payload:
+        with self.lock:
+            # Under the lock: the producer copies `staging` into the acting policy under it too.
+            self.subscriber.receive(request["key"], request["actor_tag"], self.staging)
+            if request["actor_tag"] != self.actor_tag:
+                # A new actor incarnation (resumed from a checkpoint) numbers versions afresh.
+                self.actor_tag = request["actor_tag"]
+                self.ready.clear()
+                self.version = -1
+                self.next_required = 0
+            self.staged_version = int(request["version"])
+            self.lock.notify_all()
+        return {"version": self.staged_version, "tag": self.tag}
+
+    def collect(self, request: Payload) -> Payload:
+        actor_version, staleness = int(request["actor_version"]), int(request["max_staleness"])
+        with self.lock:
+            if request["actor_tag"] != self.actor_tag:
+                return {"ready": False, "reason": "weights from this actor not received yet", "tag": self.tag}
+            self.next_required = max(self.next_required, actor_version - staleness)
+            self.lock.notify_all()
+            self.lock.wait_for(lambda: bool(self.ready), timeout=COLLECT_WAIT_S)
+            while self.ready:
+                batch = self.ready.popleft()
+                if batch["version"] >= actor_version - staleness:
+                    # The actor's next step is V + 1: the producer may start on weights >= V + 1 - k.
+                    self.next_required = actor_version + 1 - staleness
+                    self.lock.notify_all()
+                    return {"ready": True, "tag": self.tag, "dropped_stale": self.dropped_stale, **batch}
+                self.dropped_stale += 1
+            return {"ready": False, "reason": "batch in progress", "tag": self.tag}
+
+    # --- producer thread ----------------------------------------------------------------------
+
+    def produce(self) -> None:
+        while not self.context.stop.is_set():
+            with self.lock:
+                startable = self.lock.wait_for(
+                    lambda: (
+                        (not self.ready and max(self.version, self.staged_version) >= max(self.next_required, 0))
+                        or self.context.stop.is_set()
+                    ),
+                    timeout=0.5,
+                )
+                if not startable or self.context.stop.is_set():
+                    continue
+                if self.staged_version > self.version:
+                    self.policy.load_state_dict(self.staging.state_dict())
+                    self.fast_policy.load(self.policy)
+                    self.version = self.staged_version
+                version, actor_tag = self.version, self.actor_tag
+            batch = self.collector.collect(self.steps_per_batch, self.fast_policy, version)
+            with self.lock:
+                if actor_tag == self.actor_tag:
+                    self.ready.append(batch)
+                    self.batches += 1
+                    self.lock.notify_all()
+
+
+def run_rollout(context: RoleContext) -> int:
+    if context.job.spec.task.gym is None:
+        context.log.error("this runtime's rollout role serves gym tasks; task.type is %s", context.job.spec.task.type)
+        return 1
+    torch.set_num_threads(1)
+    torch.distributions.Distribution.set_default_validate_args(False)
+    torch.manual_seed(context.job.spec.trainer.seed * 1000 + 17 + context.identity.replica)
+    from rljob.runtime.roles.health import RoleHealth
+
+    identity = context.identity
+    health = RoleHealth(context, counters={})
+    engine = RolloutEngine(context)
+    health.counters.update(
+        {
+            "rollout_batches_total": lambda: engine.batches,
+            "rollout_dropped_stale_total": lambda: engine.dropped_stale,
+            "rollout_env_restarts_total": lambda: engine.collector.env_restarts,
+            "rollout_policy_version": lambda: engine.version,
+        }
+    )
+    failure: list[BaseException] = []
+
+    def producer() -> None:
+        try:
+            engine.produce()
+        except BaseException as exc:
+            failure.append(exc)
+            context.stop.set()
+
+    thread = threading.Thread(target=producer, name="rollout-producer", daemon=True)
+    server = RequestServer(
+        identity.endpoints["rollout"][identity.replica],
+        {"status": engine.status, "sync_weights": engine.sync_weights, "collect": engine.collect},
+    )
+    thread.start()
+    health.ready()
+    context.log.info("driving %d environments, %d steps per batch", engine.collector.num_envs, engine.steps_per_batch)
+    try:
+        server.serve(context.stop.is_set)
+    finally:
+        server.close()
+        thread.join(timeout=5)
+        engine.collector.close()
+        health.close()
+    if failure:
+        context.log.error("rollout failed: %s", failure[0])
+        return 1
+    return 0

@@ -1,0 +1,318 @@
+"""The data plane between role processes: pyzmq sockets, msgpack headers, numpy arrays as raw frames.
+
+A message is a multipart ZMQ message: one msgpack header (request id, method, small metadata and the
+dtype/shape of every array) followed by one frame per numpy array, sent without pickling and received
+without copying. Two patterns:
+
+- request/reply (`RequestClient` -> `RequestServer`): DEALER/ROUTER with request ids. REQ sockets wedge
+  when a reply is lost, so the client follows the "lazy pirate" pattern instead: on timeout it throws its
+  socket away (dropping whatever was queued for a dead peer), opens a fresh one and resends the same
+  request id. The server answers a repeated id from a per-client cache, so a retried request is executed
+  once. ZMQ reconnects to a restarted peer by itself; a peer that stays away ends in `RequestTimeout`.
+- streaming (`StreamSender` -> `StreamReceiver`): PUSH/PULL with high-water marks, so a slow consumer
+  holds its producer back (`Backpressure` when a send cannot complete in time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import msgspec
+import numpy as np
+import zmq
+
+Payload = dict[str, Any]
+"""A message body: numpy arrays (top-level values) travel as raw frames, everything else as msgpack."""
+Handler = Callable[[Payload], Payload | None]
+
+
+class TransportError(RuntimeError):
+    """Base class of data-plane failures."""
+
+
+class RequestTimeout(TransportError):
+    """No reply within the timeout, after every retry: the peer is down or too slow."""
+
+
+class Backpressure(TransportError):
+    """A stream send could not complete in time: the consumer's bounded queue is full."""
+
+
+class RemoteError(TransportError):
+    """The peer's handler raised; `kind` is the exception type name on the peer."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+
+
+class _Header(msgspec.Struct, omit_defaults=True):
+    id: int = 0
+    client: str = ""
+    method: str = ""
+    meta: dict[str, Any] = {}
+    arrays: list[tuple[str, str, tuple[int, ...]]] = []
+    error: tuple[str, str] | None = None
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(_Header)
+
+
+def encode(header: _Header, payload: Mapping[str, Any] | None) -> list[Any]:
+    """Header frame + one frame per top-level numpy array of `payload` (C-contiguous, not copied)."""
+    meta: dict[str, Any] = {}
+    arrays: list[tuple[str, str, tuple[int, ...]]] = []
+    frames: list[Any] = []
+    for key, value in (payload or {}).items():
+        if isinstance(value, np.ndarray):
+            value = np.ascontiguousarray(value)
+            arrays.append((key, value.dtype.str, tuple(value.shape)))
+            frames.append(memoryview(value.reshape(-1).view(np.uint8)) if value.size else b"")
+        else:
+            meta[key] = value
+    header.meta, header.arrays = meta, arrays
+    return [_encoder.encode(header), *frames]
+
+
+def decode(frames: list[Any]) -> tuple[_Header, Payload]:
+    """Inverse of `encode`; arrays are read-only views on the received buffers."""
+    header = _decoder.decode(_bytes(frames[0]))
+    payload: Payload = dict(header.meta)
+    for (key, dtype, shape), frame in zip(header.arrays, frames[1:], strict=True):
+        buffer = frame.buffer if isinstance(frame, zmq.Frame) else frame
+        payload[key] = np.frombuffer(buffer, dtype=np.dtype(dtype)).reshape(shape)
+    return header, payload
+
+
+def _bytes(frame: Any) -> bytes:
+    return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
+
+
+def tcp(endpoint: str) -> str:
+    """`host:port` -> `tcp://host:port` (ZMQ address)."""
+    return endpoint if "://" in endpoint else f"tcp://{endpoint}"
+
+
+def bind_address(endpoint: str) -> str:
+    """Where a server binds for its advertised `host:port`: every interface, same port."""
+    return f"tcp://*:{endpoint.rsplit(':', 1)[1]}" if "://" not in endpoint else endpoint
+
+
+class RequestClient:
+    """Calls one `RequestServer`; survives the server restarting (see module docstring)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        timeout: float = 10.0,
+        retries: int = 2,
+        hwm: int = 64,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self.endpoint = tcp(endpoint)
+        self.timeout = timeout
+        self.retries = retries
+        self.hwm = hwm
+        self._context = context or zmq.Context.instance()
+        self._client = uuid.uuid4().hex
+        self._ids = itertools.count(1)
+        self._socket: zmq.Socket | None = None
+        self._pending: dict[int, tuple[str, list[Any]]] = {}
+        self._connect()
+
+    def _connect(self) -> None:
+        if self._socket is not None:
+            self._socket.close(linger=0)
+        socket = self._context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, self.hwm)
+        socket.setsockopt(zmq.RCVHWM, self.hwm)
+        # Reconnect quickly to a restarted peer (defaults back off to 100 ms anyway; keep it bounded).
+        socket.setsockopt(zmq.RECONNECT_IVL, 50)
+        socket.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+        socket.connect(self.endpoint)
+        self._socket = socket
+
+    @property
+    def socket(self) -> zmq.Socket:
+        assert self._socket is not None
+        return self._socket
+
+    def send(self, method: str, payload: Mapping[str, Any] | None = None) -> int:
+        """Start a request; collect its reply with `receive(id)`. Lets one caller fan out to many servers."""
+        request_id = next(self._ids)
+        frames = encode(_Header(id=request_id, client=self._client, method=method), payload)
+        self._pending[request_id] = (method, frames)
+        self._send_frames(frames)
+        return request_id
+
+    def _send_frames(self, frames: list[Any]) -> None:
+        # A full outgoing queue (HWM) means the peer is gone or swamped: the retry path reconnects.
+        with contextlib.suppress(zmq.Again):
+            self.socket.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+
+    def receive(self, request_id: int, timeout: float | None = None, retries: int | None = None) -> Payload:
+        """The reply to `request_id`; resends on timeout, raises `RequestTimeout` after the last retry."""
+        timeout = self.timeout if timeout is None else timeout
+        retries = self.retries if retries is None else retries
+        method, frames = self._pending[request_id]
+        try:
+            for attempt in range(retries + 1):
+                if attempt:
+                    self._connect()
+                    self._send_frames(frames)
+                deadline = time.monotonic() + timeout
+                while (left := deadline - time.monotonic()) > 0:
+                    if not self.socket.poll(max(1, int(left * 1000)), zmq.POLLIN):
+                        break
+                    header, payload = decode(self.socket.recv_multipart(copy=False))
+                    if header.id != request_id:
+                        continue  # a late reply to an abandoned request
+                    if header.error is not None:
+                        raise RemoteError(*header.error)
+                    return payload
+            raise RequestTimeout(
+                f"{method} to {self.endpoint}: no reply after {retries + 1} attempt(s) of {timeout:g}s"
+            )
+        finally:
+            self._pending.pop(request_id, None)
+
+    def call(
+        self,
+        method: str,
+        payload: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        retries: int | None = None,
+    ) -> Payload:
+        return self.receive(self.send(method, payload), timeout, retries)
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+
+
+def call_all(
+    calls: Iterable[tuple[RequestClient, str, Mapping[str, Any] | None]],
+    timeout: float | None = None,
+    retries: int | None = None,
+) -> list[Payload]:
+    """Send every request first, then collect the replies: servers work in parallel."""
+    started = [(client, client.send(method, payload)) for client, method, payload in calls]
+    return [client.receive(request_id, timeout, retries) for client, request_id in started]
+
+
+class RequestServer:
+    """Answers requests by method name, one at a time, from the thread that calls `serve`/`poll_once`."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        handlers: Mapping[str, Handler],
+        *,
+        hwm: int = 64,
+        context: zmq.Context | None = None,
+        cache_per_client: int = 4,
+    ) -> None:
+        self.handlers = dict(handlers)
+        self._context = context or zmq.Context.instance()
+        self.socket = self._context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.SNDHWM, hwm)
+        self.socket.setsockopt(zmq.RCVHWM, hwm)
+        self.socket.bind(bind_address(endpoint))
+        self._cache_size = cache_per_client
+        self._replies: dict[str, OrderedDict[int, list[Any]]] = {}
+        self.requests = 0
+
+    def poll_once(self, timeout: float) -> bool:
+        """Handle at most one request; False when none arrived within `timeout` seconds."""
+        if not self.socket.poll(int(timeout * 1000), zmq.POLLIN):
+            return False
+        frames = self.socket.recv_multipart(copy=False)
+        routing, body = frames[0], frames[1:]
+        header, payload = decode(body)
+        cache = self._replies.setdefault(header.client, OrderedDict())
+        reply = cache.get(header.id)
+        if reply is None:
+            reply = self._handle(header, payload)
+            cache[header.id] = reply
+            while len(cache) > self._cache_size:
+                cache.popitem(last=False)
+        self.requests += 1
+        # A reply whose client went away is dropped by ZMQ (ROUTER drops unroutable messages).
+        self.socket.send_multipart([routing, *reply], copy=False)
+        return True
+
+    def _handle(self, header: _Header, payload: Payload) -> list[Any]:
+        handler = self.handlers.get(header.method)
+        try:
+            if handler is None:
+                raise KeyError(f"unknown method {header.method!r}; this server knows {sorted(self.handlers)}")
+            result = handler(payload)
+        except Exception as exc:
+            return encode(_Header(id=header.id, error=(type(exc).__name__, str(exc))), None)
+        return encode(_Header(id=header.id), result)
+
+    def serve(self, should_stop: Callable[[], bool], idle: Callable[[], None] | None = None) -> None:
+        while not should_stop():
+            if not self.poll_once(0.1) and idle is not None:
+                idle()
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+class StreamSender:
+    """PUSH side of a stream; at most `hwm` messages wait on each side before `send` holds back."""
+
+    def __init__(self, endpoint: str, *, hwm: int = 2, context: zmq.Context | None = None) -> None:
+        self.socket = (context or zmq.Context.instance()).socket(zmq.PUSH)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.SNDHWM, hwm)
+        self.socket.setsockopt(zmq.RECONNECT_IVL, 50)
+        self.socket.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+        self.socket.connect(tcp(endpoint))
+
+    def send(self, payload: Mapping[str, Any], timeout: float | None = None) -> None:
+        """Queue one message; `Backpressure` if the queues stay full for `timeout` seconds (None: wait)."""
+        frames = encode(_Header(), payload)
+        if timeout is not None and not self.socket.poll(int(timeout * 1000), zmq.POLLOUT):
+            raise Backpressure(f"stream consumer did not take a message within {timeout:g}s (queue full)")
+        self.socket.send_multipart(frames, copy=False)
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+class StreamReceiver:
+    """PULL side of a stream: binds, takes messages from any number of senders."""
+
+    def __init__(self, endpoint: str, *, hwm: int = 2, context: zmq.Context | None = None) -> None:
+        self.socket = (context or zmq.Context.instance()).socket(zmq.PULL)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.RCVHWM, hwm)
+        self.socket.bind(bind_address(endpoint))
+
+    def receive(self, timeout: float | None = None) -> Payload:
+        if timeout is not None and not self.socket.poll(int(timeout * 1000), zmq.POLLIN):
+            raise RequestTimeout(f"no stream message within {timeout:g}s")
+        return decode(self.socket.recv_multipart(copy=False))[1]
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+def process_tag() -> str:
+    """A short id of this process incarnation: peers compare it to notice a restart."""
+    return f"{os.getpid()}-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,117 @@
+"""Versioned weight sync actor -> rollout over torch.distributed broadcast groups.
+
+Actor rank 0 hosts a TCPStore on RLJOB_SYNC_PORT. Each rollout replica forms a two-member group with it
+(actor rank 0 = broadcast root), keyed by both processes' incarnation tags: a restarted rollout or actor
+simply forms a new group under a new key, and nobody else has to re-join. Parameters travel flattened
+into buckets of at most `weightSync.bucketSizeMb`. Gloo on CPU; NCCL when both sides hold CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+
+GROUP_TIMEOUT = datetime.timedelta(seconds=60)
+
+
+def sync_backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def make_pair_group(store: TCPStore, key: str, rank: int, device: torch.device) -> torch.distributed.ProcessGroup:
+    """A two-member group (0 = actor, 1 = rollout) on its own key of the shared store; blocks until both join."""
+    prefixed = PrefixStore(f"weights/{key}/", store)
+    if sync_backend(device) == "nccl":
+        from torch.distributed import ProcessGroupNCCL
+
+        return ProcessGroupNCCL(prefixed, rank, 2)
+    return ProcessGroupGloo(prefixed, rank, 2, GROUP_TIMEOUT)
+
+
+def buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
+    """Indices of `tensors` grouped so each bucket holds at most `bucket_bytes` (a big tensor gets its own)."""
+    groups: list[list[int]] = [[]]
+    size = 0
+    for i, t in enumerate(tensors):
+        nbytes = t.numel() * t.element_size()
+        if groups[-1] and size + nbytes > bucket_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += nbytes
+    return groups
+
+
+def state_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """Every tensor of the state dict (buffers and tied weights included), in a fixed order."""
+    return [t.detach() for t in model.state_dict().values()]
+
+
+def broadcast_state(group: torch.distributed.ProcessGroup, tensors: Iterable[torch.Tensor], bucket_bytes: int) -> None:
+    """Root side (rank 0) and receiving side alike: after the call, rank 1's tensors equal rank 0's."""
+    tensors = list(tensors)
+    for bucket in buckets(tensors, bucket_bytes):
+        parts = [tensors[i] for i in bucket]
+        flat = torch.cat([p.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].reshape(-1).clone()
+        group.broadcast(flat, 0).wait()
+        offset = 0
+        for p in parts:
+            n = p.numel()
+            p.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+
+
+class WeightPublisher:
+    """Actor rank 0 side: one store, one group per (actor incarnation, rollout incarnation)."""
+
+    def __init__(self, host: str, port: int, actor_tag: str, bucket_mb: int, device: torch.device) -> None:
+        self.store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=GROUP_TIMEOUT)
+        self.actor_tag = actor_tag
+        self.bucket_bytes = bucket_mb * 2**20
+        self.device = device
+        self._groups: dict[int, tuple[str, torch.distributed.ProcessGroup]] = {}
+
+    def group_key(self, replica: int, rollout_tag: str) -> str:
+        return f"{self.actor_tag}/{replica}/{rollout_tag}"
+
+    def publish(self, replica: int, key: str, model: nn.Module) -> None:
+        """Broadcast `model`'s state to rollout `replica` (which must be joining group `key` now)."""
+        cached = self._groups.get(replica)
+        if cached is None or cached[0] != key:
+            self._groups[replica] = (key, make_pair_group(self.store, key, 0, self.device))
+        tensors = state_tensors(model)
+        if self.device.type == "cpu":
+            tensors = [t.cpu() for t in tensors]  # a CUDA-trained actor still syncs to CPU rollouts over gloo
+        broadcast_state(self._groups[replica][1], tensors, self.bucket_bytes)
+
+    def forget(self, replica: int) -> None:
+        """Drop the group of a rollout that went away; its replacement joins under a new key."""
+        self._groups.pop(replica, None)
+
+
+class WeightSubscriber:
+    """Rollout side: joins the actor's store (again, when the actor restarted) and receives into `model`."""
+
+    def __init__(self, host: str, port: int, bucket_mb: int, device: torch.device) -> None:
+        self.host, self.port = host, port
+        self.bucket_bytes = bucket_mb * 2**20
+        self.device = device
+        self._store: TCPStore | None = None
+        self._store_actor = ""
+        self._key = ""
+        self._group: torch.distributed.ProcessGroup | None = None
+
+    def receive(self, key: str, actor_tag: str, model: nn.Module) -> None:
+        if self._store is None or self._store_actor != actor_tag:
+            self._store = TCPStore(self.host, self.port, is_master=False, timeout=GROUP_TIMEOUT)
+            self._store_actor = actor_tag
+            self._group = None
+        if self._group is None or self._key != key:
+            self._group = make_pair_group(self._store, key, 1, self.device)
+            self._key = key
+        with torch.no_grad():
+            broadcast_state(self._group, state_tensors(model), self.bucket_bytes)

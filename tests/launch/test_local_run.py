@@ -1,0 +1,134 @@
+"""`rljob run` end to end: real role processes, real gymnasium, real torch.distributed and pyzmq."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from rljob.cli.main import app
+
+
+def assert_every_step_once(records: list[dict], steps: int, batch: int = 256) -> None:
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert [r["env_steps"] for r in records] == [batch * s for s in range(1, steps + 1)]
+
+
+@pytest.mark.slow
+def test_cartpole_return_improves_with_two_actor_replicas(cartpole_manifest, start_run):
+    run = start_run(cartpole_manifest(steps=30, actors=2), "--quiet")
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    assert "reached trainer.steps (30)" in output
+    records = run.metrics()
+    assert_every_step_once(records, 30)
+    for key in (
+        "wall_time",
+        "return_mean",
+        "policy_loss",
+        "value_loss",
+        "entropy",
+        "approx_kl",
+        "clip_fraction",
+        "explained_variance",
+        "env_steps_per_s",
+        "staleness_mean",
+        "time_train_s",
+        "time_rollout_s",
+    ):
+        assert key in records[-1], key
+    assert max(r["staleness_max"] for r in records) <= 1
+    episodes = [ret for r in records for ret in r["episode_returns"]]
+    first, last = sum(episodes[:10]) / 10, sum(episodes[-10:]) / 10
+    assert last >= 3 * first, (first, last)
+    assert (run.out / "curve.png").stat().st_size > 0
+    assert list((run.out / "tb").iterdir())
+    assert (run.out / "job.yaml").exists() and (run.out / "checkpoints").is_dir()
+    assert not run.roles()
+
+
+@pytest.mark.slow
+def test_killed_env_and_rollout_are_replaced_and_no_step_is_lost_or_repeated(cartpole_manifest, start_run):
+    run = start_run(cartpole_manifest(steps=30), "--quiet")
+    run.wait_for_step(5)
+    run.kill("env", 1)
+    run.wait_for_step(12)
+    run.kill("rollout", 0)
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    assert "env-1 exited with code -9: replacing it" in output
+    assert "rollout-0 exited with code -9: replacing it" in output
+    assert_every_step_once(run.metrics(), 30)
+
+
+@pytest.mark.slow
+def test_killed_actor_group_resumes_from_the_latest_checkpoint(cartpole_manifest, start_run):
+    run = start_run(cartpole_manifest(steps=25, interval=5), "--quiet")
+    run.wait_for_step(12)
+    run.kill("actor", 0)
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    assert "restarting the actor group from the latest checkpoint (1/3)" in output
+    log = (run.out / "logs" / "actor-0.log").read_text()
+    assert "resumed from" in log and "step-00000010" in log
+    # Steps after the checkpoint were redone by the new actor and recorded once.
+    assert_every_step_once(run.metrics(), 25)
+
+
+@pytest.mark.slow
+def test_actor_failures_beyond_max_restarts_fail_the_job(cartpole_manifest, start_run):
+    run = start_run(cartpole_manifest(steps=200, max_restarts=0), "--quiet")
+    run.wait_for_step(2)
+    run.kill("actor", 0)
+    output = run.finish()
+    assert run.process.returncode == 1
+    assert "failurePolicy.maxRestarts (0) exhausted" in output
+    assert not run.roles()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_role_process(cartpole_manifest, start_run):
+    run = start_run(cartpole_manifest(steps=500, actors=2), "--quiet")
+    run.wait_for_step(1)
+    children = run.roles()
+    assert len(children) == 5  # 2 actors, 1 rollout, 2 envs
+    run.process.send_signal(signal.SIGINT)
+    output = run.finish(timeout=60)
+    assert run.process.returncode == 130, output
+    assert "interrupted" in output
+    time.sleep(0.5)
+    assert not run.roles(), [p.pid for p in run.roles()]
+    assert not [p for p in children if p.is_running() and p.status() != "zombie"]
+
+
+def test_set_overrides_a_field_and_bad_keys_are_named(cartpole_manifest, tmp_path):
+    manifest = cartpole_manifest()
+    runner = CliRunner()
+    result = runner.invoke(app, ["run", str(manifest), "--set", "spec.trainer.stepz=3"])
+    assert result.exit_code == 1
+    assert "spec.trainer.stepz" in result.output
+    result = runner.invoke(app, ["run", str(manifest), "--set", "spec.trainer.steps.max=3"])
+    assert result.exit_code == 1
+    assert "spec.trainer.steps is a int, not a mapping" in result.output
+    result = runner.invoke(app, ["run", str(manifest), "--set", "spec.trainer.steps"])
+    assert result.exit_code == 1 and "path.to.key=value" in result.output
+    result = runner.invoke(app, ["run", str(manifest), "--set", "spec.roles.rollout.replicas=3"])
+    assert result.exit_code == 1 and "spec.roles.rollout.replicas (3)" in result.output
+
+
+@pytest.mark.slow
+def test_rerun_resumes_from_the_newest_valid_checkpoint_skipping_a_corrupted_one(cartpole_manifest, start_run):
+    manifest = cartpole_manifest(steps=6, interval=3)
+    first = start_run(manifest, "--quiet", name="same")
+    assert first.process.wait(timeout=240) == 0, first.finish()
+    state = first.out / "checkpoints" / "step-00000006" / "state.pt"
+    state.write_bytes(state.read_bytes()[:-100] + bytes(100))  # flip the tail: the checksum no longer matches
+    again = start_run(manifest, "--quiet", "--set", "spec.trainer.steps=8", name="same")
+    output = again.finish()
+    assert again.process.returncode == 0, output
+    log = (again.out / "logs" / "actor-0.log").read_text()
+    assert "skipping checkpoint" in log and "step-00000006" in log
+    assert "resumed from" in log and "step-00000003" in log
+    assert_every_step_once(again.metrics(), 8)

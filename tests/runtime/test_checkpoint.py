@@ -1,0 +1,192 @@
+import logging
+import random
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from rljob.runtime.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    capture_rng_state,
+    resolve_resume,
+    restore_rng_state,
+)
+
+
+def state_of(step: int) -> dict:
+    return {"step": step, "weights": torch.full((4,), float(step)), "data_position": step * 256}
+
+
+def test_save_then_latest_valid_round_trips(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=3)
+    path = manager.save(10, state_of(10))
+    assert path.name == "step-00000010"
+    step, state, found = manager.latest_valid()
+    assert (step, found) == (10, path)
+    torch.testing.assert_close(state["weights"], torch.full((4,), 10.0))
+    assert state["data_position"] == 2560
+
+
+def test_only_the_last_keep_checkpoints_are_kept(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=2)
+    for step in (1, 2, 3, 4):
+        manager.save(step, state_of(step))
+    assert [step for step, _ in manager.steps()] == [3, 4]
+
+
+def test_a_crash_mid_save_leaves_the_previous_checkpoint_valid(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=3)
+    manager.save(1, state_of(1))
+    # A real process killed by SIGKILL while torch.save is writing the state of step 2: the last
+    # tensor kills its own process when pickled, after the first tensor's bytes are in the file.
+    script = textwrap.dedent(
+        f"""
+        import os, signal, torch
+        from rljob.runtime.checkpoint import CheckpointManager
+
+        class DiesWhilePickled(torch.Tensor):
+            def __reduce_ex__(self, protocol):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        state = {{"weights": torch.zeros(1000), "bomb": torch.zeros(3).as_subclass(DiesWhilePickled)}}
+        CheckpointManager({str(tmp_path)!r}, keep=3).save(2, state)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert result.returncode == -9, result.stderr.decode()
+    assert [step for step, _ in manager.steps()] == [1]
+    step, _, _ = manager.latest_valid()
+    assert step == 1
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+    assert leftovers, "the interrupted save should have left its temporary directory"
+    manager.save(3, state_of(3))  # the next save cleans up after the crash
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        ("truncate", "truncated"),
+        ("flip", "corrupted"),
+        ("manifest", "no manifest.json"),
+    ],
+)
+def test_a_damaged_checkpoint_is_skipped_with_a_warning(tmp_path, caplog, damage, reason):
+    manager = CheckpointManager(tmp_path, keep=3)
+    manager.save(1, state_of(1))
+    newest = manager.save(2, state_of(2))
+    state_file = newest / "state.pt"
+    if damage == "truncate":
+        state_file.write_bytes(state_file.read_bytes()[:50])
+    elif damage == "flip":
+        data = bytearray(state_file.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        state_file.write_bytes(bytes(data))
+    else:
+        (newest / "manifest.json").unlink()
+    with caplog.at_level(logging.WARNING, logger="rljob.runtime.checkpoint"):
+        step, state, _ = manager.latest_valid()
+    assert step == 1 and state["data_position"] == 256
+    warning = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert str(newest) in warning and reason in warning
+
+
+def test_no_valid_checkpoint_means_a_fresh_start(tmp_path):
+    assert CheckpointManager(tmp_path / "missing").latest_valid() is None
+    assert resolve_resume("auto", CheckpointManager(tmp_path)) is None
+
+
+def test_resolve_resume_auto_never_and_explicit_path(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=3)
+    first = manager.save(1, state_of(1))
+    manager.save(2, state_of(2))
+    assert resolve_resume("never", manager) is None
+    assert resolve_resume("auto", manager)[0] == 2
+    step, state, _ = resolve_resume(str(first), manager)
+    assert step == 1 and state["data_position"] == 256
+    assert resolve_resume(str(first / "state.pt"), manager)[0] == 1
+
+
+def test_resolve_resume_explicit_path_missing_or_corrupt_names_the_field(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=3)
+    with pytest.raises(CheckpointError, match=r"checkpoint\.resume: .*does not exist"):
+        resolve_resume(str(tmp_path / "step-00000099"), manager)
+    path = manager.save(1, state_of(1))
+    (path / "state.pt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match=r"checkpoint\.resume: .*cannot be used: .*truncated"):
+        resolve_resume(str(path), manager)
+
+
+def test_saving_an_older_step_removes_checkpoints_of_the_abandoned_future(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=5)
+    for step in (1, 2, 3):
+        manager.save(step, state_of(step))
+    manager.save(2, state_of(2))  # resumed from step 1 and saved step 2 again
+    assert [step for step, _ in manager.steps()] == [1, 2]
+
+
+def test_rng_state_round_trips_through_a_checkpoint(tmp_path):
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
+    manager = CheckpointManager(tmp_path, keep=1)
+    manager.save(1, {"rng": capture_rng_state()})
+    expected = (random.random(), np.random.rand(), np.random.randn(), torch.rand(3))
+    random.seed(99)
+    np.random.seed(99)
+    torch.manual_seed(99)
+    restore_rng_state(manager.latest_valid()[1]["rng"])
+    got = (random.random(), np.random.rand(), np.random.randn(), torch.rand(3))
+    assert got[:3] == expected[:3]
+    torch.testing.assert_close(got[3], expected[3])
+
+
+def _train_step(model, optimizer, data, targets):
+    # Minibatch drawn with torch, noise with numpy and an index with python random: all three RNGs matter.
+    idx = torch.randperm(len(data))[:8]
+    noise = torch.from_numpy(np.random.normal(size=(8, 1)).astype(np.float32))
+    offset = random.random()
+    loss = ((model(data[idx] + noise) - targets[idx] - offset) ** 2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _fresh(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(1, 1)
+    return model, torch.optim.Adam(model.parameters(), lr=0.05)
+
+
+def test_a_resumed_run_reproduces_the_next_step_loss(tmp_path):
+    data = torch.linspace(-1, 1, 32).unsqueeze(1)
+    targets = 3 * data
+    model, optimizer = _fresh(0)
+    for _ in range(3):
+        _train_step(model, optimizer, data, targets)
+    manager = CheckpointManager(tmp_path, keep=1)
+    manager.save(3, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": capture_rng_state()})
+    uninterrupted = [_train_step(model, optimizer, data, targets) for _ in range(2)]
+
+    model, optimizer = _fresh(123)  # a restarted process: different initial state until restored
+    step, state, _ = manager.latest_valid()
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    restore_rng_state(state["rng"])
+    resumed = [_train_step(model, optimizer, data, targets) for _ in range(2)]
+    assert step == 3
+    assert resumed == uninterrupted
+
+
+def test_state_that_could_not_be_loaded_safely_is_rejected_at_save_time(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=1)
+    with pytest.raises(TypeError, match=r"state\['data'\]\['order'\] is a numpy.ndarray"):
+        manager.save(1, {"data": {"order": np.arange(3)}})
+    assert manager.steps() == []

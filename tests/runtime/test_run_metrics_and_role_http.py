@@ -1,0 +1,96 @@
+import json
+import math
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from rljob.runtime.metrics import RoleMetrics, RunMetrics, read_metrics
+from rljob.runtime.role_http import ProgressTracker, RoleHTTPServer
+
+
+def get(port: int, path: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.headers["Content-Type"], response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["Content-Type"], e.read().decode()
+
+
+def test_run_metrics_write_jsonl_tensorboard_and_a_png_curve(tmp_path):
+    metrics = RunMetrics(tmp_path, tensorboard=True)
+    for step in range(1, 4):
+        metrics.log(
+            step,
+            {
+                "env_steps": step * 256,
+                "return_mean": 10.0 * step if step != 2 else None,
+                "policy_loss": torch.tensor(-0.01 * step),
+                "value_loss": 1.0 / step,
+                "explained_variance": math.nan,
+            },
+        )
+    curve = metrics.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]  # strict JSON: NaN became null
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[0]["env_steps"] == 256 and records[2]["return_mean"] == 30.0
+    assert records[1]["return_mean"] is None and records[0]["explained_variance"] is None
+    assert records[0]["policy_loss"] == pytest.approx(-0.01)
+    assert all(r["wall_time"] >= 0 for r in records)
+    assert curve == tmp_path / "curve.png"
+    assert curve.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_read_metrics_ignores_a_torn_last_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, "ret')
+    assert read_metrics(path) == [{"step": 1}]
+
+
+def test_role_http_server_serves_healthz_metrics_and_progress():
+    role_metrics = RoleMetrics(job="cartpole", role="actor", replica=0)
+    tracker = ProgressTracker(total_steps=150)
+    with RoleHTTPServer(0, role_metrics.registry, host="127.0.0.1") as server:
+        assert get(server.port, "/healthz")[0] == 503
+        server.mark_ready()
+        assert get(server.port, "/healthz")[0] == 200
+
+        assert get(server.port, "/progress")[0] == 404  # no provider: not the progress-reporting replica
+        server.set_progress_provider(tracker.snapshot)
+        tracker.update(step=7, reward_mean=42.5)
+        tracker.update(step=8, reward_mean=None)  # no finished episode this step: keep the last reward
+        status, content_type, body = get(server.port, "/progress")
+        progress = json.loads(body)
+        assert status == 200 and content_type == "application/json"
+        assert set(progress) == {"step", "totalSteps", "rewardMean", "updatedAt"}
+        assert (progress["step"], progress["totalSteps"], progress["rewardMean"]) == (8, 150, 42.5)
+        assert progress["updatedAt"].endswith("Z") and "T" in progress["updatedAt"]
+
+        role_metrics.observe(
+            {
+                "step": 8,
+                "policy_loss": -0.02,
+                "return_mean": 42.5,
+                "env_steps_per_s": 5000.0,
+                "staleness_mean": 1.0,
+                "episodes": 3,
+                "time_rollout_s": 0.25,
+                "time_train_s": 0.5,
+            }
+        )
+        status, content_type, text = get(server.port, "/metrics")
+        assert status == 200 and content_type.startswith("text/plain")
+        assert 'rljob_role_info{job="cartpole",replica="0",role="actor"} 1.0' in text
+        assert "rljob_train_step 8.0" in text
+        assert "rljob_policy_loss -0.02" in text
+        assert "rljob_episodic_return 42.5" in text
+        assert "rljob_env_steps_per_second 5000.0" in text
+        assert "rljob_policy_staleness 1.0" in text
+        assert "rljob_episodes_total 3.0" in text
+        assert 'rljob_step_phase_seconds{phase="train"} 0.5' in text
+        assert 'rljob_phase_seconds_total{phase="rollout"} 0.25' in text
+
+        assert get(server.port, "/nope")[0] == 404

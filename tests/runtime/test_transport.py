@@ -1,0 +1,148 @@
+"""The data plane over real pyzmq sockets: round trips, timeouts, a restarted peer, backpressure."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from rljob.runtime.transport import (
+    Backpressure,
+    RemoteError,
+    RequestClient,
+    RequestServer,
+    RequestTimeout,
+    StreamReceiver,
+    StreamSender,
+    _Header,
+    call_all,
+    decode,
+    encode,
+)
+
+SERVER = textwrap.dedent(
+    """
+    import os, sys
+    from rljob.runtime.transport import RequestServer
+    calls = 0
+    def count(payload):
+        global calls
+        calls += 1
+        return {"calls": calls, "pid": os.getpid()}
+    def echo(payload):
+        return {"x": payload["x"] * 2}
+    RequestServer(sys.argv[1], {"count": count, "echo": echo}).serve(lambda: False)
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(endpoint: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", SERVER, endpoint])
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.kill()
+    process.wait()
+
+
+def test_arrays_round_trip_without_pickling():
+    payload = {"obs": np.arange(12, dtype=np.float32).reshape(3, 4), "done": np.array([True, False]), "step": 7}
+    header, decoded = decode(encode(_Header(id=3, method="m"), payload))
+    assert header.id == 3 and decoded["step"] == 7
+    np.testing.assert_array_equal(decoded["obs"], payload["obs"])
+    assert decoded["obs"].dtype == np.float32 and decoded["done"].dtype == np.bool_
+
+
+def test_request_reply_fans_out_to_several_servers():
+    endpoints = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    servers = [start_server(e) for e in endpoints]
+    try:
+        clients = [RequestClient(e, timeout=20) for e in endpoints]
+        replies = call_all([(c, "echo", {"x": np.full(3, i, dtype=np.int64)}) for i, c in enumerate(clients)])
+        assert [r["x"].tolist() for r in replies] == [[0, 0, 0], [2, 2, 2]]
+        with pytest.raises(RemoteError, match="unknown method"):
+            clients[0].call("nope")
+    finally:
+        for s in servers:
+            stop(s)
+
+
+def test_call_to_an_absent_server_times_out_with_a_typed_error():
+    client = RequestClient(f"127.0.0.1:{free_port()}", timeout=0.2, retries=1)
+    started = time.monotonic()
+    with pytest.raises(RequestTimeout, match="no reply after 2 attempt"):
+        client.call("count")
+    assert time.monotonic() - started < 5
+
+
+def test_client_reconnects_after_the_server_process_restarts():
+    endpoint = f"127.0.0.1:{free_port()}"
+    server = start_server(endpoint)
+    client = RequestClient(endpoint, timeout=1.0, retries=30)
+    try:
+        first = client.call("count")
+        assert first["calls"] == 1
+        stop(server)
+        # This request is in flight while nobody listens: the client resends it once the new server is up.
+        request = client.send("count")
+        server = start_server(endpoint)
+        second = client.receive(request)
+        assert second["pid"] != first["pid"] and second["calls"] == 1
+        assert client.call("count")["calls"] == 2
+    finally:
+        stop(server)
+
+
+def test_a_retried_request_is_executed_once():
+    endpoint = f"127.0.0.1:{free_port()}"
+    server = RequestServer(endpoint, {"count": lambda p: {"n": p["n"]}})
+    calls = []
+    server.handlers["count"] = lambda p: calls.append(p) or {"n": len(calls)}
+    client = RequestClient(endpoint, timeout=0.05, retries=3)
+    request = client.send("count")
+    # The server is slow (not polling) past the first timeout: the client resends the same id.
+    time.sleep(0.2)
+    client_thread_result: dict = {}
+    import threading
+
+    thread = threading.Thread(target=lambda: client_thread_result.update(client.receive(request)))
+    thread.start()
+    deadline = time.monotonic() + 3
+    while thread.is_alive() and time.monotonic() < deadline:
+        server.poll_once(0.05)
+    thread.join()
+    for _ in range(5):
+        server.poll_once(0.05)  # drain the duplicates: answered from the cache
+    assert client_thread_result == {"n": 1}
+    assert len(calls) == 1
+    server.close()
+
+
+def test_stream_sender_is_held_back_when_the_consumer_does_not_read():
+    endpoint = f"127.0.0.1:{free_port()}"
+    receiver = StreamReceiver(endpoint, hwm=1)
+    sender = StreamSender(endpoint, hwm=1)
+    big = np.zeros(4 << 20, dtype=np.uint8)  # 4 MiB: more than the kernel's socket buffers hold
+    sent = 0
+    with pytest.raises(Backpressure):
+        for _ in range(50):
+            sender.send({"data": big, "i": sent}, timeout=0.5)
+            sent += 1
+    assert sent < 10
+    # Once the consumer reads, the producer can go on, and messages arrive in order.
+    assert receiver.receive(timeout=5)["i"] == 0
+    sender.send({"data": big, "i": sent}, timeout=5)
+    assert receiver.receive(timeout=5)["i"] == 1
+    sender.close()
+    receiver.close()
