@@ -59,6 +59,8 @@ class ControllerConfig:
     expectation_seconds: float = 60.0
     """How long a created (deleted) pod may be missing from (still present in) the watch."""
     error_backoff_seconds: float = 5.0
+    coalesce_seconds: float = 0.05
+    """After an event, wait this long for more before reconciling."""
     max_concurrent_reconciles: int = 32
 
 
@@ -141,6 +143,7 @@ class JobWorker:
         self.last_progress = 0.0
         self.progress: Progress | None = None
         self.task: asyncio.Task[None] | None = None
+        self.built: tuple[Any, Any] | None = None
 
     @property
     def phase(self) -> str:
@@ -162,6 +165,8 @@ class JobWorker:
             delay = await self.reconcile_safely()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=delay)
+                # Events come in bursts (a job's pods change together): take them in one pass.
+                await asyncio.sleep(self.controller.config.coalesce_seconds)
 
     async def reconcile_safely(self) -> float:
         ctl = self.controller
@@ -209,18 +214,7 @@ class JobWorker:
         if self.status is None:
             self.status = load_status(body.get("status"))
             self.written = body.get("status") or {}  # what the server holds: the base of the next patch
-        job, invalid = parse_job(body)
-        desired_pods: dict[str, Raw] = {}
-        others: list[Raw] = []
-        if job is not None:
-            try:
-                for child in build_children(job, ctl.settings):
-                    if child["kind"] == "Pod":
-                        desired_pods[child["metadata"]["name"]] = child
-                    else:
-                        others.append(child)
-            except InvalidRLJob as exc:
-                job, invalid, desired_pods, others = None, exc, {}, []
+        job, invalid, desired_pods, others = self.desired()
         raws = ctl.pods_of(namespace, name)
         pods = self.observed_pods(raws)
         generation = int(meta.get("generation") or 1)
@@ -253,6 +247,27 @@ class JobWorker:
             self.synced_generation = generation
         await self.act(result, pods, desired_pods)
         return self.next_delay(result)
+
+    def desired(self) -> tuple[RLJob | None, InvalidRLJob | None, dict[str, Raw], list[Raw]]:
+        """The validated job and its children, rebuilt only when the spec changes (a new generation)."""
+        meta = self.body["metadata"]
+        key = (meta.get("uid"), meta.get("generation"))
+        if self.built is not None and self.built[0] == key:
+            return self.built[1]
+        job, invalid = parse_job(self.body)
+        desired_pods: dict[str, Raw] = {}
+        others: list[Raw] = []
+        if job is not None:
+            try:
+                for child in build_children(job, self.controller.settings):
+                    if child["kind"] == "Pod":
+                        desired_pods[child["metadata"]["name"]] = child
+                    else:
+                        others.append(child)
+            except InvalidRLJob as exc:
+                job, invalid, desired_pods, others = None, exc, {}, []
+        self.built = (key, (job, invalid, desired_pods, others))
+        return self.built[1]
 
     async def sync_children(self, others: list[Raw]) -> ConfigSync:
         """Create the ConfigMap, Service and PodGroup if absent; read back what exists to spot spec edits."""
