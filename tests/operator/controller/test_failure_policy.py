@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from tests.operator.controller.conftest import Cluster, cartpole_job, eventually, operator_running
+import asyncio
+
+import kmock
+
+from tests.operator.controller.conftest import NS, Cluster, cartpole_job, eventually, new_emulator, operator_running
 from tests.operator.controller.emulator import KubernetesApiEmulator
 
 
@@ -106,3 +110,25 @@ async def test_invalid_spec_fails_that_job_and_the_operator_serves_the_others(
         cluster.patch_job("bad", {"spec": {"rollout": {"engine": "torch"}}})
         await eventually(lambda: len(cluster.pods("bad")) == 4, what="pods after the fix")
         assert not op.task.done()
+
+
+async def test_new_actor_group_waits_until_every_old_actor_has_terminated() -> None:
+    kube = new_emulator(graceful_pod_deletion=True)
+    cluster = Cluster(kube)
+    async with kube, kmock.Server(kube), operator_running(kube):
+        manifest = cartpole_job(roles={"actor": {"replicas": 2}, "rollout": {"replicas": 1}, "env": {"replicas": 1}})
+        uids = await start_running(cluster, manifest)
+        cluster.exit("cp-actor-0", 1)
+        await eventually(lambda: cluster.status("cp").get("phase") == "Restarting", what="Restarting")
+        await eventually(
+            lambda: all(p["metadata"].get("deletionTimestamp") for n, p in cluster.pods("cp").items() if "actor" in n),
+            what="old actors terminating",
+        )
+        kube.finish_termination(NS, "cp-actor-1")
+        await asyncio.sleep(0.5)  # actor 0 still terminates: no new actor may start beside it
+        assert "cp-actor-1" not in cluster.pods("cp") and cluster.phase("cp") == "Restarting"
+        kube.finish_termination(NS, "cp-actor-0")
+        await eventually(
+            lambda: all(cluster.uid(f"cp-actor-{i}") != uids[f"cp-actor-{i}"] for i in (0, 1)), what="new group"
+        )
+        assert cluster.status("cp")["restarts"] == 1
