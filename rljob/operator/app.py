@@ -57,6 +57,7 @@ def kopf_settings(options: OperatorOptions) -> kopf.OperatorSettings:
     settings.posting.enabled = False  # the controller posts its own Events on transitions
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    handlers.restrict_watches(settings)
     settings.peering.standalone = options.peering is None
     if options.peering is not None:
         settings.peering.name = options.peering

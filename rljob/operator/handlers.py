@@ -54,3 +54,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
         """Stop the job workers and close connections while kopf shuts down: kopf waits for leftover tasks."""
         controller: Controller = memo.controller
         await controller.stop()
+
+
+def restrict_watches(settings: kopf.OperatorSettings) -> None:
+    """Watch only the pods of RLJobs (server-side label selector), not every pod of the cluster."""
+    settings.watching.label_selectors["v1", "pods"] = LABEL_JOB

@@ -89,6 +89,7 @@ def kopf_test_settings() -> kopf.OperatorSettings:
     settings.queueing.exit_timeout = 0.5
     settings.queueing.idle_timeout = 0.5
     settings.networking.request_timeout = 10
+    handlers.restrict_watches(settings)
     return settings
 
 

@@ -39,7 +39,7 @@ async def test_rollout_and_env_failures_replace_only_that_pod_and_training_conti
         status = await eventually(lambda: cluster.status("cp")["roles"]["env"]["failed"] == 1 and cluster.status("cp"))
         assert status["roles"]["rollout"]["failed"] == 1
         assert status["restarts"] == 0 and status["phase"] == "Running"
-        assert cluster.reasons("cp").count("PodFailed") == 2
+        await eventually(lambda: cluster.reasons("cp").count("PodFailed") == 2, what="events")
 
 
 async def test_actor_failure_restarts_whole_group(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
@@ -56,7 +56,7 @@ async def test_actor_failure_restarts_whole_group(kube: KubernetesApiEmulator, c
         await eventually(lambda: cluster.phase("cp") == "Starting", what="Starting")
         cluster.run_all("cp")
         await eventually(lambda: cluster.phase("cp") == "Running", what="Running again")
-        assert "ActorFailed" in cluster.reasons("cp")
+        await eventually(lambda: "ActorFailed" in cluster.reasons("cp"), what="events")
         assert cluster.status("cp")["restarts"] == 1
 
 
@@ -74,7 +74,7 @@ async def test_evictions_are_replaced_without_charging_the_budget(
         status = cluster.status("cp")
         assert status["restarts"] == 0 and status["phase"] != "Failed"
         assert status["roles"]["env"]["failed"] == 0
-        assert {"ActorDisrupted", "PodDisrupted"} <= set(cluster.reasons("cp"))
+        await eventually(lambda: {"ActorDisrupted", "PodDisrupted"} <= set(cluster.reasons("cp")), what="events")
 
 
 async def test_failures_beyond_max_restarts_fail_the_job(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
@@ -91,7 +91,7 @@ async def test_failures_beyond_max_restarts_fail_the_job(kube: KubernetesApiEmul
         assert status["restarts"] == 1 and status["completionTime"]
         # Running pods are deleted; the failed actor stays for `kubectl logs`.
         await eventually(lambda: set(cluster.pods("cp")) == {"cp-actor-0"}, what="cleanup")
-        assert "BackoffLimitExceeded" in cluster.reasons("cp")
+        await eventually(lambda: "BackoffLimitExceeded" in cluster.reasons("cp"), what="events")
 
 
 async def test_invalid_spec_fails_that_job_and_the_operator_serves_the_others(
@@ -103,7 +103,7 @@ async def test_invalid_spec_fails_that_job_and_the_operator_serves_the_others(
         await eventually(lambda: cluster.phase("bad") == "Failed", what="bad Failed")
         failed = next(c for c in cluster.status("bad")["conditions"] if c["type"] == "Failed")
         assert failed["reason"] == "InvalidSpec" and "spec.rollout.engine" in failed["message"]
-        assert "InvalidSpec" in cluster.reasons("bad")
+        await eventually(lambda: "InvalidSpec" in cluster.reasons("bad"), what="events")
         assert cluster.pods("bad") == {}
         await eventually(lambda: len(cluster.pods("good")) == 4, what="the good job's pods")
         # Fixing the spec gives the job another chance.

@@ -46,7 +46,7 @@ async def test_create_makes_every_child_at_once_then_succeeds_and_cleans_up(
         await eventually(lambda: set(cluster.pods("cp")) == {"cp-actor-0"}, what="cleanup")
         status = cluster.status("cp")
         assert status["completionTime"] and status["progress"]["step"] == 150
-        assert {"Running", "TrainingCompleted"} <= set(cluster.reasons("cp"))
+        await eventually(lambda: {"Running", "TrainingCompleted"} <= set(cluster.reasons("cp")), what="events")
 
 
 async def test_suspend_deletes_pods_keeps_status_and_resume_recreates_them(
@@ -66,7 +66,7 @@ async def test_suspend_deletes_pods_keeps_status_and_resume_recreates_them(
         cluster.run_all("cp")
         await eventually(lambda: cluster.phase("cp") == "Running", what="Running after resume")
         assert cluster.status("cp")["restarts"] == 0
-        assert {"Suspended", "Resumed"} <= set(cluster.reasons("cp"))
+        await eventually(lambda: {"Suspended", "Resumed"} <= set(cluster.reasons("cp")), what="events")
 
 
 async def test_scaling_rollout_adds_and_removes_rollout_pods_without_touching_actors(
@@ -111,7 +111,8 @@ async def test_other_spec_edits_restart_every_pod_with_the_new_spec(
         )
         config = kube.read_object(CONFIGMAPS, NS, "cp-config")["data"]["job.yaml"]
         assert yaml.safe_load(config)["spec"]["trainer"]["learningRate"] == 0.0005
-        assert "SpecChanged" in cluster.reasons("cp") and cluster.status("cp")["restarts"] == 0
+        await eventually(lambda: "SpecChanged" in cluster.reasons("cp"), what="events")
+        assert cluster.status("cp")["restarts"] == 0
 
 
 async def test_active_deadline_fails_the_job(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
@@ -154,7 +155,7 @@ async def test_conditions_say_why_a_job_waits(kube: KubernetesApiEmulator, clust
         await eventually(lambda: condition("Ready").get("reason") == "ImagePullBackOff", what="image pull")
         assert "ghcr.io/rljob/nope:1" in condition("Ready")["message"]
         assert cluster.phase("cp") == "Pending"
-        assert {"Unschedulable", "ImagePullBackOff"} <= set(cluster.reasons("cp"))
+        await eventually(lambda: {"Unschedulable", "ImagePullBackOff"} <= set(cluster.reasons("cp")), what="events")
         cluster.run_all("cp")
         await eventually(lambda: condition("Scheduled")["status"] == "True" and cluster.phase("cp") == "Running")
 
