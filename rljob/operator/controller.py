@@ -111,6 +111,11 @@ def load_status(raw: Any) -> RLJobStatus:
         return RLJobStatus()
 
 
+def controlled_by(raw: Raw, uid: str | None) -> bool:
+    owners = raw["metadata"].get("ownerReferences") or []
+    return any(o.get("controller") and o.get("uid") == uid for o in owners)
+
+
 def parse_job(body: Raw) -> tuple[RLJob | None, InvalidRLJob | None]:
     try:
         return validate_job({k: v for k, v in body.items() if k != "status"}), None
@@ -215,7 +220,9 @@ class JobWorker:
             self.status = load_status(body.get("status"))
             self.written = body.get("status") or {}  # what the server holds: the base of the next patch
         job, invalid, desired_pods, others = self.desired()
-        raws = ctl.pods_of(namespace, name)
+        # Only pods this job controls: a look-alike label on someone else's pod, or a pod of a deleted
+        # namesake the garbage collector has not removed yet, is never touched.
+        raws = [r for r in ctl.pods_of(namespace, name) if controlled_by(r, meta.get("uid"))]
         pods = self.observed_pods(raws)
         generation = int(meta.get("generation") or 1)
 

@@ -22,7 +22,16 @@ POD_INDEX = "rljob_pods"
 def compact_pod(body: kopf.Body) -> dict[str, Any]:
     """What the controller reads from a pod; the index keeps only this (pod specs are large)."""
     meta = body.get("metadata", {})
-    keep = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp", "resourceVersion")
+    keep = (
+        "name",
+        "namespace",
+        "uid",
+        "labels",
+        "annotations",
+        "ownerReferences",
+        "deletionTimestamp",
+        "resourceVersion",
+    )
     return {
         "metadata": {k: meta[k] for k in keep if k in meta},
         "spec": {"nodeName": body.get("spec", {}).get("nodeName")},

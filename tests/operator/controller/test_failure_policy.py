@@ -6,7 +6,15 @@ import asyncio
 
 import kmock
 
-from tests.operator.controller.conftest import NS, Cluster, cartpole_job, eventually, new_emulator, operator_running
+from tests.operator.controller.conftest import (
+    NS,
+    PODS,
+    Cluster,
+    cartpole_job,
+    eventually,
+    new_emulator,
+    operator_running,
+)
 from tests.operator.controller.emulator import KubernetesApiEmulator
 
 
@@ -132,3 +140,23 @@ async def test_new_actor_group_waits_until_every_old_actor_has_terminated() -> N
             lambda: all(cluster.uid(f"cp-actor-{i}") != uids[f"cp-actor-{i}"] for i in (0, 1)), what="new group"
         )
         assert cluster.status("cp")["restarts"] == 1
+
+
+async def test_pods_the_job_does_not_control_are_left_alone(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
+    stranger = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "cp-rollout-7",
+            "labels": {"rljob.io/job": "cp", "rljob.io/role": "rollout", "rljob.io/replica": "7"},
+        },
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+    }
+    kube.create_object(PODS, NS, stranger)
+    async with operator_running(kube):
+        cluster.create_job(cartpole_job())
+        await eventually(lambda: len(cluster.pods("cp")) == 5, what="the job's own pods")
+        cluster.run_all("cp")
+        await eventually(lambda: cluster.phase("cp") == "Running")
+        assert cluster.status("cp")["roles"]["rollout"]["desired"] == 1
+    assert kube.read_object(PODS, NS, "cp-rollout-7") is not None
