@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import aiohttp
+import kmock
 import yaml
 import yarl
 from aiohttp import web
@@ -181,3 +182,18 @@ async def test_progress_is_pulled_from_actor_zero(kube: KubernetesApiEmulator, c
             await eventually(lambda: cluster.status("cp")["progress"]["step"] == 43, what="progress updated")
     finally:
         await server.close()
+
+
+async def test_volcano_pod_group_covers_every_pod_and_follows_scaling(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    podgroups = kmock.resource("scheduling.volcano.sh", "v1beta1", "podgroups")
+    async with operator_running(kube):
+        cluster.create_job(cartpole_job(scheduling={"gang": "volcano", "queue": "research"}))
+        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
+        group = kube.read_object(podgroups, NS, "cp")
+        assert group["spec"]["minMember"] == 4 and group["spec"]["queue"] == "research"
+        assert all(p["spec"]["schedulerName"] == "volcano" for p in cluster.pods("cp").values())
+        cluster.patch_job("cp", {"spec": {"roles": {"rollout": {"replicas": 2}}}})
+        await eventually(lambda: kube.read_object(podgroups, NS, "cp")["spec"]["minMember"] == 5, what="minMember")
+        await eventually(lambda: "cp-rollout-1" in cluster.pods("cp"), what="scaled up")
