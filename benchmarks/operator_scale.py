@@ -108,6 +108,7 @@ async def wait_http(url: str, timeout: float) -> None:
 
 
 async def run(jobs: int, pods_per_job: int, timeout: float) -> dict[str, Any]:
+    load_at_start = round(os.getloadavg()[0], 2)
     kube = TimedEmulator(
         status_subresources={RLJOBS, PODS}, scale_subresources={RLJOBS: SCALE_PATH}, keep_history=False
     )
@@ -220,6 +221,7 @@ async def run(jobs: int, pods_per_job: int, timeout: float) -> dict[str, Any]:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
+            "load_average_1m_at_start": load_at_start,
             "note": "emulator and kubelet stand-in share this machine with the operator process",
         },
     }

@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 Key = tuple[str, str]
 Raw = dict[str, Any]
 
+REJECTED = (400, 403, 422)
+"""Statuses of a create the server will not accept as is (quota, admission webhooks, pod security)."""
+
 RESTART_FREE_FIELDS: tuple[tuple[str, ...], ...] = (
     ("roles", "rollout", "replicas"),
     ("suspend",),
@@ -149,6 +152,7 @@ class JobWorker:
         self.progress: Progress | None = None
         self.task: asyncio.Task[None] | None = None
         self.built: tuple[Any, Any] | None = None
+        self.rejections: set[str] = set()
 
     @property
     def phase(self) -> str:
@@ -367,6 +371,9 @@ class JobWorker:
             try:
                 await ctl.client.create(namespace, desired[name])
             except ApiError as exc:
+                if exc.status in REJECTED:
+                    await self.report_rejection(name, exc)
+                    return
                 if not exc.exists:
                     raise
             self.expected[name] = horizon
@@ -385,6 +392,19 @@ class JobWorker:
             except ApiError as exc:
                 if exc.status not in (404, 409):
                     raise
+
+    async def report_rejection(self, name: str, exc: ApiError) -> None:
+        """The server refused a pod (quota, admission, policy): say so once per distinct reason, as the
+        Job controller does with FailedCreate; the next reconcile tries again."""
+        message = f"{name}: {exc}"
+        if message in self.rejections:
+            return
+        self.rejections.add(message)
+        logger.warning("rljob %s/%s: pod rejected: %s", *self.key, message)
+        try:
+            await self.controller.client.post_event(self.body, "Warning", "FailedCreate", message, utcnow())
+        except ApiError as post_error:
+            logger.warning("rljob %s/%s: cannot post event FailedCreate: %s", *self.key, post_error)
 
     def next_delay(self, result: Plan) -> float:
         ctl = self.controller
