@@ -162,7 +162,7 @@ async def test_conditions_say_why_a_job_waits(kube: KubernetesApiEmulator, clust
 
 
 async def test_progress_is_pulled_from_actor_zero(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
-    progress = {"step": 42, "totalSteps": 150, "rewardMean": 187.5, "updatedAt": "2026-01-01T00:00:00Z"}
+    progress = {"step": 42, "totalSteps": 150, "rewardMean": 187.5, "updatedAt": "2026-01-01T00:00:00Z", "epoch": 3}
 
     async def serve(request: web.Request) -> web.Response:
         return web.json_response(progress)
