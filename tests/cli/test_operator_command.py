@@ -17,8 +17,7 @@ from typer.testing import CliRunner
 
 from rljob.api.crd import build_crd
 from rljob.cli.main import app
-from tests.operator.controller.conftest import NS, Cluster, cartpole_job, eventually, new_emulator
-from tests.operator.controller.test_resilience import free_port
+from tests.operator.controller.conftest import NS, Cluster, cartpole_job, eventually, free_port, new_emulator
 
 
 @pytest.mark.parametrize(

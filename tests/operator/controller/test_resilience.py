@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import aiohttp
 import kmock
@@ -16,6 +15,7 @@ from tests.operator.controller.conftest import (
     Cluster,
     cartpole_job,
     eventually,
+    free_port,
     operator_running,
 )
 from tests.operator.controller.emulator import KubernetesApiEmulator
@@ -27,12 +27,6 @@ def creations(kube: KubernetesApiEmulator, resource: kmock.resource, name: str) 
     """How many times an object was created (a deletion in its history would precede a re-creation)."""
     history = kube.objects[resource, NS, name].history
     return 1 + sum(1 for version in history if version is None)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def test_operator_restarted_mid_reconcile_creates_no_duplicates(
