@@ -58,3 +58,7 @@ bench-cartpole: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+
+# 200 RLJobs x 8 pods against the API emulator, the operator run as `rljob operator`.
+bench-operator: $(STAMP)
+	$(BIN)/python benchmarks/operator_scale.py

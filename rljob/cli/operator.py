@@ -67,6 +67,9 @@ def operator(
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(1) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    if log_level != "debug":
+        # kopf logs every handler call at info ("Handler 'pod-changed' succeeded."): one line per pod event.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     options = OperatorOptions(
         namespaces=namespaces,
         all_namespaces=all_namespaces,

@@ -41,13 +41,14 @@ class OperatorOptions:
 
 
 def registry_with_login() -> kopf.OperatorRegistry:
-    """The handlers, plus kopf's own login from the ServiceAccount or the kubeconfig."""
+    """The handlers, plus a login from the same source as the controller's client (kubernetes_asyncio:
+    the ServiceAccount in a pod, else the kubeconfig, exec credential plugins included)."""
     registry = kopf.OperatorRegistry()
     handlers.register(registry)
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return await kopf.login_via_async_client(**kwargs)
 
     return registry
 
@@ -57,6 +58,7 @@ def kopf_settings(options: OperatorOptions) -> kopf.OperatorSettings:
     settings.posting.enabled = False  # the controller posts its own Events on transitions
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    handlers.restrict_watches(settings)
     settings.peering.standalone = options.peering is None
     if options.peering is not None:
         settings.peering.name = options.peering

@@ -8,6 +8,7 @@ API error is raised as `ApiError` with the HTTP status.
 from __future__ import annotations
 
 import datetime
+import json
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -58,6 +59,16 @@ def object_path(api_version: str, kind: str, namespace: str, name: str | None = 
     return f"{path}/{name}" if name else path
 
 
+def _status_message(exc: ApiException) -> str:
+    """The server's own words (a Status object's message) when it sent some, else the HTTP reason."""
+    try:
+        body = json.loads(exc.body) if exc.body else {}
+    except (TypeError, ValueError):
+        body = {}
+    message = body.get("message") if isinstance(body, dict) else None
+    return f"{exc.reason}: {message}" if message else str(exc.reason)
+
+
 class KubeClient:
     """The handful of calls the controller makes. `on_call(verb, status)` observes each one."""
 
@@ -90,7 +101,7 @@ class KubeClient:
             )
         except ApiException as exc:
             self.on_call(verb, exc.status or 0)
-            raise ApiError(exc.status or 0, verb, path, str(exc.reason or exc.body)) from None
+            raise ApiError(exc.status or 0, verb, path, _status_message(exc)) from None
         except (OSError, TimeoutError) as exc:
             self.on_call(verb, 0)
             raise ApiError(0, verb, path, f"cannot reach the API server: {exc}") from None

@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 Key = tuple[str, str]
 Raw = dict[str, Any]
 
+REJECTED = (400, 403, 422)
+"""Statuses of a create the server will not accept as is (quota, admission webhooks, pod security)."""
+
 RESTART_FREE_FIELDS: tuple[tuple[str, ...], ...] = (
     ("roles", "rollout", "replicas"),
     ("suspend",),
@@ -59,6 +62,8 @@ class ControllerConfig:
     expectation_seconds: float = 60.0
     """How long a created (deleted) pod may be missing from (still present in) the watch."""
     error_backoff_seconds: float = 5.0
+    coalesce_seconds: float = 0.05
+    """After an event, wait this long for more before reconciling."""
     max_concurrent_reconciles: int = 32
 
 
@@ -109,6 +114,11 @@ def load_status(raw: Any) -> RLJobStatus:
         return RLJobStatus()
 
 
+def controlled_by(raw: Raw, uid: str | None) -> bool:
+    owners = raw["metadata"].get("ownerReferences") or []
+    return any(o.get("controller") and o.get("uid") == uid for o in owners)
+
+
 def parse_job(body: Raw) -> tuple[RLJob | None, InvalidRLJob | None]:
     try:
         return validate_job({k: v for k, v in body.items() if k != "status"}), None
@@ -141,6 +151,8 @@ class JobWorker:
         self.last_progress = 0.0
         self.progress: Progress | None = None
         self.task: asyncio.Task[None] | None = None
+        self.built: tuple[Any, Any] | None = None
+        self.rejections: set[str] = set()
 
     @property
     def phase(self) -> str:
@@ -162,6 +174,8 @@ class JobWorker:
             delay = await self.reconcile_safely()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=delay)
+                # Events come in bursts (a job's pods change together): take them in one pass.
+                await asyncio.sleep(self.controller.config.coalesce_seconds)
 
     async def reconcile_safely(self) -> float:
         ctl = self.controller
@@ -209,19 +223,10 @@ class JobWorker:
         if self.status is None:
             self.status = load_status(body.get("status"))
             self.written = body.get("status") or {}  # what the server holds: the base of the next patch
-        job, invalid = parse_job(body)
-        desired_pods: dict[str, Raw] = {}
-        others: list[Raw] = []
-        if job is not None:
-            try:
-                for child in build_children(job, ctl.settings):
-                    if child["kind"] == "Pod":
-                        desired_pods[child["metadata"]["name"]] = child
-                    else:
-                        others.append(child)
-            except InvalidRLJob as exc:
-                job, invalid, desired_pods, others = None, exc, {}, []
-        raws = ctl.pods_of(namespace, name)
+        job, invalid, desired_pods, others = self.desired()
+        # Only pods this job controls: a look-alike label on someone else's pod, or a pod of a deleted
+        # namesake the garbage collector has not removed yet, is never touched.
+        raws = [r for r in ctl.pods_of(namespace, name) if controlled_by(r, meta.get("uid"))]
         pods = self.observed_pods(raws)
         generation = int(meta.get("generation") or 1)
 
@@ -253,6 +258,27 @@ class JobWorker:
             self.synced_generation = generation
         await self.act(result, pods, desired_pods)
         return self.next_delay(result)
+
+    def desired(self) -> tuple[RLJob | None, InvalidRLJob | None, dict[str, Raw], list[Raw]]:
+        """The validated job and its children, rebuilt only when the spec changes (a new generation)."""
+        meta = self.body["metadata"]
+        key = (meta.get("uid"), meta.get("generation"))
+        if self.built is not None and self.built[0] == key:
+            return self.built[1]
+        job, invalid = parse_job(self.body)
+        desired_pods: dict[str, Raw] = {}
+        others: list[Raw] = []
+        if job is not None:
+            try:
+                for child in build_children(job, self.controller.settings):
+                    if child["kind"] == "Pod":
+                        desired_pods[child["metadata"]["name"]] = child
+                    else:
+                        others.append(child)
+            except InvalidRLJob as exc:
+                job, invalid, desired_pods, others = None, exc, {}, []
+        self.built = (key, (job, invalid, desired_pods, others))
+        return self.built[1]
 
     async def sync_children(self, others: list[Raw]) -> ConfigSync:
         """Create the ConfigMap, Service and PodGroup if absent; read back what exists to spot spec edits."""
@@ -345,6 +371,9 @@ class JobWorker:
             try:
                 await ctl.client.create(namespace, desired[name])
             except ApiError as exc:
+                if exc.status in REJECTED:
+                    await self.report_rejection(name, exc)
+                    return
                 if not exc.exists:
                     raise
             self.expected[name] = horizon
@@ -363,6 +392,19 @@ class JobWorker:
             except ApiError as exc:
                 if exc.status not in (404, 409):
                     raise
+
+    async def report_rejection(self, name: str, exc: ApiError) -> None:
+        """The server refused a pod (quota, admission, policy): say so once per distinct reason, as the
+        Job controller does with FailedCreate; the next reconcile tries again."""
+        message = f"{name}: {exc}"
+        if message in self.rejections:
+            return
+        self.rejections.add(message)
+        logger.warning("rljob %s/%s: pod rejected: %s", *self.key, message)
+        try:
+            await self.controller.client.post_event(self.body, "Warning", "FailedCreate", message, utcnow())
+        except ApiError as post_error:
+            logger.warning("rljob %s/%s: cannot post event FailedCreate: %s", *self.key, post_error)
 
     def next_delay(self, result: Plan) -> float:
         ctl = self.controller

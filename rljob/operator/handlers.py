@@ -22,7 +22,16 @@ POD_INDEX = "rljob_pods"
 def compact_pod(body: kopf.Body) -> dict[str, Any]:
     """What the controller reads from a pod; the index keeps only this (pod specs are large)."""
     meta = body.get("metadata", {})
-    keep = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp", "resourceVersion")
+    keep = (
+        "name",
+        "namespace",
+        "uid",
+        "labels",
+        "annotations",
+        "ownerReferences",
+        "deletionTimestamp",
+        "resourceVersion",
+    )
     return {
         "metadata": {k: meta[k] for k in keep if k in meta},
         "spec": {"nodeName": body.get("spec", {}).get("nodeName")},
@@ -37,20 +46,25 @@ def register(registry: kopf.OperatorRegistry) -> None:
     def rljob_pods(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
         return {(namespace, labels[LABEL_JOB]): compact_pod(body)}
 
-    @kopf.on.event("v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
+    @kopf.on.event("v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry, id="pod-changed")
     async def pod_changed(namespace: str, labels: dict[str, str], memo: kopf.Memo, **kwargs: Any) -> None:
         controller: Controller = memo.controller
         controller.pod_index = kwargs[POD_INDEX]
         controller.pod_event(namespace, labels[LABEL_JOB])
 
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="rljob-changed")
     async def rljob_changed(event: kopf.RawEvent, memo: kopf.Memo, **kwargs: Any) -> None:
         controller: Controller = memo.controller
         controller.pod_index = kwargs[POD_INDEX]
         controller.job_event(event["type"], dict(event["object"]))
 
-    @kopf.on.cleanup(registry=registry)
+    @kopf.on.cleanup(registry=registry, id="stop-workers")
     async def stop_workers(memo: kopf.Memo, **_: Any) -> None:
         """Stop the job workers and close connections while kopf shuts down: kopf waits for leftover tasks."""
         controller: Controller = memo.controller
         await controller.stop()
+
+
+def restrict_watches(settings: kopf.OperatorSettings) -> None:
+    """Watch only the pods of RLJobs (server-side label selector), not every pod of the cluster."""
+    settings.watching.label_selectors["v1", "pods"] = LABEL_JOB

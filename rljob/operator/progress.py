@@ -18,6 +18,8 @@ from rljob.api.status import Progress
 
 logger = logging.getLogger(__name__)
 
+PROGRESS_KEYS = ("step", "totalSteps", "rewardMean", "updatedAt")
+
 ProgressUrl = Callable[[dict[str, Any], int], "str | None"]
 
 
@@ -50,7 +52,11 @@ class ProgressReader:
                     logger.debug("progress %s answered %s", url, response.status)
                     return None
                 data = await response.json(content_type=None)
-            return Progress.model_validate(data, by_alias=True)
+            if not isinstance(data, dict):
+                return None
+            # The contract's four keys; anything else an actor adds later is not status material.
+            known = {k: data[k] for k in PROGRESS_KEYS if k in data}
+            return Progress.model_validate(known, by_alias=True)
         except (aiohttp.ClientError, TimeoutError, ValueError, ValidationError) as exc:
             logger.debug("progress %s unreadable: %s", url, exc)
             return None

@@ -254,7 +254,9 @@ class _Planner:
         actors = [p for p in self.live if p.role == "actor"]
         # Ranks other than 0 may exit 0 a moment before rank 0 does at the end: only failures count.
         failed = [p for p in actors if p.failed]
-        group_started = self.status.phase in ("Starting", "Running")
+        # A vanished actor matters once the group runs; while it starts, the missing rank is just created
+        # (its peers still wait in the rendezvous), and a refused creation does not loop through restarts.
+        group_started = self.status.phase == "Running"
         missing = [
             name
             for name in _role_pod_names(self.obs, "actor")

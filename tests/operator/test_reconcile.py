@@ -6,7 +6,10 @@ import datetime
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+
 from rljob.api import load_job_file, validate_job
+from rljob.api.crd import build_crd
 from rljob.api.status import RLJobStatus
 from rljob.operator.manifests import build_children
 from rljob.operator.podstate import PodState, observe_pod
@@ -105,3 +108,15 @@ def test_ttl_deletes_the_finished_job_once_expired() -> None:
     recent = RLJobStatus(phase="Succeeded", completion_time="2026-01-01T11:59:30Z")
     result = plan(observe(recent, [], the_job=the_job))
     assert not result.delete_job and result.requeue_after == 30
+
+
+def test_every_status_the_reconciler_writes_fits_the_crd_schema() -> None:
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    pods = [pod(n) for n in ALL[1:]] + [pod("cp-actor-0", "Failed", False)]
+    statuses = [
+        plan(observe(RLJobStatus(), [])).status,
+        plan(observe(RLJobStatus(phase="Running"), pods)).status,
+        plan(observe(RLJobStatus(phase="Running", restarts=3), pods)).status,
+    ]
+    for status in statuses:
+        jsonschema.validate(status.model_dump(mode="json", by_alias=True, exclude_none=True), schema)

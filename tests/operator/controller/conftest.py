@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -89,6 +90,7 @@ def kopf_test_settings() -> kopf.OperatorSettings:
     settings.queueing.exit_timeout = 0.5
     settings.queueing.idle_timeout = 0.5
     settings.networking.request_timeout = 10
+    handlers.restrict_watches(settings)
     return settings
 
 
@@ -140,6 +142,12 @@ async def operator_running(
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=10)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:

@@ -32,6 +32,7 @@ from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import aiohttp.web
 import attrs
 import jsonpatch
 import kmock
@@ -41,6 +42,7 @@ Resource = kmock.resource
 Raw = dict[str, Any]
 
 PODS = Resource("", "v1", "pods")
+NAMESPACES = Resource("", "v1", "namespaces")
 CLOSE = object()
 """Sentinel pushed into a live watch to end it with 410 Gone."""
 
@@ -144,17 +146,63 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     _compacted: int = attrs.field(default=0, init=False)
     _logs: dict[Resource, deque[tuple[int, Raw]]] = attrs.field(factory=lambda: defaultdict(deque), init=False)
     _watches: list[_Watch] = attrs.field(factory=list, init=False)
+    _builtin_reactions: int = attrs.field(default=0, init=False)
+    _direct: dict[Any, Any] = attrs.field(factory=dict, init=False)
+    _keys: dict[Resource, dict[Any, None]] = attrs.field(factory=lambda: defaultdict(dict), init=False)
+    """Object keys by resource, in creation order: lists and watches do not walk every object."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         # PUT (replace) is not a kmock action; serve it for the scale subresource and status writes.
         self.fallback["put"] << self._serve_replace
+        self._builtin_reactions = len(self._payloads)
+        self._direct = {
+            kmock.action.LIST: self._serve_list,
+            kmock.action.WATCH: self._serve_watch,
+            kmock.action.FETCH: self._serve_fetch,
+            kmock.action.CREATE: self._serve_create,
+            kmock.action.UPDATE: self._serve_update,
+            kmock.action.DELETE: self._serve_delete,
+        }
 
     # --- request dispatch -----------------------------------------------------------------------
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        # kmock 0.8 cannot parse the cluster-wide `/api/v1/namespaces` path (kopf lists and watches it
+        # when scanning namespaces): build that request here and serve it like any other list or watch.
+        if raw_request.path.rstrip("/") != "/api/v1/namespaces" or raw_request.method != "GET":
+            return await super().__call__(raw_request)
+        await raw_request.read()
+        params = dict(raw_request.query)
+        request = rendering.Request(
+            id=len(self._requests),
+            raw_request=raw_request,
+            url=raw_request.url,
+            method=raw_request.method,
+            params=params,
+            headers=dict(raw_request.headers),
+            action=kmock.action.WATCH if params.get("watch") == "true" else kmock.action.LIST,
+            resource=NAMESPACES,
+        )
+        self._requests.append(request)
+        try:
+            return await self._handle(request)
+        except Exception as exc:
+            return await self._render_error(exc)
 
     async def _handle(self, request: rendering.Request) -> Any:
         # Skip kmock's own state changes (KubernetesEmulator._handle): the fallbacks below own the state,
         # so a user reaction that answers a request (an injected error) leaves the state untouched.
+        # Without user reactions, serve directly: kmock matches every request against every reaction
+        # by walking the request history, which grows quadratic under load (benchmarks).
+        direct = self._direct.get(request.action) if len(self._payloads) == self._builtin_reactions else None
+        if (
+            direct is not None
+            and request.resource is not None
+            and request.resource.plural
+            and request.method.value != "PUT"
+        ):
+            return await rendering.Response(payload=direct)(request)
         return await apps.RawHandler._handle(self, request)
 
     async def _serve_fetch(self, request: rendering.Request) -> Raw:
@@ -376,6 +424,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         raw["metadata"]["resourceVersion"] = str(revision)
         if key not in self._objects:
             self._objects[key] = raw
+            self._keys[resource][key] = None
         else:
             obj = self._objects[key]
             if not self.keep_history:
@@ -393,6 +442,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         obj.delete()
         if not self.keep_history:
             del self._objects[key]
+            self._keys[resource].pop(key, None)
         self._publish(resource, revision, {"type": "DELETED", "object": raw})
         return raw
 
@@ -417,10 +467,11 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         return [(key, obj.raw) for key, obj in self._objects.items() if not obj.deleted]
 
     def _all(self, resource: Resource | None, namespace: str | None) -> list[Raw]:
+        keys = self._keys.get(resource, {}) if resource is not None else {}
         return [
-            copy.deepcopy(obj.raw)
-            for (res, ns, _), obj in self._objects.items()
-            if res == resource and (namespace is None or ns == namespace) and not obj.deleted
+            copy.deepcopy(self._objects[key].raw)
+            for key in keys
+            if (namespace is None or key[1] == namespace) and not self._objects[key].deleted
         ]
 
     @staticmethod
@@ -428,6 +479,9 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         return not selector or selector_matches(selector, raw.get("metadata", {}).get("labels") or {})
 
     def _require_known(self, resource: Resource | None) -> None:
+        # Declared resources first: kmock's own lookup walks every stored object.
+        if resource is not None and (resource in self.resources or resource in self._keys):
+            return
         if resource is None or resource not in self._get_resources():
             raise kmock.KubernetesError(404, "NotFound", f"the server could not find the resource {resource}")
 

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from tests.operator.controller.conftest import Cluster, cartpole_job, eventually, operator_running
+import asyncio
+
+import kmock
+
+from tests.operator.controller.conftest import (
+    NS,
+    PODS,
+    Cluster,
+    cartpole_job,
+    eventually,
+    new_emulator,
+    operator_running,
+)
 from tests.operator.controller.emulator import KubernetesApiEmulator
 
 
@@ -35,7 +47,7 @@ async def test_rollout_and_env_failures_replace_only_that_pod_and_training_conti
         status = await eventually(lambda: cluster.status("cp")["roles"]["env"]["failed"] == 1 and cluster.status("cp"))
         assert status["roles"]["rollout"]["failed"] == 1
         assert status["restarts"] == 0 and status["phase"] == "Running"
-        assert cluster.reasons("cp").count("PodFailed") == 2
+        await eventually(lambda: cluster.reasons("cp").count("PodFailed") == 2, what="events")
 
 
 async def test_actor_failure_restarts_whole_group(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
@@ -52,7 +64,7 @@ async def test_actor_failure_restarts_whole_group(kube: KubernetesApiEmulator, c
         await eventually(lambda: cluster.phase("cp") == "Starting", what="Starting")
         cluster.run_all("cp")
         await eventually(lambda: cluster.phase("cp") == "Running", what="Running again")
-        assert "ActorFailed" in cluster.reasons("cp")
+        await eventually(lambda: "ActorFailed" in cluster.reasons("cp"), what="events")
         assert cluster.status("cp")["restarts"] == 1
 
 
@@ -70,7 +82,7 @@ async def test_evictions_are_replaced_without_charging_the_budget(
         status = cluster.status("cp")
         assert status["restarts"] == 0 and status["phase"] != "Failed"
         assert status["roles"]["env"]["failed"] == 0
-        assert {"ActorDisrupted", "PodDisrupted"} <= set(cluster.reasons("cp"))
+        await eventually(lambda: {"ActorDisrupted", "PodDisrupted"} <= set(cluster.reasons("cp")), what="events")
 
 
 async def test_failures_beyond_max_restarts_fail_the_job(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
@@ -87,7 +99,7 @@ async def test_failures_beyond_max_restarts_fail_the_job(kube: KubernetesApiEmul
         assert status["restarts"] == 1 and status["completionTime"]
         # Running pods are deleted; the failed actor stays for `kubectl logs`.
         await eventually(lambda: set(cluster.pods("cp")) == {"cp-actor-0"}, what="cleanup")
-        assert "BackoffLimitExceeded" in cluster.reasons("cp")
+        await eventually(lambda: "BackoffLimitExceeded" in cluster.reasons("cp"), what="events")
 
 
 async def test_invalid_spec_fails_that_job_and_the_operator_serves_the_others(
@@ -99,10 +111,52 @@ async def test_invalid_spec_fails_that_job_and_the_operator_serves_the_others(
         await eventually(lambda: cluster.phase("bad") == "Failed", what="bad Failed")
         failed = next(c for c in cluster.status("bad")["conditions"] if c["type"] == "Failed")
         assert failed["reason"] == "InvalidSpec" and "spec.rollout.engine" in failed["message"]
-        assert "InvalidSpec" in cluster.reasons("bad")
+        await eventually(lambda: "InvalidSpec" in cluster.reasons("bad"), what="events")
         assert cluster.pods("bad") == {}
         await eventually(lambda: len(cluster.pods("good")) == 4, what="the good job's pods")
         # Fixing the spec gives the job another chance.
         cluster.patch_job("bad", {"spec": {"rollout": {"engine": "torch"}}})
         await eventually(lambda: len(cluster.pods("bad")) == 4, what="pods after the fix")
         assert not op.task.done()
+
+
+async def test_new_actor_group_waits_until_every_old_actor_has_terminated() -> None:
+    kube = new_emulator(graceful_pod_deletion=True)
+    cluster = Cluster(kube)
+    async with kube, kmock.Server(kube), operator_running(kube):
+        manifest = cartpole_job(roles={"actor": {"replicas": 2}, "rollout": {"replicas": 1}, "env": {"replicas": 1}})
+        uids = await start_running(cluster, manifest)
+        cluster.exit("cp-actor-0", 1)
+        await eventually(lambda: cluster.status("cp").get("phase") == "Restarting", what="Restarting")
+        await eventually(
+            lambda: all(p["metadata"].get("deletionTimestamp") for n, p in cluster.pods("cp").items() if "actor" in n),
+            what="old actors terminating",
+        )
+        kube.finish_termination(NS, "cp-actor-1")
+        await asyncio.sleep(0.5)  # actor 0 still terminates: no new actor may start beside it
+        assert "cp-actor-1" not in cluster.pods("cp") and cluster.phase("cp") == "Restarting"
+        kube.finish_termination(NS, "cp-actor-0")
+        await eventually(
+            lambda: all(cluster.uid(f"cp-actor-{i}") != uids[f"cp-actor-{i}"] for i in (0, 1)), what="new group"
+        )
+        assert cluster.status("cp")["restarts"] == 1
+
+
+async def test_pods_the_job_does_not_control_are_left_alone(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
+    stranger = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "cp-rollout-7",
+            "labels": {"rljob.io/job": "cp", "rljob.io/role": "rollout", "rljob.io/replica": "7"},
+        },
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+    }
+    kube.create_object(PODS, NS, stranger)
+    async with operator_running(kube):
+        cluster.create_job(cartpole_job())
+        await eventually(lambda: len(cluster.pods("cp")) == 5, what="the job's own pods")
+        cluster.run_all("cp")
+        await eventually(lambda: cluster.phase("cp") == "Running")
+        assert cluster.status("cp")["roles"]["rollout"]["desired"] == 1
+    assert kube.read_object(PODS, NS, "cp-rollout-7") is not None

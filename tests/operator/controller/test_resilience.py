@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import aiohttp
 import kmock
@@ -16,6 +15,7 @@ from tests.operator.controller.conftest import (
     Cluster,
     cartpole_job,
     eventually,
+    free_port,
     operator_running,
 )
 from tests.operator.controller.emulator import KubernetesApiEmulator
@@ -27,12 +27,6 @@ def creations(kube: KubernetesApiEmulator, resource: kmock.resource, name: str) 
     """How many times an object was created (a deletion in its history would precede a re-creation)."""
     history = kube.objects[resource, NS, name].history
     return 1 + sum(1 for version in history if version is None)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def test_operator_restarted_mid_reconcile_creates_no_duplicates(
@@ -124,3 +118,17 @@ async def test_liveness_and_prometheus_endpoints(kube: KubernetesApiEmulator, cl
             assert 'rljob_operator_api_requests_total{code="200",verb="create"}' in text
             async with session.get(f"http://127.0.0.1:{liveness_port}/healthz") as response:
                 assert response.status == 200
+
+
+async def test_a_pod_the_server_refuses_is_reported_and_retried(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
+    quota = kmock.KubernetesError(403, "Forbidden", 'pods "cp-env-1" is forbidden: exceeded quota: gpu-quota')
+    refusing = [True]
+    kube["create", PODS, {"metadata": {"name": "cp-env-1"}}] << (lambda: quota if refusing[0] else NotImplemented)
+    async with operator_running(kube):
+        cluster.create_job(cartpole_job())
+        await eventually(lambda: "FailedCreate" in cluster.reasons("cp"), what="FailedCreate event")
+        event = next(e for e in cluster.events("cp") if e["reason"] == "FailedCreate")
+        assert "exceeded quota" in event["message"] and event["type"] == "Warning"
+        assert set(cluster.pods("cp")) == CHILD_PODS - {"cp-env-1"}
+        refusing[0] = False
+        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS, timeout=10, what="created once allowed")

@@ -1,0 +1,90 @@
+"""`rljob operator` refuses contradictory or invalid flags before touching any cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import kmock
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from rljob.api.crd import build_crd
+from rljob.cli.main import app
+from tests.operator.controller.conftest import NS, Cluster, cartpole_job, eventually, free_port, new_emulator
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "--namespace NS (repeatable) or --all-namespaces"),
+        (["-n", "a", "--all-namespaces"], "not both"),
+        (["-A", "--peering", "x", "--standalone"], "exclude each other"),
+        (["-A", "--log-level", "loud"], "--log-level must be one of"),
+        (["-A", "--resync-seconds", "0"], "--resync-seconds must be positive"),
+    ],
+)
+def test_operator_flags_are_checked(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["operator", *args])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_bad_operator_settings_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLJOB_OPERATOR_IMAGE_PULL_POLICY", "Sometimes")
+    result = CliRunner().invoke(app, ["operator", "-A"])
+    assert result.exit_code == 1
+    assert "RLJOB_OPERATOR_IMAGE_PULL_POLICY" in result.output
+
+
+@pytest.mark.slow
+async def test_operator_command_serves_jobs_from_a_kubeconfig(tmp_path: Path) -> None:
+    """The real `rljob operator` process: kubeconfig login, liveness, metrics, and a job's children."""
+    kube = new_emulator()
+    kube.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = kmock.ResourceInfo(
+        kind="CustomResourceDefinition", namespaced=False, verbs={"list", "watch", "get"}
+    )
+    async with kube, kmock.Server(kube) as server:
+        kube.create_object(kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions"), None, build_crd())
+        kube.create_object(kmock.resource("v1", "namespaces"), None, {"metadata": {"name": NS}})
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "c", "cluster": {"server": str(server.url).rstrip("/")}}],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                    "current-context": "x",
+                }
+            )
+        )
+        liveness, metrics = free_port(), free_port()
+        log = tmp_path / "operator.log"
+        command = [sys.executable, "-m", "rljob.cli.main", "operator", f"--namespace={NS}", "--log-level=warning"]
+        process = subprocess.Popen(
+            [*command, f"--liveness-port={liveness}", f"--metrics-port={metrics}"],
+            env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+            stderr=log.open("w"),  # a file, not a pipe: nothing blocks when the operator logs a lot
+        )
+        try:
+            cluster = Cluster(kube)
+            cluster.create_job(cartpole_job())
+            await eventually(lambda: len(cluster.pods("cp")) == 4 or process.poll() is not None, timeout=30)
+            assert process.poll() is None, log.read_text()[-2000:]
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+                async with session.get(f"http://127.0.0.1:{liveness}/healthz") as response:
+                    assert response.status == 200
+                async with session.get(f"http://127.0.0.1:{metrics}/metrics") as response:
+                    assert "rljob_operator_reconcile_duration_seconds" in await response.text()
+        finally:
+            process.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(process.wait, timeout=30)
+        assert process.returncode == 0, log.read_text()[-2000:]
