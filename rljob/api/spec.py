@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from rljob.api.base import SpecModel
@@ -311,7 +311,14 @@ class RewardFunction(SpecModel):
     name: str | None = None
     """Label used in metrics; defaults to the builtin or function name."""
     builtin: Literal["exact_match", "math_verify", "format", "length_penalty", "code_exec"] | None = None
-    module: Annotated[str, AfterValidator(_check_function_ref)] | None = None
+    module: (
+        Annotated[
+            str,
+            AfterValidator(_check_function_ref),
+            WithJsonSchema({"type": "string", "pattern": _FUNCTION_REF.pattern}),
+        ]
+        | None
+    ) = None
     """`path/to/file.py:function` or `package.module:function`."""
     weight: float = 1.0
     args: FreeForm = Field(default_factory=dict)
