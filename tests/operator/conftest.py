@@ -99,8 +99,14 @@ def settings() -> OperatorSettings:
 
 @pytest.fixture(scope="session")
 def example_documents() -> dict[str, dict[str, Any]]:
-    """Each example manifest as a plain dict (copy before changing it), by file stem."""
-    return {path.stem: yaml.safe_load(path.read_text()) for path in EXAMPLES}
+    """Each example manifest as a plain dict (copy before changing it), by file stem.
+
+    CartPole gets two env replicas whatever the example is tuned to, so that per-replica behaviour
+    of a non-actor role stays visible in these tests.
+    """
+    documents = {path.stem: yaml.safe_load(path.read_text()) for path in EXAMPLES}
+    documents["cartpole-ppo"]["spec"]["roles"]["env"]["replicas"] = 2
+    return documents
 
 
 @pytest.fixture

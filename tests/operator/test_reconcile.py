@@ -23,6 +23,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cartpole-ppo.yaml"
 def job(**spec: Any):
     data = load_job_file(EXAMPLE).model_dump(mode="json", by_alias=True, exclude_none=True)
     data["metadata"] = {"name": "cp", "namespace": "ns", "uid": "u-1", "generation": 1}
+    data["spec"]["roles"]["env"]["replicas"] = 2  # two env pods, whatever the example is tuned to
     data["spec"].update(spec)
     return validate_job(data)
 

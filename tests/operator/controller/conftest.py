@@ -74,6 +74,7 @@ def cartpole_job(name: str = "cp", **spec: Any) -> dict[str, Any]:
     """The CartPole example (1 actor, 1 rollout, 2 env pods) with spec overrides merged in."""
     job = yaml.safe_load((EXAMPLES / "cartpole-ppo.yaml").read_text())
     job["metadata"] = {"name": name, "namespace": NS}
+    job["spec"]["roles"]["env"]["replicas"] = 2  # whatever the example is tuned to
     for key, value in spec.items():
         if isinstance(value, dict) and isinstance(job["spec"].get(key), dict):
             job["spec"][key] = {**job["spec"][key], **value}
