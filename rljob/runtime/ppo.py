@@ -16,7 +16,13 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from rljob.algorithms.advantages import gae_advantages, normalize
-from rljob.algorithms.losses import entropy_bonus, explained_variance, ppo_policy_loss, value_loss
+from rljob.algorithms.losses import (
+    entropy_bonus,
+    explained_variance,
+    off_policy_weights,
+    ppo_policy_loss,
+    value_loss,
+)
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
 from rljob.runtime.models import MLPActorCritic
 from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_rate
@@ -63,8 +69,10 @@ class PPOLearner:
         trainer: TrainerSpec,
         rank: int = 0,
         world_size: int = 1,
+        stale_data: bool = False,
     ) -> None:
         self.model = model
+        self.stale_data = stale_data
         self.algorithm = algorithm
         self.trainer = trainer
         self.rank, self.world_size = rank, world_size
@@ -112,6 +120,18 @@ class PPOLearner:
         actions = batch.actions.reshape(n, *batch.actions.shape[2:])
         old_logprobs, old_values = batch.logprobs.reshape(n), batch.values.reshape(n)
         advantages, returns = advantages.reshape(n), returns.reshape(n)
+        if self.stale_data:
+            # Data from an older policy (async rollout): anchor the clipped ratio at the policy as it is now,
+            # and weight by pi_now / pi_rollout as `algorithm.offPolicy` says (decoupled PPO, Hilton et al.
+            # 2021). Clipping around the rollout policy instead would clip samples before any update.
+            with torch.no_grad():
+                anchor, _, _ = self.model.evaluate(obs, actions)
+            weights, _ = off_policy_weights(
+                anchor, old_logprobs, algo.off_policy.type, algo.off_policy.low, algo.off_policy.high
+            )
+            old_logprobs = anchor
+        else:
+            weights = None
         size = self.check_batch(n)
         shard = size // self.world_size
         mine = slice(self.rank * shard, (self.rank + 1) * shard)
@@ -132,6 +152,7 @@ class PPOLearner:
                     algo.clip_ratio_low,
                     algo.clip_ratio_high,
                     dual_clip=algo.dual_clip,
+                    correction_weights=None if weights is None else weights[index],
                 )
                 v_loss = value_loss(values, old_values[index], returns[index], clip=algo.value_clip)
                 entropy_mean = entropy_bonus(entropy)

@@ -250,7 +250,14 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
     torch.manual_seed(spec.trainer.seed)
     device = _device(context)
     model = build_mlp_actor_critic(spec.model.builtin, observation_space, action_space).to(device)
-    learner = PPOLearner(model, spec.algorithm, spec.trainer, rank=rank, world_size=world)
+    learner = PPOLearner(
+        model,
+        spec.algorithm,
+        spec.trainer,
+        rank=rank,
+        world_size=world,
+        stale_data=spec.rollout.async_.max_staleness > 0,
+    )
     learner.check_batch(spec.trainer.batch_size)
 
     default_dir = str(Path(identity.run_dir) / "checkpoints") if identity.run_dir else "/checkpoints"
