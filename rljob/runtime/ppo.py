@@ -49,14 +49,27 @@ class BatchShapeError(ValueError):
 
 
 class _Evaluate(nn.Module):
-    """DDP synchronises gradients of what runs through `forward`: route `evaluate` through it."""
+    """DDP synchronises gradients of what runs through `forward`: route `evaluate` through it.
 
-    def __init__(self, model: MLPActorCritic) -> None:
+    For discrete actions it computes what `MLPActorCritic.evaluate` computes (log-probabilities,
+    entropies, values) straight from log-softmax: a `Categorical` object costs more than the small
+    network itself, 20 times per PPO update.
+    """
+
+    def __init__(self, model: MLPActorCritic, entropy_grad: bool) -> None:
         super().__init__()
         self.model = model
+        self.entropy_grad = entropy_grad
 
     def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return self.model.evaluate(obs, actions)
+        if not self.model.discrete:
+            return self.model.evaluate(obs, actions)
+        log_probs = torch.log_softmax(self.model.actor(obs), dim=-1)
+        logprobs = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+        # Without an entropy bonus the entropy is a statistic only: keep it out of the backward pass.
+        source = log_probs if self.entropy_grad else log_probs.detach()
+        entropy = -(source.exp() * source).sum(-1)
+        return logprobs, entropy, self.model.value(obs)
 
 
 class PPOLearner:
@@ -76,7 +89,7 @@ class PPOLearner:
         self.algorithm = algorithm
         self.trainer = trainer
         self.rank, self.world_size = rank, world_size
-        evaluator = _Evaluate(model)
+        evaluator = _Evaluate(model, entropy_grad=algorithm.entropy_coef > 0)
         self.device = next(model.parameters()).device
         # One rank: DDP's hooks would only add per-step overhead.
         if world_size > 1:
@@ -156,7 +169,9 @@ class PPOLearner:
                 )
                 v_loss = value_loss(values, old_values[index], returns[index], clip=algo.value_clip)
                 entropy_mean = entropy_bonus(entropy)
-                loss = policy_loss + algo.value_coef * v_loss - algo.entropy_coef * entropy_mean
+                loss = policy_loss + algo.value_coef * v_loss
+                if algo.entropy_coef:
+                    loss = loss - algo.entropy_coef * entropy_mean
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if self.trainer.grad_clip is not None:

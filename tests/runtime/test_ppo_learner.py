@@ -127,3 +127,18 @@ def test_stale_data_is_clipped_around_the_current_policy():
     # Anchored at the rollout policy, every ratio starts at e^0.5 > 1.2: clipped before any update.
     assert learners[False]["clip_fraction"] == 1.0
     assert learners[True]["clip_fraction"] == 0.0
+
+
+def test_the_discrete_fast_path_evaluates_like_the_model():
+    from rljob.runtime.ppo import _Evaluate
+
+    env = gymnasium.make("CartPole-v1")
+    model = build_mlp_actor_critic(BuiltinNetwork(), env.observation_space, env.action_space)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    obs, actions = torch.randn(50, 4), torch.randint(0, 2, (50,))
+    for got, expected in zip(
+        _Evaluate(model, entropy_grad=True)(obs, actions), model.evaluate(obs, actions), strict=True
+    ):
+        assert torch.allclose(got, expected, atol=1e-6)
