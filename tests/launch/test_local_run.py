@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import time
+import urllib.request
 
 import pytest
 from typer.testing import CliRunner
@@ -97,6 +99,18 @@ def test_ctrl_c_stops_every_role_process(cartpole_manifest, start_run):
     run.wait_for_step(1)
     children = run.roles()
     assert len(children) == 5  # 2 actors, 1 rollout, 2 envs
+    # Every role serves the operator's HTTP contract; actor 0 also reports progress.
+    for child in children:
+        env = child.environ()
+        base = f"http://127.0.0.1:{env['RLJOB_METRICS_PORT']}"
+        with urllib.request.urlopen(f"{base}/healthz", timeout=5) as response:
+            assert response.status == 200
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
+            assert f'role="{env["RLJOB_ROLE"]}"' in response.read().decode()
+        if env["RLJOB_ROLE"] == "actor" and env["RLJOB_REPLICA"] == "0":
+            with urllib.request.urlopen(f"{base}/progress", timeout=5) as response:
+                progress = json.loads(response.read())
+            assert progress["totalSteps"] == 500 and progress["step"] >= 1
     run.process.send_signal(signal.SIGINT)
     output = run.finish(timeout=60)
     assert run.process.returncode == 130, output
