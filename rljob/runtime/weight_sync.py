@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
-GROUP_TIMEOUT = datetime.timedelta(seconds=60)
+GROUP_TIMEOUT = datetime.timedelta(seconds=30)
 
 
 def sync_backend(device: torch.device) -> str:
@@ -74,9 +74,11 @@ class WeightPublisher:
         self.bucket_bytes = bucket_mb * 2**20
         self.device = device
         self._groups: dict[int, tuple[str, torch.distributed.ProcessGroup]] = {}
+        self._generation: dict[int, int] = {}
 
     def group_key(self, replica: int, rollout_tag: str) -> str:
-        return f"{self.actor_tag}/{replica}/{rollout_tag}"
+        # The generation changes after a failed sync: a new group never reuses a broken group's store keys.
+        return f"{self.actor_tag}/{replica}/{rollout_tag}/{self._generation.get(replica, 0)}"
 
     def publish(self, replica: int, key: str, model: nn.Module) -> None:
         """Broadcast `model`'s state to rollout `replica` (which must be joining group `key` now)."""
@@ -89,8 +91,9 @@ class WeightPublisher:
         broadcast_state(self._groups[replica][1], tensors, self.bucket_bytes)
 
     def forget(self, replica: int) -> None:
-        """Drop the group of a rollout that went away; its replacement joins under a new key."""
+        """Drop the group of a rollout that went away or failed a sync; the next sync forms a new one."""
         self._groups.pop(replica, None)
+        self._generation[replica] = self._generation.get(replica, 0) + 1
 
 
 class WeightSubscriber:

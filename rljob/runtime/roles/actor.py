@@ -106,7 +106,11 @@ class Controller:
             self._status(link)
         key = self.publisher.group_key(link.replica, link.tag)
         request = link.client.send("sync_weights", {"version": version, "key": key, "actor_tag": self.tag})
-        self.publisher.publish(link.replica, key, self.learner.model)
+        try:
+            self.publisher.publish(link.replica, key, self.learner.model)
+        except RuntimeError as exc:  # torch.distributed errors: the rollout died mid-sync or never joined
+            self.publisher.forget(link.replica)
+            raise TransportError(f"weight sync to rollout {link.replica} failed: {exc}") from exc
         link.client.receive(request, timeout=60.0)
         link.version = version
 

@@ -1,0 +1,40 @@
+"""Weight sync over a real torch.distributed (gloo) pair group: the rollout's copy equals the actor's."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import gymnasium
+import torch
+
+from rljob.runtime.models import MLPActorCritic
+from rljob.runtime.weight_sync import WeightPublisher, WeightSubscriber
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_weights_reach_the_rollout_and_a_restarted_rollout_joins_a_new_group():
+    space = gymnasium.make("CartPole-v1").action_space
+    actor, port = MLPActorCritic(4, space), free_port()
+    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1, device=torch.device("cpu"))
+    for incarnation in ("rollout-1", "rollout-2"):  # the second one is a restarted rollout process
+        rollout = MLPActorCritic(4, space)
+        subscriber = WeightSubscriber("127.0.0.1", port, bucket_mb=1, device=torch.device("cpu"))
+        if incarnation == "rollout-2":
+            publisher.forget(0)
+        for _ in range(2):  # the second sync reuses the group
+            with torch.no_grad():
+                for p in actor.parameters():
+                    p.add_(torch.randn_like(p))
+            key = publisher.group_key(0, incarnation)
+            receiver = threading.Thread(target=subscriber.receive, args=(key, "actor-a", rollout))
+            receiver.start()
+            publisher.publish(0, key, actor)
+            receiver.join(timeout=30)
+            for mine, theirs in zip(actor.state_dict().values(), rollout.state_dict().values(), strict=True):
+                assert torch.equal(mine, theirs)
