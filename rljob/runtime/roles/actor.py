@@ -105,13 +105,15 @@ class Controller:
         if not link.tag:
             self._status(link)
         key = self.publisher.group_key(link.replica, link.tag)
-        request = link.client.send("sync_weights", {"version": version, "key": key, "actor_tag": self.tag})
+        request = link.client.send(
+            "sync_weights", {"version": version, "key": key, "actor_tag": self.tag, "rollout_tag": link.tag}
+        )
         try:
-            self.publisher.publish(link.replica, key, self.learner.model)
+            self.publisher.publish(link.replica, key, version, self.learner.model)
         except RuntimeError as exc:  # torch.distributed errors: the rollout died mid-sync or never joined
             self.publisher.forget(link.replica)
             raise TransportError(f"weight sync to rollout {link.replica} failed: {exc}") from exc
-        link.client.receive(request, timeout=60.0)
+        link.client.receive(request, timeout=30.0, retries=0)
         link.version = version
 
     def fetch(self, version: int) -> tuple[list[dict[str, Any]], float]:
