@@ -116,6 +116,20 @@ class Controller:
         link.client.receive(request, timeout=30.0, retries=0)
         link.version = version
 
+    def push(self, version: int) -> float:
+        """Send the new weights right after an update, so rollouts collect while rank 0 logs and checkpoints.
+
+        A failure here is left to `fetch`, which checks the replicas and syncs again.
+        """
+        started = time.perf_counter()
+        for link in self.links:
+            if link.version != version:
+                try:
+                    self.sync(link, version)
+                except TransportError as exc:
+                    self.log.warning("weight push to rollout %d failed (%s); fetch retries", link.replica, exc)
+        return time.perf_counter() - started
+
     def fetch(self, version: int) -> tuple[list[dict[str, Any]], float]:
         """One batch per rollout replica for the policy at `version`; (batches, seconds spent on weight sync)."""
         batches: dict[int, dict[str, Any]] = {}
@@ -308,13 +322,14 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
         while learner.step < total:
             step_started = time.perf_counter()
             version = learner.step
-            replies, sync_s = controller.fetch(version)
+            replies, fetch_sync_s = controller.fetch(version)
             fetched = time.perf_counter()
             batch = _to_batch(replies)
             if world > 1:
                 _share_batch(batch, shapes, device)
             stats = learner.update(batch)
             trained = time.perf_counter()
+            push_s = controller.push(learner.step) if learner.step < total else 0.0
             transitions = int(batch.rewards.numel())
             env_steps += transitions
             returns = np.concatenate([r["episode_returns"] for r in replies])
@@ -347,8 +362,8 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
                 "policy_version": version,
                 "rollout_restarts": sum(link.restarts for link in controller.links),
                 phase_key("rollout"): collect_s,
-                phase_key("sync"): sync_s,
-                phase_key("waiting"): max(0.0, fetched - step_started - sync_s),
+                phase_key("sync"): fetch_sync_s + push_s,
+                phase_key("waiting"): max(0.0, fetched - step_started - fetch_sync_s),
                 phase_key("train"): trained - fetched,
             }
             if run_metrics is not None:
