@@ -83,6 +83,7 @@ def run_rljob(manifest: Path, seed: int, workdir: Path) -> dict:
         "env_steps_to_475": crossing[1] if crossing else None,
         "sps": records[-1]["env_steps"] / loop_s,
         "startup_s": total - loop_s,
+        "final_return_last20": float(np.mean([x for r in records for x in r.get("episode_returns") or []][-WINDOW:])),
         "total_s": total,
         "curve": curve(points),
     }
@@ -106,7 +107,8 @@ def sb3_settings(manifest: Path) -> dict:
         "clip_range": spec.algorithm.clip_ratio_low,
         "clip_range_vf": spec.algorithm.value_clip,
         "ent_coef": spec.algorithm.entropy_coef,
-        "vf_coef": spec.algorithm.value_coef,
+        # SB3's value loss is MSE, rljob's is 0.5 * MSE (CleanRL): the same weight is half the coefficient.
+        "vf_coef": spec.algorithm.value_coef / 2,
         "max_grad_norm": spec.trainer.grad_clip,
         "learning_rate": spec.trainer.learning_rate,
         "linear_lr": spec.trainer.lr_schedule == "linear",
@@ -226,7 +228,7 @@ def main() -> None:
     with_startup = [r["time_to_475_s"] + r["startup_s"] if r["time_to_475_s"] is not None else None for r in rljob_runs]
     result = {
         "rljob": {
-            **summarise(rljob_runs, extra=("startup_s", "total_s")),
+            **summarise(rljob_runs, extra=("startup_s", "total_s", "final_return_last20")),
             "time_to_475_with_startup_s": with_startup,
         },
         "sb3": summarise(sb3_runs),

@@ -16,7 +16,13 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from rljob.algorithms.advantages import gae_advantages, normalize
-from rljob.algorithms.losses import entropy_bonus, explained_variance, ppo_policy_loss, value_loss
+from rljob.algorithms.losses import (
+    entropy_bonus,
+    explained_variance,
+    off_policy_weights,
+    ppo_policy_loss,
+    value_loss,
+)
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
 from rljob.runtime.models import MLPActorCritic
 from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_rate
@@ -43,14 +49,27 @@ class BatchShapeError(ValueError):
 
 
 class _Evaluate(nn.Module):
-    """DDP synchronises gradients of what runs through `forward`: route `evaluate` through it."""
+    """DDP synchronises gradients of what runs through `forward`: route `evaluate` through it.
 
-    def __init__(self, model: MLPActorCritic) -> None:
+    For discrete actions it computes what `MLPActorCritic.evaluate` computes (log-probabilities,
+    entropies, values) straight from log-softmax: a `Categorical` object costs more than the small
+    network itself, 20 times per PPO update.
+    """
+
+    def __init__(self, model: MLPActorCritic, entropy_grad: bool) -> None:
         super().__init__()
         self.model = model
+        self.entropy_grad = entropy_grad
 
     def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return self.model.evaluate(obs, actions)
+        if not self.model.discrete:
+            return self.model.evaluate(obs, actions)
+        log_probs = torch.log_softmax(self.model.actor(obs), dim=-1)
+        logprobs = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+        # Without an entropy bonus the entropy is a statistic only: keep it out of the backward pass.
+        source = log_probs if self.entropy_grad else log_probs.detach()
+        entropy = -(source.exp() * source).sum(-1)
+        return logprobs, entropy, self.model.value(obs)
 
 
 class PPOLearner:
@@ -63,12 +82,14 @@ class PPOLearner:
         trainer: TrainerSpec,
         rank: int = 0,
         world_size: int = 1,
+        stale_data: bool = False,
     ) -> None:
         self.model = model
+        self.stale_data = stale_data
         self.algorithm = algorithm
         self.trainer = trainer
         self.rank, self.world_size = rank, world_size
-        evaluator = _Evaluate(model)
+        evaluator = _Evaluate(model, entropy_grad=algorithm.entropy_coef > 0)
         self.device = next(model.parameters()).device
         # One rank: DDP's hooks would only add per-step overhead.
         if world_size > 1:
@@ -112,6 +133,18 @@ class PPOLearner:
         actions = batch.actions.reshape(n, *batch.actions.shape[2:])
         old_logprobs, old_values = batch.logprobs.reshape(n), batch.values.reshape(n)
         advantages, returns = advantages.reshape(n), returns.reshape(n)
+        if self.stale_data:
+            # Data from an older policy (async rollout): anchor the clipped ratio at the policy as it is now,
+            # and weight by pi_now / pi_rollout as `algorithm.offPolicy` says (decoupled PPO, Hilton et al.
+            # 2021). Clipping around the rollout policy instead would clip samples before any update.
+            with torch.no_grad():
+                anchor, _, _ = self.model.evaluate(obs, actions)
+            weights, _ = off_policy_weights(
+                anchor, old_logprobs, algo.off_policy.type, algo.off_policy.low, algo.off_policy.high
+            )
+            old_logprobs = anchor
+        else:
+            weights = None
         size = self.check_batch(n)
         shard = size // self.world_size
         mine = slice(self.rank * shard, (self.rank + 1) * shard)
@@ -132,10 +165,13 @@ class PPOLearner:
                     algo.clip_ratio_low,
                     algo.clip_ratio_high,
                     dual_clip=algo.dual_clip,
+                    correction_weights=None if weights is None else weights[index],
                 )
                 v_loss = value_loss(values, old_values[index], returns[index], clip=algo.value_clip)
                 entropy_mean = entropy_bonus(entropy)
-                loss = policy_loss + algo.value_coef * v_loss - algo.entropy_coef * entropy_mean
+                loss = policy_loss + algo.value_coef * v_loss
+                if algo.entropy_coef:
+                    loss = loss - algo.entropy_coef * entropy_mean
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if self.trainer.grad_clip is not None:

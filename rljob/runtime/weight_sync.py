@@ -15,7 +15,17 @@ import torch
 from torch import nn
 from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
-GROUP_TIMEOUT = datetime.timedelta(seconds=60)
+GROUP_TIMEOUT = datetime.timedelta(seconds=30)
+ACCEPT_TIMEOUT = datetime.timedelta(seconds=5)
+
+
+class SyncRefused(RuntimeError):
+    """The rollout did not accept a weight sync in time (gone, restarted, or busy)."""
+
+
+def accepted_key(key: str, version: int) -> str:
+    """Store key the rollout sets to say "I am the incarnation `key` names and I am joining for `version`"."""
+    return f"weights/{key}/accepted/{version}"
 
 
 def sync_backend(device: torch.device) -> str:
@@ -74,12 +84,24 @@ class WeightPublisher:
         self.bucket_bytes = bucket_mb * 2**20
         self.device = device
         self._groups: dict[int, tuple[str, torch.distributed.ProcessGroup]] = {}
+        self._generation: dict[int, int] = {}
 
     def group_key(self, replica: int, rollout_tag: str) -> str:
-        return f"{self.actor_tag}/{replica}/{rollout_tag}"
+        # The generation changes after a failed sync: a new group never reuses a broken group's store keys.
+        return f"{self.actor_tag}/{replica}/{rollout_tag}/{self._generation.get(replica, 0)}"
 
-    def publish(self, replica: int, key: str, model: nn.Module) -> None:
-        """Broadcast `model`'s state to rollout `replica` (which must be joining group `key` now)."""
+    def publish(self, replica: int, key: str, version: int, model: nn.Module) -> None:
+        """Broadcast `model`'s state to rollout `replica` once it has accepted this sync (see `accepted_key`).
+
+        A rollout that is gone, or is a newer incarnation than `key` names, never accepts: after
+        ACCEPT_TIMEOUT this raises SyncRefused and nobody is left blocked in a group.
+        """
+        flag = accepted_key(key, version)
+        try:
+            self.store.wait([flag], ACCEPT_TIMEOUT)
+        except RuntimeError as exc:  # torch raises a DistStoreError (a RuntimeError) on timeout
+            raise SyncRefused(f"rollout {replica} did not accept weights version {version}") from exc
+        self.store.delete_key(flag)
         cached = self._groups.get(replica)
         if cached is None or cached[0] != key:
             self._groups[replica] = (key, make_pair_group(self.store, key, 0, self.device))
@@ -89,8 +111,9 @@ class WeightPublisher:
         broadcast_state(self._groups[replica][1], tensors, self.bucket_bytes)
 
     def forget(self, replica: int) -> None:
-        """Drop the group of a rollout that went away; its replacement joins under a new key."""
+        """Drop the group of a rollout that went away or failed a sync; the next sync forms a new one."""
         self._groups.pop(replica, None)
+        self._generation[replica] = self._generation.get(replica, 0) + 1
 
 
 class WeightSubscriber:
@@ -105,13 +128,19 @@ class WeightSubscriber:
         self._key = ""
         self._group: torch.distributed.ProcessGroup | None = None
 
-    def receive(self, key: str, actor_tag: str, model: nn.Module) -> None:
+    def receive(self, key: str, version: int, actor_tag: str, model: nn.Module) -> None:
+        """Accept the sync (the actor waits for that before it joins), then receive into `model`."""
         if self._store is None or self._store_actor != actor_tag:
             self._store = TCPStore(self.host, self.port, is_master=False, timeout=GROUP_TIMEOUT)
             self._store_actor = actor_tag
             self._group = None
-        if self._group is None or self._key != key:
-            self._group = make_pair_group(self._store, key, 1, self.device)
-            self._key = key
-        with torch.no_grad():
-            broadcast_state(self._group, state_tensors(model), self.bucket_bytes)
+        self._store.set(accepted_key(key, version), b"1")
+        try:
+            if self._group is None or self._key != key:
+                self._group = make_pair_group(self._store, key, 1, self.device)
+                self._key = key
+            with torch.no_grad():
+                broadcast_state(self._group, state_tensors(model), self.bucket_bytes)
+        except RuntimeError:
+            self._group = None  # the actor forms a new group under a new key after a failure
+            raise

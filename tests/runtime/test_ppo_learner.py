@@ -107,3 +107,38 @@ def test_a_batch_that_does_not_split_over_the_replicas_names_the_settings():
         learner.check_batch(64)
     with pytest.raises(BatchShapeError, match=r"algorithm\.minibatches"):
         make_learner().check_batch(63)
+
+
+def test_stale_data_is_clipped_around_the_current_policy():
+    one_pass = AlgorithmSpec(name="ppo", epochs=1, minibatches=1)
+    batch = make_batch(0)
+    torch.manual_seed(TRAINER.seed)
+    env = gymnasium.make("CartPole-v1")
+    model = build_mlp_actor_critic(BuiltinNetwork(), env.observation_space, env.action_space)
+    with torch.no_grad():
+        current, _, _ = model.evaluate(batch.obs.reshape(-1, 4), batch.actions.reshape(-1))
+    # The rollout's policy (one version older) gave these actions much lower probability than now.
+    batch.logprobs = (current - 0.5).reshape(batch.logprobs.shape)
+    learners = {}
+    for stale in (False, True):
+        copy = build_mlp_actor_critic(BuiltinNetwork(), env.observation_space, env.action_space)
+        copy.load_state_dict(model.state_dict())
+        learners[stale] = PPOLearner(copy, one_pass, TRAINER, stale_data=stale).update(batch)
+    # Anchored at the rollout policy, every ratio starts at e^0.5 > 1.2: clipped before any update.
+    assert learners[False]["clip_fraction"] == 1.0
+    assert learners[True]["clip_fraction"] == 0.0
+
+
+def test_the_discrete_fast_path_evaluates_like_the_model():
+    from rljob.runtime.ppo import _Evaluate
+
+    env = gymnasium.make("CartPole-v1")
+    model = build_mlp_actor_critic(BuiltinNetwork(), env.observation_space, env.action_space)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    obs, actions = torch.randn(50, 4), torch.randint(0, 2, (50,))
+    for got, expected in zip(
+        _Evaluate(model, entropy_grad=True)(obs, actions), model.evaluate(obs, actions), strict=True
+    ):
+        assert torch.allclose(got, expected, atol=1e-6)

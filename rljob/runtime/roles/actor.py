@@ -105,10 +105,30 @@ class Controller:
         if not link.tag:
             self._status(link)
         key = self.publisher.group_key(link.replica, link.tag)
-        request = link.client.send("sync_weights", {"version": version, "key": key, "actor_tag": self.tag})
-        self.publisher.publish(link.replica, key, self.learner.model)
-        link.client.receive(request, timeout=60.0)
+        request = link.client.send(
+            "sync_weights", {"version": version, "key": key, "actor_tag": self.tag, "rollout_tag": link.tag}
+        )
+        try:
+            self.publisher.publish(link.replica, key, version, self.learner.model)
+        except RuntimeError as exc:  # torch.distributed errors: the rollout died mid-sync or never joined
+            self.publisher.forget(link.replica)
+            raise TransportError(f"weight sync to rollout {link.replica} failed: {exc}") from exc
+        link.client.receive(request, timeout=30.0, retries=0)
         link.version = version
+
+    def push(self, version: int) -> float:
+        """Send the new weights right after an update, so rollouts collect while rank 0 logs and checkpoints.
+
+        A failure here is left to `fetch`, which checks the replicas and syncs again.
+        """
+        started = time.perf_counter()
+        for link in self.links:
+            if link.version != version:
+                try:
+                    self.sync(link, version)
+                except TransportError as exc:
+                    self.log.warning("weight push to rollout %d failed (%s); fetch retries", link.replica, exc)
+        return time.perf_counter() - started
 
     def fetch(self, version: int) -> tuple[list[dict[str, Any]], float]:
         """One batch per rollout replica for the policy at `version`; (batches, seconds spent on weight sync)."""
@@ -250,7 +270,14 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
     torch.manual_seed(spec.trainer.seed)
     device = _device(context)
     model = build_mlp_actor_critic(spec.model.builtin, observation_space, action_space).to(device)
-    learner = PPOLearner(model, spec.algorithm, spec.trainer, rank=rank, world_size=world)
+    learner = PPOLearner(
+        model,
+        spec.algorithm,
+        spec.trainer,
+        rank=rank,
+        world_size=world,
+        stale_data=spec.rollout.async_.max_staleness > 0,
+    )
     learner.check_batch(spec.trainer.batch_size)
 
     default_dir = str(Path(identity.run_dir) / "checkpoints") if identity.run_dir else "/checkpoints"
@@ -295,13 +322,14 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
         while learner.step < total:
             step_started = time.perf_counter()
             version = learner.step
-            replies, sync_s = controller.fetch(version)
+            replies, fetch_sync_s = controller.fetch(version)
             fetched = time.perf_counter()
             batch = _to_batch(replies)
             if world > 1:
                 _share_batch(batch, shapes, device)
             stats = learner.update(batch)
             trained = time.perf_counter()
+            push_s = controller.push(learner.step) if learner.step < total else 0.0
             transitions = int(batch.rewards.numel())
             env_steps += transitions
             returns = np.concatenate([r["episode_returns"] for r in replies])
@@ -334,8 +362,8 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
                 "policy_version": version,
                 "rollout_restarts": sum(link.restarts for link in controller.links),
                 phase_key("rollout"): collect_s,
-                phase_key("sync"): sync_s,
-                phase_key("waiting"): max(0.0, fetched - step_started - sync_s),
+                phase_key("sync"): fetch_sync_s + push_s,
+                phase_key("waiting"): max(0.0, fetched - step_started - fetch_sync_s),
                 phase_key("train"): trained - fetched,
             }
             if run_metrics is not None:

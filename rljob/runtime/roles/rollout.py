@@ -30,6 +30,10 @@ COLLECT_WAIT_S = 0.5
 so that a dead rollout is noticed within seconds, however long a batch takes."""
 
 
+class StaleIncarnation(RuntimeError):
+    """A request addressed to an earlier incarnation of this rollout replica."""
+
+
 class RolloutEngine:
     """Weights, versions and the batch queue shared by the request thread and the producer thread."""
 
@@ -68,9 +72,12 @@ class RolloutEngine:
             return {"tag": self.tag, "version": max(self.version, self.staged_version), "actor_tag": self.actor_tag}
 
     def sync_weights(self, request: Payload) -> Payload:
+        if request["rollout_tag"] != self.tag:
+            # Meant for the process this one replaced (a resent request): never join that group.
+            raise StaleIncarnation(f"sync for rollout {request['rollout_tag']}, this is {self.tag}")
         with self.lock:
             # Under the lock: the producer copies `staging` into the acting policy under it too.
-            self.subscriber.receive(request["key"], request["actor_tag"], self.staging)
+            self.subscriber.receive(request["key"], int(request["version"]), request["actor_tag"], self.staging)
             if request["actor_tag"] != self.actor_tag:
                 # A new actor incarnation (resumed from a checkpoint) numbers versions afresh.
                 self.actor_tag = request["actor_tag"]
