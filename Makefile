@@ -52,6 +52,8 @@ crds: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/rljob run examples/cartpole-ppo.yaml
 
+bench: bench-cartpole bench-operator
+
 # rljob local vs stable-baselines3 PPO on CartPole-v1, 3 seeds each -> benchmarks/results/cartpole_vs_sb3.{json,png}
 bench-cartpole: $(STAMP)
 	$(BIN)/python benchmarks/cartpole_vs_sb3.py
