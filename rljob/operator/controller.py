@@ -50,7 +50,12 @@ RESTART_FREE_FIELDS: tuple[tuple[str, ...], ...] = (
     ("activeDeadlineSeconds",),
     ("ttlSecondsAfterFinished",),
 )
-"""Spec fields whose edits never recreate running pods; any other spec edit is a controlled restart."""
+"""Spec fields whose edits never recreate running pods; any other spec edit is a controlled restart.
+
+Rollout replicas are restart-free only for llm tasks, where rollouts are interchangeable generation
+servers. In a gym task each rollout replica steps a fixed share of the env replicas, fixed when the
+actor group starts, so a new count takes effect through a controlled restart (no restart budget used).
+"""
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,10 @@ def utcnow() -> datetime.datetime:
 def restart_relevant(spec: Raw) -> Raw:
     """The spec without the fields that can change under running pods."""
     trimmed: Raw = copy.deepcopy(spec)
+    gym = (spec.get("task") or {}).get("type") == "gym"
     for path in RESTART_FREE_FIELDS:
+        if gym and path == ("roles", "rollout", "replicas"):
+            continue
         node = trimmed
         for part in path[:-1]:
             node = node.get(part) or {}

@@ -83,6 +83,13 @@ def cartpole_job(name: str = "cp", **spec: Any) -> dict[str, Any]:
     return job
 
 
+def arithmetic_job(name: str = "ar") -> dict[str, Any]:
+    """The tiny GRPO arithmetic example (1 actor, 1 rollout, 1 reward pod): an llm task."""
+    job = yaml.safe_load((EXAMPLES / "grpo-tiny-arithmetic.yaml").read_text())
+    job["metadata"] = {"name": name, "namespace": NS}
+    return job
+
+
 def kopf_test_settings() -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
     settings.scanning.disabled = True

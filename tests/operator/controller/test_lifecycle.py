@@ -14,6 +14,7 @@ from tests.operator.controller.conftest import (
     NS,
     SERVICES,
     Cluster,
+    arithmetic_job,
     cartpole_job,
     eventually,
     operator_running,
@@ -70,31 +71,57 @@ async def test_suspend_deletes_pods_keeps_status_and_resume_recreates_them(
         await eventually(lambda: {"Suspended", "Resumed"} <= set(cluster.reasons("cp")), what="events")
 
 
+async def _scale_rollouts(kube: KubernetesApiEmulator, job: str, replicas: int) -> None:
+    """`kubectl scale rljob/JOB --replicas=N`: a merge patch on the scale subresource."""
+    scale = f"/apis/rljob.io/v1alpha1/namespaces/{NS}/rljobs/{job}/scale"
+    # A one-off connection: a kept-alive one would outlive the operator and delay kopf's exit.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+        response = await session.patch(
+            kube.url.join(yarl.URL(scale)), json={"spec": {"replicas": replicas}}, headers=MERGE
+        )
+        assert response.status == 200
+
+
 async def test_scaling_rollout_adds_and_removes_rollout_pods_without_touching_actors(
     kube: KubernetesApiEmulator, cluster: Cluster
 ) -> None:
+    llm_pods = {"ar-actor-0", "ar-rollout-0", "ar-reward-0"}
+    async with operator_running(kube):
+        cluster.create_job(arithmetic_job())
+        await eventually(lambda: set(cluster.pods("ar")) == llm_pods)
+        cluster.run_all("ar")
+        await eventually(lambda: cluster.phase("ar") == "Running")
+        actor = cluster.uid("ar-actor-0")
+        await _scale_rollouts(kube, "ar", 3)
+        await eventually(lambda: {"ar-rollout-1", "ar-rollout-2"} <= set(cluster.pods("ar")), what="scaled up")
+        cluster.run("ar-rollout-1")
+        cluster.run("ar-rollout-2")
+        await eventually(lambda: cluster.status("ar")["roles"]["rollout"] == {"desired": 3, "ready": 3, "failed": 0})
+        config = kube.read_object(CONFIGMAPS, NS, "ar-config")["data"]["job.yaml"]
+        assert yaml.safe_load(config)["spec"]["roles"]["rollout"]["replicas"] == 3
+        cluster.patch_job("ar", {"spec": {"roles": {"rollout": {"replicas": 1}}}})
+        await eventually(lambda: set(cluster.pods("ar")) == llm_pods, what="scaled down")
+        assert cluster.uid("ar-actor-0") == actor and cluster.phase("ar") == "Running"
+        assert cluster.status("ar")["restarts"] == 0
+
+
+async def test_scaling_rollout_of_a_gym_job_is_a_controlled_restart(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    """Gym rollouts each step a fixed share of the envs, so the whole job restarts on the new count."""
     async with operator_running(kube):
         cluster.create_job(cartpole_job())
         await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
         cluster.run_all("cp")
         await eventually(lambda: cluster.phase("cp") == "Running")
-        actor = cluster.uid("cp-actor-0")
-        scale = "/apis/rljob.io/v1alpha1/namespaces/ns/rljobs/cp/scale"
-        # A one-off connection: a kept-alive one would outlive the operator and delay kopf's exit.
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-            response = await session.patch(
-                kube.url.join(yarl.URL(scale)), json={"spec": {"replicas": 3}}, headers=MERGE
-            )
-            assert response.status == 200
-        await eventually(lambda: {"cp-rollout-1", "cp-rollout-2"} <= set(cluster.pods("cp")), what="scaled up")
-        cluster.run("cp-rollout-1")
-        cluster.run("cp-rollout-2")
-        await eventually(lambda: cluster.status("cp")["roles"]["rollout"] == {"desired": 3, "ready": 3, "failed": 0})
-        config = kube.read_object(CONFIGMAPS, NS, "cp-config")["data"]["job.yaml"]
-        assert yaml.safe_load(config)["spec"]["roles"]["rollout"]["replicas"] == 3
-        cluster.patch_job("cp", {"spec": {"roles": {"rollout": {"replicas": 1}}}})
-        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS, what="scaled down")
-        assert cluster.uid("cp-actor-0") == actor and cluster.phase("cp") == "Running"
+        uids = {pod: cluster.uid(pod) for pod in CHILD_PODS}
+        await _scale_rollouts(kube, "cp", 2)
+        scaled = CHILD_PODS | {"cp-rollout-1"}
+        await eventually(
+            lambda: set(cluster.pods("cp")) == scaled and all(cluster.uid(p) != uids[p] for p in CHILD_PODS),
+            what="every pod recreated with two rollouts",
+        )
+        await eventually(lambda: "SpecChanged" in cluster.reasons("cp"), what="events")
         assert cluster.status("cp")["restarts"] == 0
 
 

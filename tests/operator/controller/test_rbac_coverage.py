@@ -31,8 +31,17 @@ async def test_every_request_of_a_job_lifecycle_is_granted_by_rbac(kube: Kuberne
         await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS, what="pods")
         cluster.run_all("cp")
         await eventually(lambda: cluster.phase("cp") == "Running", what="Running")
+        env_uid = cluster.uid("cp-env-1")
         cluster.patch_job("cp", {"spec": {"roles": {"rollout": {"replicas": 2}}}})
-        await eventually(lambda: "cp-rollout-1" in cluster.pods("cp"), what="scaled")
+        # A gym job takes a new rollout count through a controlled restart of every pod.
+        await eventually(
+            lambda: (
+                "cp-rollout-1" in cluster.pods("cp")
+                and (cluster.pods("cp").get("cp-env-1") or {}).get("metadata", {}).get("uid") not in (None, env_uid)
+            ),
+            what="restarted with two rollouts",
+        )
+        cluster.run_all("cp")
         cluster.exit("cp-env-1", 1)
         await eventually(
             lambda: (cluster.pods("cp").get("cp-env-1") or {}).get("status", {}).get("phase") not in ("Failed",),
