@@ -80,3 +80,13 @@ def test_console_script_is_installed():
     rljob = Path(sys.executable).parent / "rljob"
     done = subprocess.run([str(rljob), "version"], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and __version__ in done.stdout
+
+
+def test_cli_starts_without_any_optional_dependency_loaded():
+    """Each image installs one extra only (the env image has no torch, no kopf): `rljob` must start there."""
+    code = (
+        "import sys, rljob.cli.main, rljob.runtime.roles.env; "
+        "print(sorted(m for m in ('torch', 'kopf', 'kubernetes_asyncio', 'transformers', 'vllm') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
