@@ -445,6 +445,9 @@ class FailurePolicySpec(SpecModel):
 
     max_restarts: int = Field(default=3, ge=0)
     """Actor-group restarts before the job fails with BackoffLimitExceeded."""
+    max_replacements: int = Field(default=10, ge=0)
+    """Replacements of one rollout, env or reward replica that keeps failing (for example a bad image or
+    env id) before the job fails with BackoffLimitExceeded. Evictions and preemptions do not count."""
     actor: Literal["RestartGroup", "FailJob"] = "RestartGroup"
     rollout: Literal["Replace", "FailJob"] = "Replace"
     env: Literal["Replace", "FailJob"] = "Replace"
