@@ -158,5 +158,8 @@ def iter_job_files(paths: list[Path]) -> Iterator[tuple[Path, list[RLJob] | Inva
             yield path, load_jobs(path.read_text(), str(path))
         except InvalidRLJob as exc:
             yield path, exc
+        except IsADirectoryError:
+            fix = f"pass the manifests inside it, e.g. {path}/*.yaml"
+            yield path, InvalidRLJob([Problem("", f"is a directory: {fix}")], str(path))
         except OSError as exc:
             yield path, InvalidRLJob([Problem("", f"cannot read the file: {exc.strerror}")], str(path))

@@ -7,7 +7,7 @@ the same meaning; the tests evaluate both on the same manifests.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from rljob.api.job import MAX_NAME_LENGTH, RLJob
 from rljob.api.kubernetes import Volume
@@ -61,6 +61,7 @@ def _check_name(name: str) -> Iterator[Problem]:
 
 def _check_spec(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     yield from _check_task(spec)
+    yield from _check_gym_settings(spec)
     yield from _check_model(spec)
     yield from _check_algorithm(spec)
     yield from _check_batch(spec)
@@ -100,6 +101,41 @@ def _check_task(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
                 "rollout.vllm.maxModelLen",
                 f"must cover maxPromptLength + maxResponseLength = {total} (got {max_len})",
             )
+
+
+# Settings that only LLM training reads: a gym job that sets them would silently run without them.
+_LLM_ONLY_SETTINGS: tuple[tuple[str, Callable[[RLJobSpec], object], object], ...] = (
+    ("trainer.parallelism", lambda s: s.trainer.parallelism, "ddp"),
+    ("trainer.precision", lambda s: s.trainer.precision, "fp32"),
+    ("trainer.microBatchSize", lambda s: s.trainer.micro_batch_size, None),
+    ("algorithm.klCoef", lambda s: s.algorithm.kl_coef, 0.0),
+    ("algorithm.lossAggregation", lambda s: s.algorithm.loss_aggregation, "token-mean"),
+    ("rollout.temperature", lambda s: s.rollout.temperature, 1.0),
+    ("rollout.topP", lambda s: s.rollout.top_p, 1.0),
+    ("rollout.topK", lambda s: s.rollout.top_k, None),
+    ("rollout.maxTokens", lambda s: s.rollout.max_tokens, None),
+    ("rollout.weightSync.method", lambda s: s.rollout.weight_sync.method, "broadcast"),
+    ("logging.metricsInterval", lambda s: s.logging.metrics_interval, 1),
+    ("model.dtype", lambda s: s.model.dtype, "auto"),
+    ("model.gradientCheckpointing", lambda s: s.model.gradient_checkpointing, False),
+    ("model.reference", lambda s: s.model.reference, None),
+)
+
+
+def _check_gym_settings(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    if spec.task.type != "gym":
+        return
+    for path, read, default in _LLM_ONLY_SETTINGS:
+        value = read(spec)
+        if value != default:
+            shown = "unset" if default is None else repr(default)
+            fix = f"remove it or set {shown}"
+            yield path, f"is used by llm tasks only; a gym job would ignore it: {fix} (got {value!r})"
+    if spec.roles.reward.replicas:
+        yield (
+            "roles.reward.replicas",
+            f"gym environments give their own reward: set 0 (got {spec.roles.reward.replicas})",
+        )
 
 
 def _check_model(spec: RLJobSpec) -> Iterator[tuple[str, str]]:

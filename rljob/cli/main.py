@@ -21,6 +21,7 @@ from rljob.cli import role as role_cli
 from rljob.cli import run as run_cli
 from rljob.cli.operator import operator
 from rljob.operator.manifests import build_children
+from rljob.operator.manifests.checks import build_problems
 from rljob.operator.settings import OperatorSettings, SettingsError
 
 app = typer.Typer(
@@ -78,9 +79,27 @@ def validate(
                 typer.secho(problem.render(result.source), fg=typer.colors.RED, err=True)
         else:
             for job in result:
+                # What only the pod builders can see (reserved ports, names, mounts), as the operator will.
+                problems = build_problems(job)
+                if problems:
+                    failed = True
+                    for problem in problems:
+                        typer.secho(problem.render(str(path)), fg=typer.colors.RED, err=True)
+                    continue
                 typer.echo(f"ok {path}: {_summary(job)}")
+                _note_unsupported(job)
     if failed:
         raise typer.Exit(1)
+
+
+def _note_unsupported(job: RLJob) -> None:
+    if job.spec.task.type == "llm":
+        typer.secho(
+            f"note: {job.name}: this rljob version trains gym tasks only; `rljob run` and the operator "
+            "refuse llm jobs until the LLM runtime lands (the manifest itself is valid)",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
 
 
 @app.command()
@@ -103,6 +122,7 @@ def render(
     except SettingsError as exc:
         typer.secho(str(exc), fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
+    _note_unsupported(job)
     documents = (
         []
         if only is RenderPart.children

@@ -57,7 +57,7 @@ def test_crd_prints_the_generated_crd():
 def test_render_prints_the_resolved_job_with_defaults_filled():
     result = runner.invoke(app, ["render", str(REPO / "examples" / "grpo-tiny-arithmetic.yaml")])
     assert result.exit_code == 0, result.output
-    job = next(d for d in yaml.safe_load_all(result.output) if d and d.get("kind") == "RLJob")
+    job = next(d for d in yaml.safe_load_all(result.stdout) if d and d.get("kind") == "RLJob")
     assert job["spec"]["algorithm"]["groupSize"] == 8
     assert job["spec"]["rollout"]["maxTokens"] == 8
     assert job["spec"]["checkpoint"]["resume"] == "auto"
@@ -90,3 +90,26 @@ def test_cli_starts_without_any_optional_dependency_loaded():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_validate_reports_what_only_the_pod_builders_see(tmp_path: Path):
+    """`validate` and the operator agree: a port rljob reserves inside pods is refused by both."""
+    manifest = yaml.safe_load((REPO / "examples" / "cartpole-ppo.yaml").read_text())
+    manifest["spec"]["logging"] = {"prometheusPort": 29600}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 1
+    assert "spec.logging.prometheusPort" in result.output
+
+
+def test_validate_says_llm_jobs_do_not_run_in_this_version():
+    result = runner.invoke(app, ["validate", str(REPO / "examples" / "grpo-tiny-arithmetic.yaml")])
+    assert result.exit_code == 0
+    assert "trains gym tasks only" in result.output
+
+
+def test_validate_on_a_directory_says_to_pass_the_files(tmp_path: Path):
+    result = runner.invoke(app, ["validate", str(tmp_path)])
+    assert result.exit_code == 1
+    assert f"{tmp_path}/*.yaml" in result.output

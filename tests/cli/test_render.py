@@ -24,7 +24,7 @@ def test_render_prints_the_resolved_job_then_every_child(monkeypatch):
     monkeypatch.delenv("RLJOB_OPERATOR_TRAINER_IMAGE", raising=False)
     result = render(str(H100_JOB))
     assert result.exit_code == 0, result.output
-    documents = list(yaml.safe_load_all(result.output))
+    documents = list(yaml.safe_load_all(result.stdout))
     assert documents[0]["kind"] == "RLJob" and documents[0]["spec"]["roles"]["env"]["replicas"] == 0
     job = load_job_file(H100_JOB)
     assert documents[1:] == build_children(job, OperatorSettings())
@@ -33,15 +33,15 @@ def test_render_prints_the_resolved_job_then_every_child(monkeypatch):
 
 
 def test_render_only_job_or_only_children():
-    (job,) = yaml.safe_load_all(render("--only", "job", str(H100_JOB)).output)
+    (job,) = yaml.safe_load_all(render("--only", "job", str(H100_JOB)).stdout)
     assert job["kind"] == "RLJob" and "status" not in job
-    children = list(yaml.safe_load_all(render("--only", "children", str(H100_JOB)).output))
+    children = list(yaml.safe_load_all(render("--only", "children", str(H100_JOB)).stdout))
     assert children[0]["kind"] == "ConfigMap" and len(children) == 11
 
 
 def test_render_uses_the_operator_image_settings(monkeypatch):
     monkeypatch.setenv("RLJOB_OPERATOR_TRAINER_IMAGE", "registry.local/trainer:7")
-    pods = [d for d in yaml.safe_load_all(render("--only", "children", str(H100_JOB)).output) if d["kind"] == "Pod"]
+    pods = [d for d in yaml.safe_load_all(render("--only", "children", str(H100_JOB)).stdout) if d["kind"] == "Pod"]
     assert pods[0]["spec"]["containers"][0]["image"] == "registry.local/trainer:7"
 
 
