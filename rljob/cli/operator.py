@@ -42,6 +42,8 @@ def operator(
     Reads the ServiceAccount in a pod, the kubeconfig elsewhere. Pod defaults (images, user ids, scheduler
     names) come from RLJOB_OPERATOR_* variables (see rljob/operator/settings.py).
     """
+    from kubernetes_asyncio.config import ConfigException
+
     from rljob.operator.app import OperatorOptions, registry_with_login, run_operator
     from rljob.operator.client import load_configuration
     from rljob.operator.controller import ControllerConfig
@@ -81,8 +83,21 @@ def operator(
         settings=settings,
     )
 
-    async def serve() -> None:
-        configuration = await load_configuration()
+    async def serve() -> str | None:
+        """Run until stopped; the reason when there are no credentials to run with."""
+        try:
+            configuration = await load_configuration()
+        except ConfigException as exc:
+            return str(exc)
         await run_operator(options, configuration, registry_with_login())
+        return None
 
-    asyncio.run(serve())
+    missing = asyncio.run(serve())
+    if missing is not None:
+        # Neither a ServiceAccount (in a pod) nor a usable kubeconfig: say what to provide, not a traceback.
+        typer.secho(
+            f"no Kubernetes credentials: run in a pod with a ServiceAccount or set KUBECONFIG ({missing})",
+            fg="red",
+            err=True,
+        )
+        raise typer.Exit(1)

@@ -43,6 +43,19 @@ def test_bad_operator_settings_name_the_variable(monkeypatch: pytest.MonkeyPatch
     assert "RLJOB_OPERATOR_IMAGE_PULL_POLICY" in result.output
 
 
+def test_no_cluster_credentials_is_a_message_not_a_traceback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from kubernetes_asyncio.config import kube_config
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a pod
+    monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
+    # The default kubeconfig path is read from KUBECONFIG when the module loads: point it at nothing.
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "no-kubeconfig"))
+    result = CliRunner().invoke(app, ["operator", "-A", "--log-level", "debug"])
+    assert result.exit_code == 1
+    assert "no Kubernetes credentials: run in a pod with a ServiceAccount or set KUBECONFIG" in result.output
+    assert isinstance(result.exception, SystemExit)  # a clean exit, no ConfigException escaping
+
+
 @pytest.mark.slow
 async def test_operator_command_serves_jobs_from_a_kubeconfig(tmp_path: Path) -> None:
     """The real `rljob operator` process: kubeconfig login, liveness, metrics, and a job's children."""
