@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import kmock
 
+from rljob.operator.metrics import OperatorMetrics
 from tests.operator.controller.conftest import (
     NS,
     PODS,
@@ -123,7 +122,7 @@ async def test_invalid_spec_fails_that_job_and_the_operator_serves_the_others(
 async def test_new_actor_group_waits_until_every_old_actor_has_terminated() -> None:
     kube = new_emulator(graceful_pod_deletion=True)
     cluster = Cluster(kube)
-    async with kube, kmock.Server(kube), operator_running(kube):
+    async with kube, kmock.Server(kube), operator_running(kube) as op:
         manifest = cartpole_job(roles={"actor": {"replicas": 2}, "rollout": {"replicas": 1}, "env": {"replicas": 1}})
         uids = await start_running(cluster, manifest)
         cluster.exit("cp-actor-0", 1)
@@ -133,13 +132,32 @@ async def test_new_actor_group_waits_until_every_old_actor_has_terminated() -> N
             what="old actors terminating",
         )
         kube.finish_termination(NS, "cp-actor-1")
-        await asyncio.sleep(0.5)  # actor 0 still terminates: no new actor may start beside it
+        # Evidence before the negative assertion: the operator's pod index has dropped actor 1, and a
+        # whole reconcile ran after that (reconciles of one job are serial, so the second one to finish
+        # from now started after the index changed).
+        await eventually(lambda: _sample_sum(op.metrics, "rljob_operator_child_pods", role="actor") == 1)
+        done = _sample_sum(op.metrics, "rljob_operator_reconcile_duration_seconds_count")
+        await eventually(
+            lambda: _sample_sum(op.metrics, "rljob_operator_reconcile_duration_seconds_count") >= done + 2,
+            what="two reconciles after actor 1 was gone",
+        )
+        # Actor 0 still terminates: no new actor may start beside it.
         assert "cp-actor-1" not in cluster.pods("cp") and cluster.phase("cp") == "Restarting"
         kube.finish_termination(NS, "cp-actor-0")
         await eventually(
             lambda: all(cluster.uid(f"cp-actor-{i}") != uids[f"cp-actor-{i}"] for i in (0, 1)), what="new group"
         )
         assert cluster.status("cp")["restarts"] == 1
+
+
+def _sample_sum(metrics: OperatorMetrics, name: str, **labels: str) -> float:
+    """The sum of a metric's samples whose labels include `labels`."""
+    return sum(
+        sample.value
+        for family in metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
 
 
 async def test_pods_the_job_does_not_control_are_left_alone(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
