@@ -60,12 +60,25 @@ class Progress(StatusModel):
     updated_at: str | None = None
 
 
+class ReplicaFailures(StatusModel):
+    """Failures in a row of one rollout, env or reward replica, bounded by failurePolicy.maxReplacements."""
+
+    count: int = 0
+    """Failures in a row; reset once a replacement stays Ready for a while or exits 0."""
+    last_pod_uid: str = ""
+    """The failed pod last counted: a failure is counted once, however often it is observed."""
+    last_failure_time: str | None = None
+    """When that pod finished (RFC 3339): its replacement is created a backoff later."""
+
+
 class RLJobStatus(StatusModel):
     phase: Phase = "Pending"
     conditions: list[Condition] = Field(default_factory=list)
     roles: RoleStatuses = Field(default_factory=RoleStatuses)
     restarts: int = 0
     """Actor-group restarts that counted against failurePolicy.maxRestarts."""
+    replica_failures: dict[str, ReplicaFailures] = Field(default_factory=dict)
+    """Rollout, env and reward replicas that failed recently, by `<role>-<replica>` (e.g. `env-1`)."""
     start_time: str | None = None
     completion_time: str | None = None
     progress: Progress = Field(default_factory=Progress)
