@@ -42,6 +42,10 @@ class PodState:
     """`status.reason` and, failing that, a terminated container's reason."""
     message: str
     config_hash: str
+    finished_at: str | None = None
+    """`finishedAt` (RFC 3339) of the container whose exit code is reported."""
+    ready_since: str | None = None
+    """When the pod last became Ready (the Ready condition's lastTransitionTime), while it is Ready."""
 
     @property
     def failed(self) -> bool:
@@ -92,7 +96,7 @@ def observe_pod(raw: dict[str, Any]) -> PodState | None:
     )
 
     waiting_reason, waiting_message = None, ""
-    exit_code, container_reason, container_message = None, "", ""
+    exit_code, container_reason, container_message, finished_at = None, "", "", None
     statuses = list(status.get("initContainerStatuses") or []) + list(status.get("containerStatuses") or [])
     for cs in statuses:
         state = cs.get("state") or {}
@@ -106,8 +110,10 @@ def observe_pod(raw: dict[str, Any]) -> PodState | None:
             exit_code = int(terminated["exitCode"])
             container_reason = terminated.get("reason") or ""
             container_message = terminated.get("message") or ""
+            finished_at = terminated.get("finishedAt")
 
     reason = status.get("reason") or container_reason
+    ready = bool(ready_cond and ready_cond.get("status") == "True")
     disrupted = bool(disruption and disruption.get("status") == "True") or status.get("reason") in DISRUPTION_REASONS
     return PodState(
         name=meta.get("name", ""),
@@ -115,7 +121,7 @@ def observe_pod(raw: dict[str, Any]) -> PodState | None:
         role=role,
         replica=replica,
         phase=phase,
-        ready=bool(ready_cond and ready_cond.get("status") == "True"),
+        ready=ready,
         terminating=bool(meta.get("deletionTimestamp")),
         scheduled=scheduled,
         unschedulable=unschedulable,
@@ -126,4 +132,6 @@ def observe_pod(raw: dict[str, Any]) -> PodState | None:
         reason=reason,
         message=status.get("message") or container_message,
         config_hash=(meta.get("annotations") or {}).get(ANNOTATION_CONFIG_HASH, ""),
+        finished_at=finished_at,
+        ready_since=(ready_cond or {}).get("lastTransitionTime") if ready else None,
     )

@@ -12,7 +12,12 @@ Failure policy (spec.failurePolicy):
 - an actor pod lost to eviction, preemption or node loss, or gone while the group runs -> the same group
   restart without charging the budget.
 - rollout / env / reward pod failed or gone -> that pod alone is replaced; training goes on; its role's
-  `failed` count grows (disruptions are replaced without counting).
+  `failed` count grows (disruptions are replaced without counting). A replica that keeps failing is
+  replaced after an exponential back-off (1 s, 2 s, 4 s ... 60 s from the failed pod's finish); its failures
+  in a row are counted in `status.replicaFailures` (charged once per failed pod uid, so replays count
+  nothing twice) and past maxReplacements the job fails (BackoffLimitExceeded). The count is forgotten
+  once a replacement stays Ready for STABLE_SECONDS or exits 0.
+- a task type this rljob version cannot train (llm) -> Failed / UnsupportedTask before any pod exists.
 - actor replica 0 exits 0 -> Succeeded; pods still running are deleted (finished ones stay for logs).
 - a spec edit that changes what pods run (anything but rollout replicas, suspend, failurePolicy,
   activeDeadlineSeconds and ttlSecondsAfterFinished) -> controlled restart of every pod, not charged.
@@ -26,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rljob.api import ROLE_NAMES, InvalidRLJob, RLJob
-from rljob.api.status import TERMINAL_PHASES, Progress, RLJobStatus
+from rljob.api.status import TERMINAL_PHASES, Progress, ReplicaFailures, RLJobStatus
 from rljob.operator.podstate import PodState
 from rljob.operator.status import (
     FAILED,
@@ -48,6 +53,34 @@ from rljob.operator.status import (
 
 Manifest = dict[str, Any]
 EventType = Literal["Normal", "Warning"]
+
+BACKOFF_BASE_SECONDS = 1.0
+"""A failed rollout/env/reward pod is replaced this long after it finished, doubling with each failure in a
+row of its replica, up to BACKOFF_MAX_SECONDS."""
+BACKOFF_MAX_SECONDS = 60.0
+STABLE_SECONDS = 600.0
+"""A replacement Ready this long clears its replica's failure count (as the kubelet resets a container's
+crash-loop back-off after 10 minutes of running)."""
+CRASH_LOOP_FAILURES = 2
+"""Failures in a row of one replica that make the Ready condition say CrashLoopBackOff."""
+
+
+def replacement_backoff(failures: int) -> float:
+    """Seconds between a replica's failure number `failures` (in a row) and its replacement."""
+    return min(BACKOFF_BASE_SECONDS * 2 ** max(failures - 1, 0), BACKOFF_MAX_SECONDS)
+
+
+def unsupported_task(job: RLJob) -> str | None:
+    """Why this rljob version cannot train the job's task (its role processes would exit 1), or None.
+
+    Checked by the reconciler, not the builders: `rljob render` still prints an llm job's manifests."""
+    if job.spec.task.type == "llm":
+        return (
+            "spec.task.type: llm training is not part of this rljob version yet (gym tasks only); "
+            "`rljob render` shows the pods it would create. Set spec.task.type: gym with a spec.task.gym "
+            "section to train here"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -78,6 +111,8 @@ class Observation:
     """The spec changed in a way that needs new pods (see module docstring)."""
     progress: Progress | None = None
     """Fresh progress from actor 0, when it answered."""
+    allow_unsupported_tasks: bool = False
+    """Deploy task types the runtime cannot train (see `unsupported_task`): for operator tests only."""
 
 
 @dataclass
@@ -166,6 +201,10 @@ class _Planner:
             self.finish(False, "InvalidSpec", message)
             return self.finalize()
         job = obs.job
+        unsupported = None if obs.allow_unsupported_tasks else unsupported_task(job)
+        if unsupported is not None:
+            self.finish(False, "UnsupportedTask", unsupported)
+            return self.finalize()
         if self.deadline_exceeded(job):
             return self.finalize()
         if job.spec.suspend:
@@ -194,13 +233,14 @@ class _Planner:
         return self.finalize()
 
     def retry_fixed_spec(self) -> None:
-        """A job failed for an invalid spec gets another chance once its spec is edited and valid."""
+        """A job failed for an invalid spec or an unsupported task gets another chance once its spec is
+        edited (and valid; a still unsupported task fails again at once)."""
         failed = get_condition(self.status, FAILED)
         edited = self.obs.generation != (self.status.observed_generation or 0)
         if (
             self.status.phase == "Failed"
             and failed is not None
-            and failed.reason == "InvalidSpec"
+            and failed.reason in ("InvalidSpec", "UnsupportedTask")
             and edited
             and self.obs.job is not None
         ):
@@ -246,6 +286,8 @@ class _Planner:
         for pod in self.live:
             self.delete(pod)
         message = "the spec changed: every pod is recreated; the actor resumes from its checkpoint"
+        # New pods from a new spec (a fixed image, say) start with a clean record.
+        self.status.replica_failures = {}
         set_condition(self.status, RESTARTING, True, "SpecChanged", message, self.now)
         self.transition("Restarting", "SpecChanged", message)
 
@@ -307,24 +349,98 @@ class _Planner:
             if pod.name not in desired:
                 self.delete(pod)  # scaled down, or left over from an older spec
                 continue
-            if pod.role == "actor" or not pod.finished:
+            if pod.role == "actor":
                 continue
-            if pod.failed and not pod.disrupted and getattr(policy, pod.role, "Replace") == "FailJob":
-                self.finish(
-                    False, "PodFailed", f"{pod.role} pod {pod.name} failed; failurePolicy.{pod.role} is FailJob"
-                )
-                return
+            key = _replica_key(pod.role, pod.replica)
+            if not pod.finished:
+                self.forgive_if_stable(key, pod)
+                continue
+            if pod.failed and not pod.disrupted:
+                if getattr(policy, pod.role, "Replace") == "FailJob":
+                    self.finish(
+                        False, "PodFailed", f"{pod.role} pod {pod.name} failed; failurePolicy.{pod.role} is FailJob"
+                    )
+                    return
+                if not self.replace_failed(job, key, pod):
+                    return
+                continue
             if pod.disrupted:
-                reason, kind = "PodDisrupted", "Normal"
-            elif pod.failed:
-                reason, kind = "PodFailed", "Warning"
-                self.new_failures[pod.role] = self.new_failures.get(pod.role, 0) + 1
+                reason, kind = "PodDisrupted", "Normal"  # not the replica's fault: its count stays as it is
             else:
                 reason, kind = "PodExited", "Normal"
-            detail = " ".join(x for x in (pod.reason, pod.message) if x)
-            self.event(kind, reason, f"{pod.name} {'(' + detail + ') ' if detail else ''}is replaced; training goes on")
+                self.status.replica_failures.pop(key, None)  # exited 0: the failures are no longer in a row
+            self.event(kind, reason, f"{pod.name}{_detail(pod)} is replaced; training goes on")
             self.plan.replaced.append((pod.role, reason))
             self.delete(pod)
+        wanted = {
+            _replica_key(_role_of(m), int(m["metadata"]["labels"]["rljob.io/replica"]))
+            for m in self.obs.desired_pods.values()
+        }
+        for key in [k for k in self.status.replica_failures if k not in wanted]:
+            del self.status.replica_failures[key]  # scaled away
+
+    def replace_failed(self, job: RLJob, key: str, pod: PodState) -> bool:
+        """Count a failed rollout/env/reward pod once, then replace it after the back-off; False when
+        the replica is out of replacements and the job failed."""
+        limit = job.spec.failure_policy.max_replacements
+        record = self.status.replica_failures.setdefault(key, ReplicaFailures())
+        if record.last_pod_uid != pod.uid:
+            # First sight of this failure. The count is written to status before the pod is deleted, and
+            # the uid makes a replayed observation (stale cache, operator restart) charge nothing again.
+            record.count += 1
+            record.last_pod_uid = pod.uid
+            record.last_failure_time = pod.finished_at or rfc3339(self.now)
+            self.new_failures[pod.role] = self.new_failures.get(pod.role, 0) + 1
+            if record.count > limit:
+                self.count_roles()
+                self.finish(
+                    False,
+                    "BackoffLimitExceeded",
+                    f"{pod.role} replica {pod.replica} (pod {pod.name}) failed {record.count} times in a row"
+                    f"{_detail(pod)}; spec.failurePolicy.maxReplacements is {limit}: fix the cause "
+                    f"(kubectl logs {pod.name}) or raise spec.failurePolicy.maxReplacements",
+                )
+                return False
+            self.event(
+                "Warning",
+                "PodFailed",
+                f"{pod.name}{_detail(pod)} is replaced in {replacement_backoff(record.count):g}s "
+                f"(failure {record.count} in a row; spec.failurePolicy.maxReplacements {limit}); training goes on",
+            )
+        failed_at = parse_rfc3339(record.last_failure_time) or self.now
+        left = (failed_at - self.now).total_seconds() + replacement_backoff(record.count)
+        if left > 0:
+            self.requeue(left)  # the failed pod (and its logs) stays until then; no sleeping here
+            return True
+        self.plan.replaced.append((pod.role, "PodFailed"))
+        self.delete(pod)
+        return True
+
+    def forgive_if_stable(self, key: str, pod: PodState) -> None:
+        """Clear a replica's failure count once its replacement has been Ready for STABLE_SECONDS."""
+        record = self.status.replica_failures.get(key)
+        if record is None or not pod.ready or pod.uid == record.last_pod_uid:
+            return
+        since = parse_rfc3339(pod.ready_since)
+        if since is None:
+            return  # no transition time to measure from: the count stays until the next exit 0
+        left = (since - self.now).total_seconds() + STABLE_SECONDS
+        if left <= 0:
+            del self.status.replica_failures[key]
+        else:
+            self.requeue(left)
+
+    def crash_looping_replicas(self) -> list[str]:
+        """Replicas that failed CRASH_LOOP_FAILURES times or more in a row and are not Ready now."""
+        looping = []
+        for key, record in sorted(self.status.replica_failures.items()):
+            role, replica = key.rsplit("-", 1)
+            name = _pod_name(self.obs, role, int(replica))
+            current = self.pods.get(name)
+            if record.count < CRASH_LOOP_FAILURES or (current is not None and current.ready and not current.finished):
+                continue
+            looping.append(f"{role} replica {replica} ({name}) failed {record.count} times in a row")
+        return looping
 
     def create_missing(self) -> None:
         restarting = self.status.phase == "Restarting"
@@ -350,6 +466,12 @@ class _Planner:
             if scheduled:
                 set_condition(self.status, SCHEDULED, True, "AllPodsScheduled", "every pod has a node", self.now)
         reason, problems = container_problems(obs.pods)
+        if not problems:
+            # Pods never restart in place (restartPolicy Never), so the kubelet reports no crash loop:
+            # replicas the operator keeps replacing are the crash loops here.
+            looping = self.crash_looping_replicas()
+            if looping:
+                reason, problems = "CrashLoopBackOff", looping
         ready_pods = [n for n in obs.desired_pods if n in self.pods and self.pods[n].ready]
         all_ready = len(ready_pods) == len(obs.desired_pods)
         if problems:
@@ -399,6 +521,20 @@ class _Planner:
 
 def _role_of(manifest: Manifest) -> str:
     return manifest["metadata"]["labels"]["rljob.io/role"]
+
+
+def _replica_key(role: str, replica: int) -> str:
+    """The key of a replica in `status.replicaFailures`, e.g. `env-1`."""
+    return f"{role}-{replica}"
+
+
+def _detail(pod: PodState) -> str:
+    """` (exit code 1: Error ...)`: how a finished pod ended, or nothing."""
+    parts = [f"exit code {pod.exit_code}"] if pod.exit_code else []
+    words = " ".join(x for x in (pod.reason, pod.message) if x)
+    if words:
+        parts.append(words)
+    return f" ({': '.join(parts)})" if parts else ""
 
 
 def _role_pod_names(obs: Observation, role: str) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -10,14 +11,16 @@ import jsonschema
 
 from rljob.api import load_job_file, validate_job
 from rljob.api.crd import build_crd
-from rljob.api.status import RLJobStatus
+from rljob.api.status import ReplicaFailures, RLJobStatus
 from rljob.operator.manifests import build_children
 from rljob.operator.podstate import PodState, observe_pod
-from rljob.operator.reconcile import Observation, plan
+from rljob.operator.reconcile import STABLE_SECONDS, Observation, plan, replacement_backoff
 from rljob.operator.settings import OperatorSettings
+from rljob.operator.status import rfc3339
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cartpole-ppo.yaml"
+LLM_EXAMPLE = EXAMPLE.with_name("grpo-tiny-arithmetic.yaml")
 
 
 def job(**spec: Any):
@@ -25,6 +28,14 @@ def job(**spec: Any):
     data["metadata"] = {"name": "cp", "namespace": "ns", "uid": "u-1", "generation": 1}
     data["spec"]["roles"]["env"]["replicas"] = 2  # two env pods, whatever the example is tuned to
     data["spec"].update(spec)
+    return validate_job(data)
+
+
+def arithmetic_job(rollout_replicas: int = 1):
+    """The tiny GRPO arithmetic example (1 actor, rollout and reward pod): an llm task."""
+    data = load_job_file(LLM_EXAMPLE).model_dump(mode="json", by_alias=True, exclude_none=True)
+    data["metadata"] = {"name": "ar", "namespace": "ns", "uid": "u-2", "generation": 1}
+    data["spec"]["roles"]["rollout"]["replicas"] = rollout_replicas
     return validate_job(data)
 
 
@@ -47,9 +58,26 @@ def pod(name: str, phase: str = "Running", ready: bool = True, **status: Any) ->
 def observe(status: RLJobStatus, pods: list[PodState], **kwargs: Any) -> Observation:
     the_job = kwargs.pop("the_job", None) or job()
     desired = {c["metadata"]["name"]: c for c in build_children(the_job, OperatorSettings()) if c["kind"] == "Pod"}
-    return Observation(
-        job=the_job, invalid=None, generation=1, status=status, pods=pods, desired_pods=desired, now=NOW, **kwargs
-    )
+    kwargs.setdefault("now", NOW)
+    kwargs.setdefault("generation", 1)
+    return Observation(job=the_job, invalid=None, status=status, pods=pods, desired_pods=desired, **kwargs)
+
+
+def failed_pod(name: str, uid: str, finished: datetime.datetime | None = None, **status: Any) -> PodState:
+    """A pod whose container exited 1 (at `finished`, when given)."""
+    terminated: dict[str, Any] = {"exitCode": 1, "reason": "Error"}
+    if finished is not None:
+        terminated["finishedAt"] = rfc3339(finished)
+    state = pod(name, "Failed", False, containerStatuses=[{"name": "main", "state": {"terminated": terminated}}])
+    return replace(state, uid=uid, **status)
+
+
+def ready_pod(name: str, uid: str, since: datetime.datetime) -> PodState:
+    return replace(pod(name), uid=uid, ready_since=rfc3339(since))
+
+
+def seconds(n: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=n)
 
 
 ALL = ["cp-actor-0", "cp-rollout-0", "cp-env-0", "cp-env-1"]
@@ -87,11 +115,113 @@ def test_an_actor_that_vanished_from_a_running_group_restarts_it_uncharged() -> 
     assert result.create == ["cp-actor-0"] and result.status.phase == "Starting"
 
 
-def test_a_failed_rollout_pod_is_replaced_and_counted() -> None:
-    pods = [pod(n) for n in ALL if n != "cp-rollout-0"] + [pod("cp-rollout-0", "Failed", False)]
-    result = plan(observe(RLJobStatus(phase="Running"), pods))
-    assert result.delete == ["cp-rollout-0"] and result.status.phase == "Running"
-    assert result.status.roles.rollout.failed == 1 and result.status.restarts == 0
+def test_a_failed_rollout_pod_is_counted_once_and_replaced_after_the_backoff() -> None:
+    pods = [pod(n) for n in ALL if n != "cp-rollout-0"] + [failed_pod("cp-rollout-0", "r1", finished=NOW)]
+    first = plan(observe(RLJobStatus(phase="Running"), pods))
+    assert first.status.phase == "Running" and first.status.restarts == 0
+    assert first.status.roles.rollout.failed == 1
+    assert first.status.replica_failures["rollout-0"].count == 1
+    assert first.delete == [] and first.requeue_after == 1.0  # the first back-off: 1 s after it finished
+    assert [e.reason for e in first.events] == ["PodFailed"] and "exit code 1" in first.events[0].message
+    # Replayed (stale cache, operator restart): the same failed pod is charged nothing more.
+    again = plan(observe(first.status, pods))
+    assert again.status.roles.rollout.failed == 1 and again.status.replica_failures["rollout-0"].count == 1
+    assert again.events == [] and again.delete == []
+    due = plan(observe(again.status, pods, now=NOW + seconds(1)))
+    assert due.delete == ["cp-rollout-0"] and due.status.replica_failures["rollout-0"].count == 1
+    assert due.replaced == [("rollout", "PodFailed")] and due.events == []
+    gone = plan(observe(due.status, [p for p in pods if p.name != "cp-rollout-0"], now=NOW + seconds(2)))
+    assert gone.create == ["cp-rollout-0"]
+
+
+def test_the_backoff_doubles_with_each_failure_in_a_row_up_to_a_minute() -> None:
+    assert [replacement_backoff(n) for n in range(1, 10)] == [1, 2, 4, 8, 16, 32, 60, 60, 60]
+    status = RLJobStatus(
+        phase="Running",
+        replica_failures={
+            "env-1": ReplicaFailures(count=3, last_pod_uid="old", last_failure_time="2026-01-01T11:00:00Z")
+        },
+    )
+    pods = [pod(n) for n in ALL if n != "cp-env-1"] + [failed_pod("cp-env-1", "new", finished=NOW - seconds(5))]
+    result = plan(observe(status, pods))
+    assert result.status.replica_failures["env-1"].count == 4
+    assert result.delete == [] and result.requeue_after == 3.0  # 8 s from its finish, 5 s ago
+    assert plan(observe(result.status, pods, now=NOW + seconds(3))).delete == ["cp-env-1"]
+
+
+def test_a_replica_failing_again_and_again_is_a_crash_loop_then_fails_the_job() -> None:
+    the_job = job(failurePolicy={"maxReplacements": 2})
+    others = [pod(n) for n in ALL if n != "cp-env-0"]
+    status = RLJobStatus(phase="Running")
+    for attempt in (1, 2):
+        status = plan(observe(status, [*others, failed_pod("cp-env-0", f"e{attempt}")], the_job=the_job)).status
+        ready = next(c for c in status.conditions if c.type == "Ready")
+        assert status.phase == "Running" and status.replica_failures["env-0"].count == attempt
+        assert (ready.reason == "CrashLoopBackOff") == (attempt == 2)
+    assert "env replica 0 (cp-env-0) failed 2 times in a row" in ready.message
+    result = plan(observe(status, [*others, failed_pod("cp-env-0", "e3")], the_job=the_job))
+    failed = next(c for c in result.status.conditions if c.type == "Failed")
+    assert result.status.phase == "Failed" and failed.reason == "BackoffLimitExceeded"
+    assert "env replica 0 (pod cp-env-0) failed 3 times in a row" in failed.message
+    assert "spec.failurePolicy.maxReplacements is 2" in failed.message
+    assert result.status.roles.env.failed == 3 and result.status.restarts == 0
+
+
+def test_max_replacements_zero_fails_on_the_first_failure() -> None:
+    pods = [pod(n) for n in ALL if n != "cp-rollout-0"] + [failed_pod("cp-rollout-0", "r1")]
+    result = plan(observe(RLJobStatus(phase="Running"), pods, the_job=job(failurePolicy={"maxReplacements": 0})))
+    assert result.status.phase == "Failed" and result.create == []
+
+
+def test_evictions_are_replaced_at_once_and_not_counted_as_failures_in_a_row() -> None:
+    status = RLJobStatus(phase="Running", replica_failures={"env-0": ReplicaFailures(count=2, last_pod_uid="e2")})
+    evicted = replace(pod("cp-env-0", "Failed", False, reason="Evicted"), uid="e3")
+    result = plan(observe(status, [*(pod(n) for n in ALL if n != "cp-env-0"), evicted]))
+    assert result.delete == ["cp-env-0"] and result.status.replica_failures["env-0"].count == 2
+    assert result.status.roles.env.failed == 0 and result.status.phase == "Running"
+
+
+def test_the_count_is_forgotten_once_a_replacement_stays_ready_or_exits_0() -> None:
+    status = RLJobStatus(phase="Running", replica_failures={"env-0": ReplicaFailures(count=3, last_pod_uid="e3")})
+    others = [pod(n) for n in ALL if n != "cp-env-0"]
+    recent = plan(observe(status, [*others, ready_pod("cp-env-0", "e4", since=NOW - seconds(100))]))
+    assert recent.status.replica_failures["env-0"].count == 3 and recent.requeue_after == STABLE_SECONDS - 100
+    # Ready again: the Ready condition no longer reports a crash loop although the count is kept.
+    assert next(c for c in recent.status.conditions if c.type == "Ready").reason == "AllPodsReady"
+    stable = plan(observe(status, [*others, ready_pod("cp-env-0", "e4", since=NOW - seconds(STABLE_SECONDS))]))
+    assert stable.status.replica_failures == {}
+    exited = replace(pod("cp-env-0", "Succeeded", False), uid="e4")
+    assert plan(observe(status, [*others, exited])).status.replica_failures == {}
+
+
+def test_a_spec_change_restart_starts_the_replicas_with_a_clean_record() -> None:
+    status = RLJobStatus(phase="Running", replica_failures={"env-0": ReplicaFailures(count=3, last_pod_uid="e3")})
+    result = plan(observe(status, [pod(n) for n in ALL], spec_changed=True))
+    assert result.status.phase == "Restarting" and result.status.replica_failures == {}
+
+
+def test_an_llm_job_fails_as_unsupported_before_any_pod_exists() -> None:
+    llm = arithmetic_job()
+    result = plan(observe(RLJobStatus(), [], the_job=llm))
+    failed = next(c for c in result.status.conditions if c.type == "Failed")
+    assert result.status.phase == "Failed" and failed.reason == "UnsupportedTask"
+    assert failed.message.startswith("spec.task.type: llm training is not part of this rljob version yet")
+    assert "`rljob render`" in failed.message and "spec.task.type: gym" in failed.message
+    assert result.create == [] and [e.reason for e in result.events] == ["UnsupportedTask"]
+    # Replays change nothing; an edit of the spec (a new generation) gets another check.
+    assert plan(observe(result.status, [], the_job=llm)).events == []
+    edited = plan(observe(result.status, [], the_job=job(), generation=2))
+    assert edited.status.phase == "Pending" and sorted(edited.create) == sorted(ALL)
+
+
+def test_llm_rollouts_scale_in_place_when_unsupported_tasks_are_allowed() -> None:
+    """What the operator would do with a running llm job: new rollout replicas only, actors untouched."""
+    scaled = arithmetic_job(rollout_replicas=3)
+    names = ["ar-actor-0", "ar-rollout-0", "ar-reward-0"]
+    running = [replace(pod(n), uid=f"uid-{n}") for n in names]
+    result = plan(observe(RLJobStatus(phase="Running"), running, the_job=scaled, allow_unsupported_tasks=True))
+    assert sorted(result.create) == ["ar-rollout-1", "ar-rollout-2"] and result.delete == []
+    assert result.status.phase == "Running"
 
 
 def test_fail_job_policy_fails_on_the_first_rollout_failure() -> None:
@@ -114,8 +244,11 @@ def test_ttl_deletes_the_finished_job_once_expired() -> None:
 def test_every_status_the_reconciler_writes_fits_the_crd_schema() -> None:
     schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
     pods = [pod(n) for n in ALL[1:]] + [pod("cp-actor-0", "Failed", False)]
+    crash_looping = [pod(n) for n in ALL if n != "cp-env-0"] + [failed_pod("cp-env-0", "e2", finished=NOW)]
+    looping = RLJobStatus(phase="Running", replica_failures={"env-0": ReplicaFailures(count=1, last_pod_uid="e1")})
     statuses = [
         plan(observe(RLJobStatus(), [])).status,
+        plan(observe(looping, crash_looping)).status,
         plan(observe(RLJobStatus(phase="Running"), pods)).status,
         plan(observe(RLJobStatus(phase="Running", restarts=3), pods)).status,
     ]

@@ -6,9 +6,11 @@ import kmock
 
 from rljob.operator.metrics import OperatorMetrics
 from tests.operator.controller.conftest import (
+    CONFIGMAPS,
     NS,
     PODS,
     Cluster,
+    arithmetic_job,
     cartpole_job,
     eventually,
     new_emulator,
@@ -47,6 +49,40 @@ async def test_rollout_and_env_failures_replace_only_that_pod_and_training_conti
         assert status["roles"]["rollout"]["failed"] == 1
         assert status["restarts"] == 0 and status["phase"] == "Running"
         await eventually(lambda: cluster.reasons("cp").count("PodFailed") == 2, what="events")
+
+
+async def test_a_replica_that_keeps_failing_is_replaced_with_backoff_then_fails_the_job(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    """The env id is wrong, say: env replica 0 fails every time. Replaced twice (after 1 s, then 2 s),
+    reported as a crash loop, and the third failure fails the job instead of looping forever."""
+
+    def ready_condition() -> dict:
+        return next(c for c in cluster.status("cp")["conditions"] if c["type"] == "Ready")
+
+    async with operator_running(kube):
+        uids = await start_running(cluster, cartpole_job(failurePolicy={"maxReplacements": 2}))
+        seen = [uids["cp-env-0"]]
+        for attempt in (1, 2):
+            cluster.exit("cp-env-0", 1)
+            await eventually(
+                lambda: "cp-env-0" in cluster.pods("cp") and cluster.uid("cp-env-0") not in seen,
+                what=f"replacement {attempt}",
+            )
+            seen.append(cluster.uid("cp-env-0"))
+        await eventually(lambda: ready_condition()["reason"] == "CrashLoopBackOff", what="crash loop reported")
+        assert "env replica 0 (cp-env-0) failed 2 times in a row" in ready_condition()["message"]
+        assert cluster.status("cp")["replicaFailures"]["env-0"]["count"] == 2
+        cluster.exit("cp-env-0", 1)
+        await eventually(lambda: cluster.phase("cp") == "Failed", what="Failed")
+        status = cluster.status("cp")
+        failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "BackoffLimitExceeded"
+        assert "env replica 0" in failed["message"] and "spec.failurePolicy.maxReplacements is 2" in failed["message"]
+        assert status["roles"]["env"]["failed"] == 3 and status["restarts"] == 0
+        assert cluster.uid("cp-env-0") == seen[-1]  # no fourth env pod: the failed one stays for its logs
+        reasons = cluster.reasons("cp")
+        assert reasons.count("PodFailed") == 2 and "CrashLoopBackOff" in reasons
 
 
 async def test_actor_failure_restarts_whole_group(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
@@ -116,6 +152,23 @@ async def test_invalid_spec_fails_that_job_and_the_operator_serves_the_others(
         # Fixing the spec gives the job another chance.
         cluster.patch_job("bad", {"spec": {"rollout": {"engine": "torch"}}})
         await eventually(lambda: len(cluster.pods("bad")) == 4, what="pods after the fix")
+        assert not op.task.done()
+
+
+async def test_an_llm_job_fails_as_unsupported_without_pods_and_the_operator_serves_the_others(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    async with operator_running(kube) as op:
+        cluster.create_job(arithmetic_job("llm"))
+        cluster.create_job(cartpole_job("good"))
+        await eventually(lambda: cluster.phase("llm") == "Failed", what="llm Failed")
+        failed = next(c for c in cluster.status("llm")["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "UnsupportedTask"
+        assert "spec.task.type: llm training is not part of this rljob version" in failed["message"]
+        await eventually(lambda: "UnsupportedTask" in cluster.reasons("llm"), what="event")
+        await eventually(lambda: len(cluster.pods("good")) == 4, what="the good job's pods")
+        assert cluster.pods("llm") == {}
+        assert kube.read_object(CONFIGMAPS, NS, "llm-config") is None
         assert not op.task.done()
 
 
