@@ -29,14 +29,14 @@ def role(
     if identity.role != name:
         typer.secho(f"RLJOB_ROLE is {identity.role!r} but this is `rljob role {name}`", fg=typer.colors.RED, err=True)
         raise typer.Exit(1)
-    from rljob.runtime.roles.common import start_role
+    from rljob.runtime.roles.common import EXIT_FATAL_CONFIG, FatalConfigError, start_role
 
     try:
         context = start_role(identity)
     except InvalidRLJob as exc:
         for problem in exc.problems:
             typer.secho(problem.render(exc.source), fg=typer.colors.RED, err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(EXIT_FATAL_CONFIG) from None
     if name == "env":
         from rljob.runtime.roles.env import run_env as run
     elif name == "rollout":
@@ -49,7 +49,13 @@ def role(
         )
         raise typer.Exit(1)
     sys.stdout.flush()
-    raise typer.Exit(run(context))
+    try:
+        code = run(context)
+    except FatalConfigError as exc:
+        # No restart can fix it: say what to change, and exit with the code the launcher does not restart.
+        context.log.error("%s", exc)
+        raise typer.Exit(EXIT_FATAL_CONFIG) from None
+    raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:

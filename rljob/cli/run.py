@@ -149,6 +149,10 @@ def run(
     with progress:
         try:
             local.start()
+        except LaunchError as exc:
+            local.stop()
+            typer.secho(str(exc), fg=typer.colors.RED, err=True)
+            raise typer.Exit(1) from None
         except BaseException:
             local.stop()  # Ctrl-C (or a failed spawn) while starting: take down what did start
             raise

@@ -3,9 +3,11 @@
 Each child runs `rljob role <role>` with the same environment contract the operator gives pods
 (`local_identities`), in its own process group, with PR_SET_PDEATHSIG so that it dies with the launcher
 even when the launcher itself is SIGKILLed. The supervisor loop applies `spec.failurePolicy`: a dead env
-or rollout replica is started again in place (same ports; the actor notices its new incarnation), a dead
-actor takes the whole actor group down and up again from the latest checkpoint, at most `maxRestarts`
-times. The job succeeds when actor replica 0 exits 0.
+or rollout replica is started again in place (same ports; the actor notices its new incarnation), at most
+`maxReplacements` times per replica; a dead actor takes the whole actor group down and up again from the
+latest checkpoint, at most `maxRestarts` times. A role that exits with EXIT_FATAL_CONFIG (a configuration
+error no restart can fix) fails the job at once with its message. The job succeeds when actor replica 0
+exits 0.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import yaml
 
 from rljob.api import ROLE_NAMES, RLJob
 from rljob.runtime.identity import RoleIdentity, local_identities, ports_needed
+from rljob.runtime.roles.common import EXIT_FATAL_CONFIG
 
 STOP_GRACE_S = 10.0
 LOG_TAIL = 30
@@ -65,6 +68,35 @@ def check_local(job: RLJob) -> None:
             f"({spec.algorithm.minibatches}) minibatches, each divisible by spec.roles.actor.replicas "
             f"({spec.roles.actor.replicas})"
         )
+    check_environment(job)
+
+
+def check_environment(job: RLJob) -> None:
+    """Create one environment of the task and check its spaces before any process starts."""
+    from rljob.runtime.gym_env import GymConfigError, check_task
+
+    assert job.spec.task.gym is not None
+    try:
+        check_task(job.spec.task.gym)
+    except GymConfigError as exc:
+        raise LaunchError(str(exc)) from None
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    """Create the run directory (and logs/) and make sure this process can write there."""
+    try:
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".rljob-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        blocker = next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            reason = f"{blocker} is a file, not a directory"
+        raise LaunchError(
+            f"--out {run_dir}: cannot use it as the run directory ({reason}); pass a new or writable directory"
+        ) from None
 
 
 def free_ports(count: int) -> list[int]:
@@ -130,7 +162,7 @@ class LocalRun:
         identities = local_identities(
             job.name, replicas, str(self.config_path), free_ports(ports_needed(replicas)), str(run_dir)
         )
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        prepare_run_dir(run_dir)
         self.children = [Child(i, run_dir / "logs" / f"{i.role}-{i.replica}.log") for i in identities]
         self.actor_restarts = 0
         self._stopping = False
@@ -144,9 +176,13 @@ class LocalRun:
         return next(c for c in self.children if c.identity.role == role and c.identity.replica == replica)
 
     def write_config(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         resolved = self.job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
-        self.config_path.write_text(yaml.safe_dump(resolved, sort_keys=False, width=100), encoding="utf-8")
+        try:
+            self.config_path.write_text(yaml.safe_dump(resolved, sort_keys=False, width=100), encoding="utf-8")
+        except OSError as exc:
+            raise LaunchError(
+                f"--out {self.run_dir}: cannot write {self.config_path} ({exc.strerror or exc})"
+            ) from None
 
     def _spawn(self, child: Child) -> None:
         env = {**os.environ, **child.identity.to_env(), **self.extra_env, "PYTHONUNBUFFERED": "1"}
@@ -221,6 +257,8 @@ class LocalRun:
                     if code is None:
                         continue
                     role, replica = child.identity.role, child.identity.replica
+                    if code == EXIT_FATAL_CONFIG:
+                        return self._fatal(child)
                     if role == "actor":
                         if code == 0 and replica == 0:
                             return self._result(0, f"reached trainer.steps ({self.job.spec.trainer.steps})")
@@ -248,16 +286,37 @@ class LocalRun:
                     reason = f"{child.name} exited with code {code}"
                     if getattr(policy, role) == "FailJob":
                         return self._result(1, f"{reason} (failurePolicy.{role} is FailJob)", child)
-                    if child.restarts >= max(policy.max_restarts, 1) * 3:
-                        return self._result(1, f"{reason}; restarted {child.restarts} times already, giving up", child)
+                    if child.restarts >= policy.max_replacements:
+                        return self._result(
+                            1,
+                            f"{reason}; it was replaced {child.restarts} times already: "
+                            f"spec.failurePolicy.maxReplacements ({policy.max_replacements}) exhausted",
+                            child,
+                        )
                     child.restarts += 1
-                    self.log_sink("launcher", f"{reason}: replacing it (restart {child.restarts})")
+                    self.log_sink(
+                        "launcher",
+                        f"{reason}: replacing it (replacement {child.restarts}/{policy.max_replacements})",
+                    )
                     self._spawn(child)
                 time.sleep(poll_s)
         except KeyboardInterrupt:
             return self._result(130, "interrupted (Ctrl-C)")
         finally:
             self.stop()
+
+    def _fatal(self, child: Child) -> RunResult:
+        """A role stopped on a configuration error: restarting it would fail the same way."""
+        assert child.reader is not None
+        child.reader.join(timeout=5)  # its last lines (the error) are in the tail once its output is drained
+        errors = [line for line in child.tail if " ERROR " in line]
+        message = errors[-1].split(" ERROR ", 1)[1] if errors else ""
+        if message.startswith(f"{child.identity.role}[{child.identity.replica}] "):
+            message = message.split(" ", 1)[1]
+        reason = f"{child.name} stopped on a configuration error that no restart can fix"
+        if not message:
+            return self._result(1, reason, child)
+        return self._result(1, f"{reason}: {message}\n(full log: {child.log_path})")
 
     def _result(self, code: int, reason: str, failed: Child | None = None) -> RunResult:
         if failed is not None and failed.tail:

@@ -12,6 +12,14 @@ class OverrideError(ValueError):
     """A `--set` argument that cannot be applied; the message names it and says why."""
 
 
+def _yaml_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, str):
+        return "string"
+    return "scalar"
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`spec.trainer.steps=10` -> (["spec", "trainer", "steps"], 10); the value is read as YAML."""
     path, sep, raw = text.partition("=")
@@ -27,8 +35,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return keys, value
 
 
-def apply_overrides(document: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def apply_overrides(document: Any, overrides: list[str]) -> Any:
     """A copy of `document` with every `--set` applied in order; missing mappings on the way are created."""
+    if overrides and not isinstance(document, dict):
+        kind = "an empty document" if document is None else f"a YAML {_yaml_kind(document)}"
+        raise OverrideError(
+            f"--set {overrides[0]!r}: the manifest is {kind}, not a mapping; --set edits an RLJob manifest, "
+            "a mapping with apiVersion, kind, metadata and spec"
+        )
     result = copy.deepcopy(document)
     for text in overrides:
         keys, value = parse_override(text)

@@ -24,8 +24,13 @@ class EnvNotReset(RuntimeError):
     """`step` before `reset` (a restarted env process): the caller resets and carries on."""
 
 
-class UnknownEnvironment(ValueError):
-    """`task.gym.envId` is not registered with gymnasium."""
+class GymConfigError(ValueError):
+    """The gym task as configured cannot run (envId, envKwargs or the env's spaces); the message names the
+    field and the fix. Restarting does not help: the env role exits with its fatal-config code."""
+
+
+class UnknownEnvironment(GymConfigError):
+    """`spec.task.gym.envId` is not registered with gymnasium (or its package is not installed)."""
 
 
 def env_share(num_envs: int, replicas: int, replica: int) -> tuple[int, int]:
@@ -37,13 +42,64 @@ def env_share(num_envs: int, replicas: int, replica: int) -> tuple[int, int]:
 
 
 def make_env(task: GymTask) -> gymnasium.Env:
+    """One environment as `spec.task.gym` describes it; configuration mistakes raise `GymConfigError`."""
     kwargs: dict[str, Any] = dict(task.env_kwargs)
     if task.max_episode_steps is not None:
         kwargs["max_episode_steps"] = task.max_episode_steps
     try:
         return gymnasium.make(task.env_id, **kwargs)
+    except gymnasium.error.DependencyNotInstalled as exc:
+        raise GymConfigError(
+            f"spec.task.gym.envId {task.env_id!r} needs a package that is not installed here: {exc}"
+        ) from None
     except gymnasium.error.Error as exc:
-        raise UnknownEnvironment(f"task.gym.envId {task.env_id!r}: {exc}") from None
+        raise UnknownEnvironment(
+            f"spec.task.gym.envId {task.env_id!r}: {exc} Use a registered gymnasium id such as CartPole-v1 "
+            "(python -c 'import gymnasium; gymnasium.pprint_registry()' lists them)."
+        ) from None
+    except TypeError as exc:
+        raise GymConfigError(
+            f"spec.task.gym.envKwargs {dict(task.env_kwargs)!r} do not fit {task.env_id!r}: "
+            f"{_first_line(exc).split(' was raised from the environment creator')[0]}. "
+            f"Pass only keyword arguments that {task.env_id} takes, or remove spec.task.gym.envKwargs."
+        ) from None
+    except Exception as exc:  # the env's own constructor rejected its arguments, or a module failed to import
+        where = "spec.task.gym.envKwargs" if task.env_kwargs else "spec.task.gym.envId"
+        raise GymConfigError(
+            f"{where}: creating {task.env_id!r} with {kwargs!r} failed: {type(exc).__name__}: {_first_line(exc)}. "
+            "Fix spec.task.gym.envId / spec.task.gym.envKwargs so that gymnasium.make accepts them."
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_spaces(env_id: str, observation_space: spaces.Space, action_space: spaces.Space) -> None:
+    """The spaces the builtin MLP handles: vector (1-D Box) observations, Discrete (from 0) or 1-D Box actions."""
+    if not (isinstance(observation_space, spaces.Box) and len(observation_space.shape) == 1):
+        raise GymConfigError(
+            f"spec.task.gym.envId {env_id!r} has observation space {observation_space}; the builtin mlp needs "
+            "vector observations (a 1-D Box): choose another envId or register a wrapped env that flattens them"
+        )
+    discrete = isinstance(action_space, spaces.Discrete) and int(action_space.start) == 0
+    box = isinstance(action_space, spaces.Box) and len(action_space.shape) == 1
+    if not (discrete or box):
+        raise GymConfigError(
+            f"spec.task.gym.envId {env_id!r} has action space {action_space}; the builtin mlp acts in Discrete "
+            "(starting at 0) or 1-D Box action spaces: choose another envId or register a wrapped env"
+        )
+
+
+def check_task(task: GymTask) -> tuple[spaces.Space, spaces.Space]:
+    """Create one environment, check its spaces, close it: `GymConfigError` names what to fix."""
+    env = make_env(task)
+    try:
+        check_spaces(task.env_id, env.observation_space, env.action_space)
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
 
 
 def space_to_wire(space: spaces.Space) -> dict[str, Any]:
@@ -89,7 +145,7 @@ class VectorGymEnv:
     def __init__(self, task: GymTask, count: int) -> None:
         if count < 1:
             raise ValueError("an env replica needs at least one environment (task.gym.numEnvs >= roles.env.replicas)")
-        make_env(task).close()  # fail early, with the envId in the message
+        check_task(task)  # fail early, naming the field to fix
         self.vector = SyncVectorEnv(
             [lambda: make_env(task) for _ in range(count)], autoreset_mode=AutoresetMode.SAME_STEP
         )

@@ -27,7 +27,7 @@ spec:
   rollout:
     async: {{maxStaleness: 1}}
   checkpoint: {{interval: {interval}, keep: 2}}
-  failurePolicy: {{maxRestarts: {max_restarts}}}
+  failurePolicy: {{maxRestarts: {max_restarts}, maxReplacements: {max_replacements}}}
   logging: {{tensorboard: true}}
   roles:
     actor: {{replicas: {actors}}}
@@ -38,11 +38,19 @@ spec:
 
 @pytest.fixture
 def cartpole_manifest(tmp_path):
-    def write(name="cartpole-test", steps=30, interval=10, max_restarts=3, actors=1, envs=2) -> Path:
+    def write(
+        name="cartpole-test", steps=30, interval=10, max_restarts=3, max_replacements=10, actors=1, envs=2
+    ) -> Path:
         path = tmp_path / f"{name}.yaml"
         path.write_text(
             SMALL_CARTPOLE.format(
-                name=name, steps=steps, interval=interval, max_restarts=max_restarts, actors=actors, envs=envs
+                name=name,
+                steps=steps,
+                interval=interval,
+                max_restarts=max_restarts,
+                max_replacements=max_replacements,
+                actors=actors,
+                envs=envs,
             )
         )
         return path

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -118,6 +121,95 @@ def test_ctrl_c_stops_every_role_process(cartpole_manifest, start_run):
     time.sleep(0.5)
     assert not run.roles(), [p.pid for p in run.roles()]
     assert not [p for p in children if p.is_running() and p.status() != "zombie"]
+
+
+def rljob_run(manifest: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`rljob run` in a subprocess, as a user runs it (a traceback would show in its output)."""
+    return subprocess.run(
+        [sys.executable, "-m", "rljob.cli.main", "run", str(manifest), "--quiet", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,  # a safety net: these fail before any role process starts
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("spec.task.gym.envId=CartPol-v9", "spec.task.gym.envId 'CartPol-v9'"),
+        ("spec.task.gym.envKwargs={foo: 1}", "spec.task.gym.envKwargs {'foo': 1} do not fit 'CartPole-v1'"),
+        ("spec.task.gym.envId=Blackjack-v1", "the builtin mlp needs vector observations"),
+    ],
+)
+def test_a_bad_env_id_kwargs_or_space_fails_before_any_process_starts(cartpole_manifest, tmp_path, override, named):
+    out = tmp_path / "out"
+    result = rljob_run(cartpole_manifest(), "--out", str(out), "--set", override)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert named in output
+    assert "Traceback" not in output
+    assert not out.exists()  # refused before the run directory or any role process
+
+
+def test_out_that_is_a_file_is_named_without_a_traceback(cartpole_manifest, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    for out in (blocker, blocker / "run"):
+        result = rljob_run(cartpole_manifest(), "--out", str(out))
+        output = result.stdout + result.stderr
+        assert result.returncode == 1, output
+        assert f"--out {out}" in output and f"{blocker} is a file, not a directory" in output
+        assert "Traceback" not in output
+
+
+def test_set_on_a_manifest_that_is_not_a_mapping_is_named(tmp_path):
+    manifest = tmp_path / "list.yaml"
+    manifest.write_text("- apiVersion: rljob.io/v1alpha1\n- kind: RLJob\n")
+    result = CliRunner().invoke(app, ["run", str(manifest), "--set", "spec.trainer.steps=3"])
+    assert result.exit_code == 1
+    assert isinstance(result.exception, SystemExit)  # a handled error, not a crash
+    assert "--set 'spec.trainer.steps=3': the manifest is a YAML list, not a mapping" in result.output
+
+
+@pytest.mark.slow
+def test_a_replica_that_keeps_failing_fails_the_job_after_max_replacements(cartpole_manifest, start_run):
+    run = start_run(cartpole_manifest(steps=500, max_replacements=1), "--quiet")
+    run.wait_for_step(2)
+    first = run.kill("env", 1)
+    deadline = time.monotonic() + 60
+    replacement = None
+    while replacement is None and time.monotonic() < deadline:
+        try:
+            pid = run.role("env", 1).pid
+            replacement = pid if pid != first else None
+        except LookupError:
+            pass
+        time.sleep(0.1)
+    assert replacement is not None, "env-1 was not replaced"
+    run.kill("env", 1)
+    output = run.finish()
+    assert run.process.returncode == 1, output
+    assert "env-1 exited with code -9: replacing it (replacement 1/1)" in output
+    assert "spec.failurePolicy.maxReplacements (1) exhausted" in output
+    assert not run.roles()
+
+
+@pytest.mark.slow
+def test_resuming_a_checkpoint_of_another_model_fails_at_once_with_the_fix(cartpole_manifest, start_run, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # rich wraps the summary at the terminal width
+    manifest = cartpole_manifest(steps=3, interval=3)
+    first = start_run(manifest, "--quiet", name="same")
+    assert first.process.wait(timeout=240) == 0, first.finish()
+    again = start_run(manifest, "--quiet", "--set", "spec.model.builtin.hiddenSizes=[32, 32]", name="same")
+    output = again.finish()
+    assert again.process.returncode == 1, output
+    assert "actor-0 stopped on a configuration error that no restart can fix" in output
+    checkpoint = again.out / "checkpoints" / "step-00000003"
+    assert f"checkpoint {checkpoint} was written for a different model (size mismatch" in output
+    assert "use a new --out" in output and "spec.checkpoint.resume: never" in output
+    assert "restarting the actor group" not in output
+    assert "Traceback" not in output + (again.out / "logs" / "actor-0.log").read_text()
+    assert not again.roles()
 
 
 def test_set_overrides_a_field_and_bad_keys_are_named(cartpole_manifest, tmp_path):

@@ -10,8 +10,11 @@ import torch
 from rljob.api.spec import GymTask
 from rljob.runtime.gym_env import (
     EnvNotReset,
+    GymConfigError,
     UnknownEnvironment,
     VectorGymEnv,
+    check_spaces,
+    check_task,
     env_share,
     space_from_wire,
     space_to_wire,
@@ -55,8 +58,37 @@ def test_termination_is_not_truncation():
 
 
 def test_unknown_env_id_names_the_field():
-    with pytest.raises(UnknownEnvironment, match=r"task\.gym\.envId 'NoSuchEnv-v0'"):
+    with pytest.raises(UnknownEnvironment, match=r"^spec\.task\.gym\.envId 'NoSuchEnv-v0'.*registered gymnasium id"):
         VectorGymEnv(GymTask(env_id="NoSuchEnv-v0"), 1)
+
+
+def test_env_kwargs_the_env_does_not_take_name_the_field():
+    with pytest.raises(GymConfigError, match=r"^spec\.task\.gym\.envKwargs \{'foo': 1\} do not fit 'CartPole-v1'"):
+        VectorGymEnv(GymTask(env_id="CartPole-v1", env_kwargs={"foo": 1}), 1)
+
+
+@pytest.mark.parametrize(
+    ("observation_space", "action_space", "problem"),
+    [
+        (gymnasium.spaces.Tuple([gymnasium.spaces.Discrete(3)]), gymnasium.spaces.Discrete(2), "observation space"),
+        (gymnasium.spaces.Box(0, 1, (4, 4)), gymnasium.spaces.Discrete(2), "observation space"),
+        (gymnasium.spaces.Box(0, 1, (4,)), gymnasium.spaces.MultiDiscrete([2, 2]), "action space"),
+        (gymnasium.spaces.Box(0, 1, (4,)), gymnasium.spaces.Discrete(2, start=1), "action space"),
+        (gymnasium.spaces.Box(0, 1, (4,)), gymnasium.spaces.Box(0, 1, (2, 2)), "action space"),
+    ],
+)
+def test_spaces_the_builtin_mlp_cannot_handle_name_the_env_id(observation_space, action_space, problem):
+    with pytest.raises(GymConfigError, match=rf"^spec\.task\.gym\.envId 'X-v0' has {problem}"):
+        check_spaces("X-v0", observation_space, action_space)
+
+
+def test_a_tuple_observation_env_is_refused_and_supported_envs_pass():
+    with pytest.raises(GymConfigError, match=r"'Blackjack-v1' has observation space Tuple"):
+        check_task(GymTask(env_id="Blackjack-v1"))
+    observation, action = check_task(GymTask(env_id="Pendulum-v1"))
+    assert observation.shape == (3,) and action.shape == (1,)
+    observation, action = check_task(GymTask(env_id="CartPole-v1"))
+    assert observation.shape == (4,) and action.n == 2
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])

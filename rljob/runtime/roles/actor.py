@@ -21,7 +21,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rljob.runtime.checkpoint import CheckpointManager, capture_rng_state, resolve_resume, restore_rng_state
+from rljob.runtime.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    capture_rng_state,
+    resolve_resume,
+    restore_rng_state,
+)
 from rljob.runtime.gym_env import space_from_wire
 from rljob.runtime.metrics import (
     APPROX_KL,
@@ -42,10 +48,10 @@ from rljob.runtime.metrics import (
     phase_key,
     read_metrics,
 )
-from rljob.runtime.models import build_mlp_actor_critic
+from rljob.runtime.models import UnsupportedSpaceError, build_mlp_actor_critic
 from rljob.runtime.ppo import BATCH_FIELDS, GymBatch, PPOLearner
 from rljob.runtime.role_http import ProgressTracker
-from rljob.runtime.roles.common import RoleContext
+from rljob.runtime.roles.common import FatalConfigError, RoleContext
 from rljob.runtime.transport import RequestClient, RequestTimeout, TransportError, process_tag
 from rljob.runtime.weight_sync import WeightPublisher
 
@@ -205,6 +211,24 @@ def _keep_metrics_until(path: Path, step: int) -> float:
     return float(kept[-1].get("wall_time", 0.0)) if kept else 0.0
 
 
+def restore_learner(learner: PPOLearner, state: dict[str, Any], path: str | Path) -> None:
+    """Load a checkpoint's learner state; one written for another model is a `FatalConfigError`."""
+    try:
+        learner.load_state_dict(state["learner"])
+    except (RuntimeError, KeyError, ValueError) as exc:
+        if isinstance(exc, RuntimeError) and "Error(s) in loading state_dict" not in str(exc):
+            raise  # not a shape or key mismatch (out of memory, say): a restart may well get past it
+        # torch: "Error(s) in loading state_dict for ...:" then one line per mismatch; show the first.
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        if len(lines) > 1 and lines[0].startswith("Error(s) in loading"):
+            lines = lines[1:]
+        detail = lines[0].rstrip(".") if lines else type(exc).__name__
+        raise FatalConfigError(
+            f"checkpoint {path} was written for a different model ({detail}): "
+            "use a new --out (or another spec.checkpoint.dir) or set spec.checkpoint.resume: never"
+        ) from None
+
+
 def _device(context: RoleContext) -> torch.device:
     """CUDA when the actor was given GPUs and sees one (one GPU per replica: its pod's or the first); else CPU."""
     if context.job.spec.roles.actor.gpus_per_replica > 0 and torch.cuda.is_available():
@@ -269,7 +293,10 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
     action_space = space_from_wire(spaces["action_space"])
     torch.manual_seed(spec.trainer.seed)
     device = _device(context)
-    model = build_mlp_actor_critic(spec.model.builtin, observation_space, action_space).to(device)
+    try:
+        model = build_mlp_actor_critic(spec.model.builtin, observation_space, action_space).to(device)
+    except UnsupportedSpaceError as exc:
+        raise FatalConfigError(str(exc)) from None
     learner = PPOLearner(
         model,
         spec.algorithm,
@@ -284,10 +311,13 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
     checkpoint_dir = spec.checkpoint.dir or default_dir
     checkpoints = CheckpointManager(checkpoint_dir, keep=spec.checkpoint.keep)
     env_steps, episodes = 0, 0
-    resumed = resolve_resume(spec.checkpoint.resume, checkpoints)
+    try:
+        resumed = resolve_resume(spec.checkpoint.resume, checkpoints)
+    except CheckpointError as exc:  # an explicit resume path that is missing or damaged: no restart fixes it
+        raise FatalConfigError(str(exc)) from None
     if resumed is not None:
         step, state, path = resumed
-        learner.load_state_dict(state["learner"])
+        restore_learner(learner, state, path)
         restore_rng_state(state["rng"])
         env_steps, episodes = int(state["env_steps"]), int(state["episodes"])
         context.log.info("resumed from %s (step %d, %d env steps)", path, step, env_steps)

@@ -7,8 +7,8 @@ process answers `step` with `EnvNotReset` until the rollout resets it.
 
 from __future__ import annotations
 
-from rljob.runtime.gym_env import VectorGymEnv, env_share, space_to_wire
-from rljob.runtime.roles.common import RoleContext
+from rljob.runtime.gym_env import GymConfigError, VectorGymEnv, env_share, space_to_wire
+from rljob.runtime.roles.common import FatalConfigError, RoleContext
 from rljob.runtime.transport import Payload, RequestServer, process_tag
 
 
@@ -19,7 +19,10 @@ def run_env(context: RoleContext) -> int:
         return 1
     identity = context.identity
     start, count = env_share(task.num_envs, identity.replicas, identity.replica)
-    envs = VectorGymEnv(task, count)
+    try:
+        envs = VectorGymEnv(task, count)
+    except GymConfigError as exc:
+        raise FatalConfigError(str(exc)) from None
     tag = process_tag()
     steps = 0
 

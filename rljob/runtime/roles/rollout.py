@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from rljob.runtime.gym_env import space_from_wire
-from rljob.runtime.models import MLPActorCritic, build_mlp_actor_critic
+from rljob.runtime.models import MLPActorCritic, UnsupportedSpaceError, build_mlp_actor_critic
 from rljob.runtime.numpy_policy import NumpyPolicy
-from rljob.runtime.roles.common import RoleContext
+from rljob.runtime.roles.common import FatalConfigError, RoleContext
 from rljob.runtime.rollout_gym import TrajectoryCollector
 from rljob.runtime.transport import Payload, RequestServer, process_tag
 from rljob.runtime.weight_sync import WeightSubscriber
@@ -48,7 +48,10 @@ class RolloutEngine:
         self.collector = TrajectoryCollector(mine, seed=spec.trainer.seed * 7919 + identity.replica)
         observation_space = space_from_wire(self.collector.spaces["observation_space"])
         action_space = space_from_wire(self.collector.spaces["action_space"])
-        self.policy: MLPActorCritic = build_mlp_actor_critic(spec.model.builtin, observation_space, action_space)
+        try:
+            self.policy: MLPActorCritic = build_mlp_actor_critic(spec.model.builtin, observation_space, action_space)
+        except UnsupportedSpaceError as exc:
+            raise FatalConfigError(str(exc)) from None
         self.policy.eval()
         self.staging = copy.deepcopy(self.policy)
         self.fast_policy = NumpyPolicy(self.policy, seed=spec.trainer.seed * 1000 + 17 + identity.replica)
