@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 # --- record keys (metrics.jsonl, TensorBoard tags) ----------------------------------------------
 STEP = "step"
 WALL_TIME = "wall_time"
-"""Seconds since the run started."""
+"""Seconds of training: from just before actor 0's loop starts, cumulative across resumes."""
 ENV_STEPS = "env_steps"
 """Environment transitions (gym) or generated samples (llm) consumed so far."""
 RETURN_MEAN = "return_mean"
