@@ -29,7 +29,8 @@ def role(
     if identity.role != name:
         typer.secho(f"RLJOB_ROLE is {identity.role!r} but this is `rljob role {name}`", fg=typer.colors.RED, err=True)
         raise typer.Exit(1)
-    from rljob.runtime.roles.common import EXIT_FATAL_CONFIG, FatalConfigError, start_role
+    from rljob.runtime.identity import EXIT_FATAL_CONFIG
+    from rljob.runtime.roles.common import FatalConfigError, start_role
 
     try:
         context = start_role(identity)

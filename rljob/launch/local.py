@@ -29,8 +29,7 @@ from pathlib import Path
 import yaml
 
 from rljob.api import ROLE_NAMES, RLJob
-from rljob.runtime.identity import RoleIdentity, local_identities, ports_needed
-from rljob.runtime.roles.common import EXIT_FATAL_CONFIG
+from rljob.runtime.identity import EXIT_FATAL_CONFIG, RoleIdentity, local_identities, ports_needed
 
 STOP_GRACE_S = 10.0
 LOG_TAIL = 30

@@ -50,6 +50,7 @@ from rljob.operator.status import (
     scheduling_problems,
     set_condition,
 )
+from rljob.runtime.identity import EXIT_FATAL_CONFIG
 
 Manifest = dict[str, Any]
 EventType = Literal["Normal", "Warning"]
@@ -312,6 +313,9 @@ class _Planner:
             why = f"actor pod {pod.name} failed" + (f" (exit code {pod.exit_code})" if pod.exit_code else "")
             if pod.reason or pod.message:
                 why += f": {' '.join(x for x in (pod.reason, pod.message) if x)}"
+            if pod.exit_code == EXIT_FATAL_CONFIG:
+                self.fail_on_config_error(pod)
+                return
             policy = job.spec.failure_policy
             if policy.actor == "FailJob":
                 self.finish(False, "PodFailed", f"{why}; failurePolicy.actor is FailJob")
@@ -356,6 +360,9 @@ class _Planner:
                 self.forgive_if_stable(key, pod)
                 continue
             if pod.failed and not pod.disrupted:
+                if pod.exit_code == EXIT_FATAL_CONFIG:
+                    self.fail_on_config_error(pod)
+                    return
                 if getattr(policy, pod.role, "Replace") == "FailJob":
                     self.finish(
                         False, "PodFailed", f"{pod.role} pod {pod.name} failed; failurePolicy.{pod.role} is FailJob"
@@ -378,6 +385,16 @@ class _Planner:
         }
         for key in [k for k in self.status.replica_failures if k not in wanted]:
             del self.status.replica_failures[key]  # scaled away
+
+    def fail_on_config_error(self, pod: PodState) -> None:
+        """A role that exited EXIT_FATAL_CONFIG would fail the same way again: no restart, no replacement."""
+        self.count_roles()
+        self.finish(
+            False,
+            "InvalidConfig",
+            f"{pod.role} pod {pod.name} stopped on a configuration error{_detail(pod)}; it is not retried: "
+            f"fix the spec (the reason is in `kubectl logs {pod.name}`)",
+        )
 
     def replace_failed(self, job: RLJob, key: str, pod: PodState) -> bool:
         """Count a failed rollout/env/reward pod once, then replace it after the back-off; False when

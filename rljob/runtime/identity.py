@@ -25,6 +25,11 @@ CONFIG_PATH_IN_POD = "/etc/rljob/job.yaml"
 
 ENV_PREFIX = "RLJOB_"
 
+EXIT_FATAL_CONFIG = 78
+"""Exit status of a role stopped by its configuration (sysexits EX_CONFIG): an unknown envId, envKwargs the
+env does not take, spaces the builtin model cannot handle, a checkpoint written for another model. A restart
+would fail the same way, so the local launcher and the operator fail the job at once instead of retrying."""
+
 
 class IdentityError(RuntimeError):
     """The environment does not describe a role process; says which variable is missing or wrong."""

@@ -17,6 +17,7 @@ from rljob.operator.podstate import PodState, observe_pod
 from rljob.operator.reconcile import STABLE_SECONDS, Observation, plan, replacement_backoff
 from rljob.operator.settings import OperatorSettings
 from rljob.operator.status import rfc3339
+from rljob.runtime.identity import EXIT_FATAL_CONFIG
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cartpole-ppo.yaml"
@@ -254,3 +255,25 @@ def test_every_status_the_reconciler_writes_fits_the_crd_schema() -> None:
     ]
     for status in statuses:
         jsonschema.validate(status.model_dump(mode="json", by_alias=True, exclude_none=True), schema)
+
+
+def _config_error(name: str) -> PodState:
+    terminated = {"exitCode": EXIT_FATAL_CONFIG, "reason": "Error", "message": "spec.task.gym.envId: unknown"}
+    return pod(name, "Failed", False, containerStatuses=[{"name": "main", "state": {"terminated": terminated}}])
+
+
+def test_an_actor_configuration_error_fails_the_job_without_using_the_restart_budget() -> None:
+    pods = [pod(n) for n in ALL[1:]] + [_config_error("cp-actor-0")]
+    result = plan(observe(RLJobStatus(phase="Running"), pods))
+    assert result.status.phase == "Failed" and result.status.restarts == 0
+    failed = next(c for c in result.status.conditions if c.type == "Failed")
+    assert failed.reason == "InvalidConfig" and "cp-actor-0" in failed.message
+    assert "cp-actor-0" not in result.create
+
+
+def test_an_env_configuration_error_fails_the_job_instead_of_replacing_the_pod() -> None:
+    pods = [pod(n) for n in ALL if n != "cp-env-1"] + [_config_error("cp-env-1")]
+    result = plan(observe(RLJobStatus(phase="Running"), pods))
+    assert result.status.phase == "Failed"
+    assert next(c for c in result.status.conditions if c.type == "Failed").reason == "InvalidConfig"
+    assert "cp-env-1" not in result.create and not result.status.replica_failures

@@ -14,10 +14,6 @@ from rljob.runtime.identity import RoleIdentity
 
 EXIT_FAILED = 1
 """Exit status of a role that could not do its job (the launcher or the operator restarts or fails it)."""
-EXIT_FATAL_CONFIG = 78
-"""Exit status of a role stopped by its configuration (sysexits EX_CONFIG): an unknown envId, envKwargs the
-env does not take, spaces the builtin model cannot handle, a checkpoint written for another model. A restart
-would fail the same way, so the launcher fails the job at once with the role's message."""
 
 
 class FatalConfigError(RuntimeError):
