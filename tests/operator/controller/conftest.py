@@ -83,6 +83,18 @@ def cartpole_job(name: str = "cp", **spec: Any) -> dict[str, Any]:
     return job
 
 
+CARTPOLE_PODS = {"cp-actor-0", "cp-rollout-0", "cp-env-0", "cp-env-1"}
+"""The pods of `cartpole_job()` under its default name."""
+
+
+async def start_cartpole(cluster: Cluster) -> None:
+    """Create `cartpole_job()`, play the kubelet for its pods, and wait until the job is Running."""
+    cluster.create_job(cartpole_job())
+    await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS, what="pods")
+    cluster.run_all("cp")
+    await eventually(lambda: cluster.phase("cp") == "Running", what="Running")
+
+
 def arithmetic_job(name: str = "ar") -> dict[str, Any]:
     """The tiny GRPO arithmetic example (1 actor, 1 rollout, 1 reward pod): an llm task."""
     job = yaml.safe_load((EXAMPLES / "grpo-tiny-arithmetic.yaml").read_text())

@@ -12,6 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from tests.operator.controller.conftest import (
+    CARTPOLE_PODS,
     CONFIGMAPS,
     FAST,
     NS,
@@ -21,11 +22,11 @@ from tests.operator.controller.conftest import (
     cartpole_job,
     eventually,
     operator_running,
+    start_cartpole,
 )
 from tests.operator.controller.emulator import KubernetesApiEmulator
 
 MERGE = {"Content-Type": "application/merge-patch+json"}
-CHILD_PODS = {"cp-actor-0", "cp-rollout-0", "cp-env-0", "cp-env-1"}
 
 
 async def test_create_makes_every_child_at_once_then_succeeds_and_cleans_up(
@@ -33,7 +34,7 @@ async def test_create_makes_every_child_at_once_then_succeeds_and_cleans_up(
 ) -> None:
     async with operator_running(kube):
         job = cluster.create_job(cartpole_job())
-        pods = await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS and cluster.pods("cp"))
+        pods = await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS and cluster.pods("cp"))
         for pod in pods.values():
             owner = pod["metadata"]["ownerReferences"][0]
             assert owner["uid"] == job["metadata"]["uid"] and owner["controller"] is True
@@ -58,16 +59,13 @@ async def test_suspend_deletes_pods_keeps_status_and_resume_recreates_them(
     kube: KubernetesApiEmulator, cluster: Cluster
 ) -> None:
     async with operator_running(kube):
-        cluster.create_job(cartpole_job())
-        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
-        cluster.run_all("cp")
-        await eventually(lambda: cluster.phase("cp") == "Running")
+        await start_cartpole(cluster)
         cluster.patch_job("cp", {"spec": {"suspend": True}})
         await eventually(lambda: cluster.phase("cp") == "Suspended", what="Suspended")
         await eventually(lambda: cluster.pods("cp") == {}, what="pods deleted")
         assert cluster.status("cp")["progress"]["totalSteps"] == 150
         cluster.patch_job("cp", {"spec": {"suspend": False}})
-        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS, what="pods recreated")
+        await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS, what="pods recreated")
         cluster.run_all("cp")
         await eventually(lambda: cluster.phase("cp") == "Running", what="Running after resume")
         assert cluster.status("cp")["restarts"] == 0
@@ -115,15 +113,12 @@ async def test_scaling_rollout_of_a_gym_job_is_a_controlled_restart(
 ) -> None:
     """Gym rollouts each step a fixed share of the envs, so the whole job restarts on the new count."""
     async with operator_running(kube):
-        cluster.create_job(cartpole_job())
-        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
-        cluster.run_all("cp")
-        await eventually(lambda: cluster.phase("cp") == "Running")
-        uids = {pod: cluster.uid(pod) for pod in CHILD_PODS}
+        await start_cartpole(cluster)
+        uids = {pod: cluster.uid(pod) for pod in CARTPOLE_PODS}
         await _scale_rollouts(kube, "cp", 2)
-        scaled = CHILD_PODS | {"cp-rollout-1"}
+        scaled = CARTPOLE_PODS | {"cp-rollout-1"}
         await eventually(
-            lambda: set(cluster.pods("cp")) == scaled and all(cluster.uid(p) != uids[p] for p in CHILD_PODS),
+            lambda: set(cluster.pods("cp")) == scaled and all(cluster.uid(p) != uids[p] for p in CARTPOLE_PODS),
             what="every pod recreated with two rollouts",
         )
         await eventually(lambda: "SpecChanged" in cluster.reasons("cp"), what="events")
@@ -135,11 +130,11 @@ async def test_other_spec_edits_restart_every_pod_with_the_new_spec(
 ) -> None:
     async with operator_running(kube):
         cluster.create_job(cartpole_job())
-        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
-        uids = {pod: cluster.uid(pod) for pod in CHILD_PODS}
+        await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS)
+        uids = {pod: cluster.uid(pod) for pod in CARTPOLE_PODS}
         cluster.patch_job("cp", {"spec": {"trainer": {"learningRate": 0.0005}}})
         await eventually(
-            lambda: set(cluster.pods("cp")) == CHILD_PODS and all(cluster.uid(p) != uids[p] for p in CHILD_PODS),
+            lambda: set(cluster.pods("cp")) == CARTPOLE_PODS and all(cluster.uid(p) != uids[p] for p in CARTPOLE_PODS),
             what="every pod recreated",
         )
         config = kube.read_object(CONFIGMAPS, NS, "cp-config")["data"]["job.yaml"]
@@ -151,7 +146,7 @@ async def test_other_spec_edits_restart_every_pod_with_the_new_spec(
 async def test_active_deadline_fails_the_job(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
     async with operator_running(kube):
         cluster.create_job(cartpole_job(activeDeadlineSeconds=1))
-        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
+        await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS)
         cluster.run_all("cp")
         await eventually(lambda: cluster.phase("cp") == "Failed", timeout=5, what="DeadlineExceeded")
         failed = next(c for c in cluster.status("cp")["conditions"] if c["type"] == "Failed")
@@ -162,7 +157,7 @@ async def test_active_deadline_fails_the_job(kube: KubernetesApiEmulator, cluste
 async def test_finished_job_is_deleted_after_its_ttl(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
     async with operator_running(kube):
         cluster.create_job(cartpole_job(ttlSecondsAfterFinished=1))
-        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
+        await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS)
         cluster.run_all("cp")
         cluster.exit("cp-actor-0", 0)
         await eventually(lambda: cluster.phase("cp") == "Succeeded")
@@ -175,7 +170,7 @@ async def test_finished_job_is_deleted_after_its_ttl(kube: KubernetesApiEmulator
 async def test_conditions_say_why_a_job_waits(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
     async with operator_running(kube):
         cluster.create_job(cartpole_job())
-        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
+        await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS)
         message = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
         cluster.unschedulable("cp-actor-0", message)
         cluster.image_pull_failure("cp-env-0")
@@ -206,7 +201,7 @@ async def test_progress_is_pulled_from_actor_zero(kube: KubernetesApiEmulator, c
     try:
         async with operator_running(kube, progress_url=lambda pod, port: str(server.make_url("/progress"))):
             cluster.create_job(cartpole_job())
-            await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
+            await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS)
             cluster.run_all("cp")
             await eventually(lambda: cluster.status("cp")["progress"]["step"] == 42, what="progress")
             assert cluster.status("cp")["progress"]["rewardMean"] == 187.5
@@ -222,7 +217,7 @@ async def test_volcano_pod_group_covers_every_pod_and_follows_scaling(
     podgroups = kmock.resource("scheduling.volcano.sh", "v1beta1", "podgroups")
     async with operator_running(kube):
         cluster.create_job(cartpole_job(scheduling={"gang": "volcano", "queue": "research"}))
-        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
+        await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS)
         group = kube.read_object(podgroups, NS, "cp")
         assert group["spec"]["minMember"] == 4 and group["spec"]["queue"] == "research"
         assert all(p["spec"]["schedulerName"] == "volcano" for p in cluster.pods("cp").values())

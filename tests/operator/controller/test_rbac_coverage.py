@@ -9,10 +9,14 @@ so the request log holds the operator's calls only (kopf's included).
 from __future__ import annotations
 
 from rljob.operator.rbac import required_access
-from tests.operator.controller.conftest import Cluster, cartpole_job, eventually, operator_running
+from tests.operator.controller.conftest import (
+    CARTPOLE_PODS,
+    Cluster,
+    cartpole_job,
+    eventually,
+    operator_running,
+)
 from tests.operator.controller.emulator import KubernetesApiEmulator
-
-CHILD_PODS = {"cp-actor-0", "cp-rollout-0", "cp-env-0", "cp-env-1"}
 
 
 def rbac_verb(request) -> str:
@@ -28,7 +32,7 @@ def rbac_verb(request) -> str:
 async def test_every_request_of_a_job_lifecycle_is_granted_by_rbac(kube: KubernetesApiEmulator, cluster: Cluster):
     async with operator_running(kube):
         cluster.create_job(cartpole_job(scheduling={"gang": "volcano", "queue": "q"}, ttlSecondsAfterFinished=1))
-        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS, what="pods")
+        await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS, what="pods")
         cluster.run_all("cp")
         await eventually(lambda: cluster.phase("cp") == "Running", what="Running")
         env_uid = cluster.uid("cp-env-1")

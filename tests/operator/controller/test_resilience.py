@@ -8,6 +8,7 @@ import aiohttp
 import kmock
 
 from tests.operator.controller.conftest import (
+    CARTPOLE_PODS,
     CONFIGMAPS,
     NS,
     PODS,
@@ -17,10 +18,9 @@ from tests.operator.controller.conftest import (
     eventually,
     free_port,
     operator_running,
+    start_cartpole,
 )
 from tests.operator.controller.emulator import KubernetesApiEmulator
-
-CHILD_PODS = {"cp-actor-0", "cp-rollout-0", "cp-env-0", "cp-env-1"}
 
 
 def creations(kube: KubernetesApiEmulator, resource: kmock.resource, name: str) -> int:
@@ -39,12 +39,12 @@ async def test_operator_restarted_mid_reconcile_creates_no_duplicates(
     kube["create", PODS, {"metadata": {"name": "cp-env-1"}}] << (lambda: error if refusing[0] else NotImplemented)
     async with operator_running(kube):
         cluster.create_job(cartpole_job())
-        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS - {"cp-env-1"}, what="partial children")
+        await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS - {"cp-env-1"}, what="partial children")
     refusing[0] = False
     uids = {pod: cluster.uid(pod) for pod in cluster.pods("cp")}
 
     async with operator_running(kube):
-        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS, what="completed by the new operator")
+        await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS, what="completed by the new operator")
         cluster.run_all("cp")
         await eventually(lambda: cluster.phase("cp") == "Running")
     assert all(cluster.uid(pod) == uid for pod, uid in uids.items())
@@ -55,7 +55,7 @@ async def test_operator_restarted_mid_reconcile_creates_no_duplicates(
         await eventually(lambda: cluster.status("cp").get("observedGeneration") == 1)
         cluster.exit("cp-rollout-0", 1)
         await eventually(lambda: cluster.status("cp")["roles"]["rollout"]["failed"] == 1, what="still reconciling")
-    for pod in CHILD_PODS - {"cp-rollout-0"}:
+    for pod in CARTPOLE_PODS - {"cp-rollout-0"}:
         assert creations(kube, PODS, pod) == 1, pod
     assert creations(kube, CONFIGMAPS, "cp-config") == 1
     assert cluster.status("cp")["restarts"] == 0
@@ -70,7 +70,7 @@ async def test_injected_api_errors_and_an_expired_watch_are_survived(
     kube["create", PODS][:1] << kmock.KubernetesError(500, "InternalError", "injected")
     async with operator_running(kube) as op:
         cluster.create_job(cartpole_job())
-        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS, what="children despite errors")
+        await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS, what="children despite errors")
         await eventually(lambda: cluster.phase("cp") == "Pending", what="status despite errors")
 
         lists_before = sum(1 for r in list(kube) if r.action == kmock.action.LIST)
@@ -96,10 +96,7 @@ async def test_injected_api_errors_and_an_expired_watch_are_survived(
 async def test_liveness_and_prometheus_endpoints(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
     metrics_port, liveness_port = free_port(), free_port()
     async with operator_running(kube, metrics_port=metrics_port, liveness_port=liveness_port):
-        cluster.create_job(cartpole_job())
-        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS)
-        cluster.run_all("cp")
-        await eventually(lambda: cluster.phase("cp") == "Running")
+        await start_cartpole(cluster)
         async with aiohttp.ClientSession() as session:
 
             async def scrape() -> str:
@@ -129,6 +126,6 @@ async def test_a_pod_the_server_refuses_is_reported_and_retried(kube: Kubernetes
         await eventually(lambda: "FailedCreate" in cluster.reasons("cp"), what="FailedCreate event")
         event = next(e for e in cluster.events("cp") if e["reason"] == "FailedCreate")
         assert "exceeded quota" in event["message"] and event["type"] == "Warning"
-        assert set(cluster.pods("cp")) == CHILD_PODS - {"cp-env-1"}
+        assert set(cluster.pods("cp")) == CARTPOLE_PODS - {"cp-env-1"}
         refusing[0] = False
-        await eventually(lambda: set(cluster.pods("cp")) == CHILD_PODS, timeout=10, what="created once allowed")
+        await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS, timeout=10, what="created once allowed")
