@@ -8,6 +8,7 @@ up to float summation order: `roles.actor.replicas` changes who computes, not wh
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import torch
@@ -205,6 +206,21 @@ class PPOLearner:
         out["learning_rate"] = lr
         out["explained_variance"] = explained_variance(old_values, returns)
         return out
+
+    def leave_group(self) -> None:
+        """End this rank's part in the actor group after its last update; every rank calls it.
+
+        The barrier keeps a rank from tearing down while a peer is still inside a collective. DDP holds the
+        gloo/NCCL backend alive after `destroy_process_group` (which only drops the registry's references),
+        so the wrapper goes first: otherwise the backend's threads die during interpreter teardown, in no
+        defined order, and a rank can abort on exit ("terminate called without an active exception").
+        """
+        if self.world_size > 1 and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+            if isinstance(self.evaluator, DistributedDataParallel):
+                self.evaluator = self.evaluator.module
+            gc.collect()
+            torch.distributed.destroy_process_group()
 
     def state_dict(self) -> dict[str, object]:
         return {

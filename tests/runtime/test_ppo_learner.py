@@ -55,7 +55,8 @@ RANK_SCRIPT = textwrap.dedent(
     if rank == 0:
         params = torch.cat([p.detach().reshape(-1) for p in learner.model.parameters()]).tolist()
         json.dump({"losses": losses, "params": params}, open(out, "w"))
-    dist.destroy_process_group()
+    learner.leave_group()
+    assert not dist.is_initialized()
     """
 )
 

@@ -264,7 +264,7 @@ def run_actor(context: RoleContext) -> int:
         return 0 if rank else 1
     finally:
         health.close()
-        if world > 1 and dist.is_initialized():
+        if world > 1 and dist.is_initialized():  # a failed rank: its peers fail on their next collective anyway
             dist.destroy_process_group()
 
 
@@ -335,6 +335,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
         health.ready()
         while learner.step < total:
             learner.update(_share_batch(None, shapes, device))
+        learner.leave_group()
         return 0
 
     tracker = ProgressTracker(total_steps=total, step=learner.step)
@@ -426,5 +427,6 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
     finally:
         if run_metrics is not None:
             run_metrics.close()
+    learner.leave_group()
     context.log.info("reached trainer.steps (%d); final return %s", total, last_return)
     return 0
