@@ -70,10 +70,10 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 FAST = ControllerConfig(resync_seconds=2.0, progress_seconds=0.2, expectation_seconds=3.0, error_backoff_seconds=0.2)
 
 
-def cartpole_job(name: str = "cp", **spec: Any) -> dict[str, Any]:
+def cartpole_job(name: str = "cp", namespace: str = NS, **spec: Any) -> dict[str, Any]:
     """The CartPole example (1 actor, 1 rollout, 2 env pods) with spec overrides merged in."""
     job = yaml.safe_load((EXAMPLES / "cartpole-ppo.yaml").read_text())
-    job["metadata"] = {"name": name, "namespace": NS}
+    job["metadata"] = {"name": name, "namespace": namespace}
     job["spec"]["roles"]["env"]["replicas"] = 2  # whatever the example is tuned to
     for key, value in spec.items():
         if isinstance(value, dict) and isinstance(job["spec"].get(key), dict):
@@ -127,6 +127,8 @@ async def operator_running(
     config: ControllerConfig = FAST,
     metrics_port: int | None = None,
     liveness_port: int | None = None,
+    namespaces: tuple[str, ...] = (NS,),
+    all_namespaces: bool = False,
 ) -> Any:
     """Run the real operator (kopf + controller) against the emulator for the body of a `with`.
 
@@ -143,7 +145,11 @@ async def operator_running(
     stop = asyncio.Event()
     metrics = OperatorMetrics()
     options = OperatorOptions(
-        namespaces=(NS,), metrics_port=metrics_port, liveness_port=liveness_port, controller=config
+        namespaces=() if all_namespaces else namespaces,
+        all_namespaces=all_namespaces,
+        metrics_port=metrics_port,
+        liveness_port=liveness_port,
+        controller=config,
     )
     progress = ProgressReader(url_for=progress_url) if progress_url else ProgressReader(url_for=lambda pod, port: None)
     task = asyncio.create_task(
@@ -192,11 +198,12 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str 
 class Cluster:
     """Kubelet, scheduler and garbage collector for the emulator, driven explicitly by the tests."""
 
-    def __init__(self, kube: KubernetesApiEmulator) -> None:
+    def __init__(self, kube: KubernetesApiEmulator, namespace: str = NS) -> None:
         self.kube = kube
+        self.namespace = namespace
 
     def job(self, name: str) -> dict[str, Any] | None:
-        return self.kube.read_object(RLJOBS, NS, name)
+        return self.kube.read_object(RLJOBS, self.namespace, name)
 
     def status(self, name: str) -> dict[str, Any]:
         return (self.job(name) or {}).get("status") or {}
@@ -205,29 +212,29 @@ class Cluster:
         return self.status(name).get("phase")
 
     def pods(self, job: str) -> dict[str, dict[str, Any]]:
-        return {p["metadata"]["name"]: p for p in self.kube.list_objects(PODS, NS, f"rljob.io/job={job}")}
+        return {p["metadata"]["name"]: p for p in self.kube.list_objects(PODS, self.namespace, f"rljob.io/job={job}")}
 
     def uid(self, pod: str) -> str:
-        return self.kube.read_object(PODS, NS, pod)["metadata"]["uid"]
+        return self.kube.read_object(PODS, self.namespace, pod)["metadata"]["uid"]
 
     def events(self, job: str) -> list[dict[str, Any]]:
-        events = self.kube.list_objects(EVENTS, NS)
+        events = self.kube.list_objects(EVENTS, self.namespace)
         return [e for e in events if e["involvedObject"]["name"] == job]
 
     def reasons(self, job: str) -> list[str]:
         return [e["reason"] for e in self.events(job)]
 
     def create_job(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        return self.kube.create_object(RLJOBS, NS, manifest)
+        return self.kube.create_object(RLJOBS, self.namespace, manifest)
 
     def patch_job(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return self.kube.patch_object(RLJOBS, NS, name, patch)
+        return self.kube.patch_object(RLJOBS, self.namespace, name, patch)
 
     def run(self, pod: str, ready: bool = True, ip: str = "127.0.0.1") -> None:
-        self.kube.patch_object(PODS, NS, pod, {"spec": {"nodeName": "node-1"}})
+        self.kube.patch_object(PODS, self.namespace, pod, {"spec": {"nodeName": "node-1"}})
         self.kube.patch_status(
             PODS,
-            NS,
+            self.namespace,
             pod,
             {
                 "phase": "Running",
@@ -248,7 +255,7 @@ class Cluster:
         terminated = {"exitCode": code, "reason": reason or ("Completed" if code == 0 else "Error")}
         self.kube.patch_status(
             PODS,
-            NS,
+            self.namespace,
             pod,
             {
                 "phase": "Succeeded" if code == 0 else "Failed",
@@ -260,7 +267,7 @@ class Cluster:
     def evict(self, pod: str) -> None:
         self.kube.patch_status(
             PODS,
-            NS,
+            self.namespace,
             pod,
             {
                 "phase": "Failed",
@@ -273,7 +280,7 @@ class Cluster:
     def unschedulable(self, pod: str, message: str) -> None:
         self.kube.patch_status(
             PODS,
-            NS,
+            self.namespace,
             pod,
             {
                 "phase": "Pending",
@@ -284,11 +291,11 @@ class Cluster:
         )
 
     def image_pull_failure(self, pod: str) -> None:
-        self.kube.patch_object(PODS, NS, pod, {"spec": {"nodeName": "node-1"}})
+        self.kube.patch_object(PODS, self.namespace, pod, {"spec": {"nodeName": "node-1"}})
         waiting = {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "ghcr.io/rljob/nope:1"'}
         self.kube.patch_status(
             PODS,
-            NS,
+            self.namespace,
             pod,
             {
                 "phase": "Pending",
@@ -298,7 +305,7 @@ class Cluster:
         )
 
     def delete_job(self, name: str) -> None:
-        self.kube.delete_object(RLJOBS, NS, name)
+        self.kube.delete_object(RLJOBS, self.namespace, name)
         self.kube.collect_garbage()
 
 

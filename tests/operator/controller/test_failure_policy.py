@@ -137,6 +137,27 @@ async def test_failures_beyond_max_restarts_fail_the_job(kube: KubernetesApiEmul
         await eventually(lambda: "BackoffLimitExceeded" in cluster.reasons("cp"), what="events")
 
 
+async def test_actor_fail_job_policy_fails_at_the_first_actor_failure_without_a_restart(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    async with operator_running(kube):
+        manifest = cartpole_job(
+            roles={"actor": {"replicas": 2}, "rollout": {"replicas": 1}, "env": {"replicas": 1}},
+            failurePolicy={"actor": "FailJob", "maxRestarts": 3},
+        )
+        uids = await start_running(cluster, manifest)
+        cluster.exit("cp-actor-1", 1)
+        await eventually(lambda: cluster.phase("cp") == "Failed", what="Failed")
+        status = cluster.status("cp")
+        failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "PodFailed" and "failurePolicy.actor is FailJob" in failed["message"]
+        assert status["restarts"] == 0  # maxRestarts is not consulted: FailJob means no restart at all
+        # The failed actor stays for its logs, never replaced; every running pod is cleaned up.
+        await eventually(lambda: set(cluster.pods("cp")) == {"cp-actor-1"}, what="cleanup")
+        assert cluster.uid("cp-actor-1") == uids["cp-actor-1"]
+        assert "ActorFailed" not in cluster.reasons("cp")
+
+
 async def test_invalid_spec_fails_that_job_and_the_operator_serves_the_others(
     kube: KubernetesApiEmulator, cluster: Cluster
 ) -> None:
