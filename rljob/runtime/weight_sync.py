@@ -9,6 +9,7 @@ into buckets of at most `weightSync.bucketSizeMb`. Gloo on CPU; NCCL when both s
 from __future__ import annotations
 
 import datetime
+import gc
 from collections.abc import Iterable
 
 import torch
@@ -114,6 +115,11 @@ class WeightPublisher:
         """Drop the group of a rollout that went away or failed a sync; the next sync forms a new one."""
         self._groups.pop(replica, None)
         self._generation[replica] = self._generation.get(replica, 0) + 1
+
+    def close(self) -> None:
+        """Release every group now, not during interpreter teardown, where gloo's threads die in no set order."""
+        self._groups.clear()
+        gc.collect()
 
 
 class WeightSubscriber:

@@ -89,6 +89,11 @@ class Controller:
         self.links = [RolloutLink(i, e) for i, e in enumerate(identity.endpoints["rollout"])]
         self.log = context.log
 
+    def close(self) -> None:
+        self.publisher.close()
+        for link in self.links:
+            link.client.close()
+
     def _status(self, link: RolloutLink) -> None:
         deadline = time.monotonic() + 300
         while True:
@@ -425,6 +430,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
                     },
                 )
     finally:
+        controller.close()
         if run_metrics is not None:
             run_metrics.close()
     learner.leave_group()
