@@ -38,17 +38,13 @@ def role(
         for problem in exc.problems:
             typer.secho(problem.render(exc.source), fg=typer.colors.RED, err=True)
         raise typer.Exit(EXIT_FATAL_CONFIG) from None
-    if name == "env":
-        from rljob.runtime.roles.env import run_env as run
-    elif name == "rollout":
-        from rljob.runtime.roles.rollout import run_rollout as run
-    elif name == "actor":
-        from rljob.runtime.roles.actor import run_actor as run
-    else:
-        context.log.error(
-            "the reward role scores LLM responses; this runtime trains gym tasks (task.type gym), which need none"
-        )
-        raise typer.Exit(1)
+    from rljob.runtime.roles import RoleNotUsed, role_program
+
+    try:
+        run = role_program(context.job.spec.task.type, name)
+    except RoleNotUsed as exc:
+        context.log.error("%s", exc)
+        raise typer.Exit(EXIT_FATAL_CONFIG) from None
     sys.stdout.flush()
     try:
         code = run(context)

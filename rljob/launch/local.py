@@ -72,7 +72,7 @@ def check_local(job: RLJob) -> None:
 
 def check_environment(job: RLJob) -> None:
     """Create one environment of the task and check its spaces before any process starts."""
-    from rljob.runtime.gym_env import GymConfigError, check_task
+    from rljob.runtime.gym.envs import GymConfigError, check_task
 
     assert job.spec.task.gym is not None
     try:

@@ -85,7 +85,7 @@ def test_console_script_is_installed():
 def test_cli_starts_without_any_optional_dependency_loaded():
     """Each image installs one extra only (the env image has no torch, no kopf): `rljob` must start there."""
     code = (
-        "import sys, rljob.cli.main, rljob.runtime.roles.env; "
+        "import sys, rljob.cli.main, rljob.runtime.gym.env; "
         "print(sorted(m for m in ('torch', 'kopf', 'kubernetes_asyncio', 'transformers', 'vllm') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -13,10 +13,10 @@ import torch
 from rljob.api.spec import AlgorithmSpec, BuiltinNetwork, TrainerSpec
 from rljob.launch.local import free_ports
 from rljob.runtime.checkpoint import CheckpointManager
+from rljob.runtime.gym.actor import restore_learner
+from rljob.runtime.gym.models import build_mlp_actor_critic
+from rljob.runtime.gym.ppo import PPOLearner
 from rljob.runtime.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
-from rljob.runtime.models import build_mlp_actor_critic
-from rljob.runtime.ppo import PPOLearner
-from rljob.runtime.roles.actor import restore_learner
 from rljob.runtime.roles.common import FatalConfigError
 
 JOB = """\

@@ -9,7 +9,7 @@ import gymnasium
 import pytest
 import torch
 
-from rljob.runtime.models import MLPActorCritic
+from rljob.runtime.gym.models import MLPActorCritic
 from rljob.runtime.weight_sync import SyncRefused, WeightPublisher, WeightSubscriber
 
 

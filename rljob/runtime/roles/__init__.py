@@ -1,1 +1,40 @@
-"""One module per role process: `env`, `rollout`, `actor`. `rljob role <name>` starts one of them."""
+"""Role plumbing shared by every task family, and the table of which program each (task, role) runs.
+
+gym and llm jobs share context, transport, weight sync, checkpoints, metrics and health; their loops live
+side by side in `rljob.runtime.gym` and `rljob.runtime.llm`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from rljob.runtime.roles.common import RoleContext
+
+RoleMain = Callable[[RoleContext], int]
+
+ROLE_PROGRAMS: dict[tuple[str, str], str] = {
+    ("gym", "actor"): "rljob.runtime.gym.actor:run_actor",
+    ("gym", "rollout"): "rljob.runtime.gym.rollout:run_rollout",
+    ("gym", "env"): "rljob.runtime.gym.env:run_env",
+    ("llm", "actor"): "rljob.runtime.llm.actor:run_actor",
+    ("llm", "rollout"): "rljob.runtime.llm.rollout:run_rollout",
+    ("llm", "reward"): "rljob.runtime.roles.reward:run_reward",
+}
+"""`module:function` per (task.type, role); a pair missing here is a role that task type has no use for."""
+
+
+class RoleNotUsed(LookupError):
+    """This task type runs no such role (a gym job has no reward role, an llm job no env role yet)."""
+
+
+def role_program(task_type: str, role: str) -> RoleMain:
+    try:
+        target = ROLE_PROGRAMS[(task_type, role)]
+    except KeyError:
+        used = sorted(r for t, r in ROLE_PROGRAMS if t == task_type)
+        raise RoleNotUsed(
+            f"task.type {task_type} jobs run the roles {', '.join(used)}; set spec.roles.{role}.replicas to 0"
+        ) from None
+    module, function = target.split(":")
+    return getattr(importlib.import_module(module), function)

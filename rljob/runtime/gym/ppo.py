@@ -25,7 +25,7 @@ from rljob.algorithms.losses import (
     value_loss,
 )
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
-from rljob.runtime.models import MLPActorCritic
+from rljob.runtime.gym.models import MLPActorCritic
 from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_rate
 
 BATCH_FIELDS = ("obs", "actions", "logprobs", "values", "next_values", "rewards", "terminated", "truncated")

@@ -28,7 +28,9 @@ from rljob.runtime.checkpoint import (
     resolve_resume,
     restore_rng_state,
 )
-from rljob.runtime.gym_env import space_from_wire
+from rljob.runtime.gym.envs import space_from_wire
+from rljob.runtime.gym.models import UnsupportedSpaceError, build_mlp_actor_critic
+from rljob.runtime.gym.ppo import BATCH_FIELDS, GymBatch, PPOLearner
 from rljob.runtime.metrics import (
     APPROX_KL,
     CLIP_FRACTION,
@@ -48,8 +50,6 @@ from rljob.runtime.metrics import (
     phase_key,
     read_metrics,
 )
-from rljob.runtime.models import UnsupportedSpaceError, build_mlp_actor_critic
-from rljob.runtime.ppo import BATCH_FIELDS, GymBatch, PPOLearner
 from rljob.runtime.role_http import ProgressTracker
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
 from rljob.runtime.transport import RequestClient, RequestTimeout, TransportError, process_tag

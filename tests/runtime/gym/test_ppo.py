@@ -14,9 +14,9 @@ import torch
 
 from rljob.api.spec import AlgorithmSpec, BuiltinNetwork, TrainerSpec
 from rljob.runtime.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
-from rljob.runtime.models import build_mlp_actor_critic
+from rljob.runtime.gym.models import build_mlp_actor_critic
+from rljob.runtime.gym.ppo import BatchShapeError, GymBatch, PPOLearner
 from rljob.runtime.optim import learning_rate_at
-from rljob.runtime.ppo import BatchShapeError, GymBatch, PPOLearner
 
 ALGORITHM = AlgorithmSpec(name="ppo", epochs=3, minibatches=2, gamma=0.98, gae_lambda=0.8, value_clip=0.5)
 TRAINER = TrainerSpec(steps=10, batch_size=64, learning_rate=1e-3, lr_schedule="linear", grad_clip=0.5, seed=3)
@@ -47,7 +47,7 @@ RANK_SCRIPT = textwrap.dedent(
     """
     import json, sys, torch, torch.distributed as dist
     sys.path.insert(0, sys.argv[4])
-    from test_ppo_learner import make_batch, make_learner
+    from test_ppo import make_batch, make_learner
     rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     learner = make_learner(rank, 2)
@@ -131,7 +131,7 @@ def test_stale_data_is_clipped_around_the_current_policy():
 
 
 def test_the_discrete_fast_path_evaluates_like_the_model():
-    from rljob.runtime.ppo import _Evaluate
+    from rljob.runtime.gym.ppo import _Evaluate
 
     env = gymnasium.make("CartPole-v1")
     model = build_mlp_actor_critic(BuiltinNetwork(), env.observation_space, env.action_space)

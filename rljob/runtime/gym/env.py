@@ -7,7 +7,7 @@ process answers `step` with `EnvNotReset` until the rollout resets it.
 
 from __future__ import annotations
 
-from rljob.runtime.gym_env import GymConfigError, VectorGymEnv, env_share, space_to_wire
+from rljob.runtime.gym.envs import GymConfigError, VectorGymEnv, env_share, space_to_wire
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
 from rljob.runtime.transport import Payload, RequestServer, process_tag
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from rljob.runtime.gym_env import space_from_wire
-from rljob.runtime.models import MLPActorCritic, UnsupportedSpaceError, build_mlp_actor_critic
-from rljob.runtime.numpy_policy import NumpyPolicy
+from rljob.runtime.gym.collector import TrajectoryCollector
+from rljob.runtime.gym.envs import space_from_wire
+from rljob.runtime.gym.models import MLPActorCritic, UnsupportedSpaceError, build_mlp_actor_critic
+from rljob.runtime.gym.numpy_policy import NumpyPolicy
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
-from rljob.runtime.rollout_gym import TrajectoryCollector
 from rljob.runtime.transport import Payload, RequestServer, process_tag
 from rljob.runtime.weight_sync import WeightSubscriber
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
-from rljob.runtime.models import MLPActorCritic
+from rljob.runtime.gym.models import MLPActorCritic
 
 _ACTIVATIONS = {
     nn.Tanh: np.tanh,

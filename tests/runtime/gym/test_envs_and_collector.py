@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rljob.api.spec import GymTask
-from rljob.runtime.gym_env import (
+from rljob.runtime.gym.envs import (
     EnvNotReset,
     GymConfigError,
     UnknownEnvironment,
@@ -19,8 +19,8 @@ from rljob.runtime.gym_env import (
     space_from_wire,
     space_to_wire,
 )
-from rljob.runtime.models import MLPActorCritic
-from rljob.runtime.numpy_policy import NumpyPolicy
+from rljob.runtime.gym.models import MLPActorCritic
+from rljob.runtime.gym.numpy_policy import NumpyPolicy
 from rljob.runtime.weight_sync import buckets
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rljob.runtime.numpy_policy import NumpyPolicy
+from rljob.runtime.gym.numpy_policy import NumpyPolicy
 from rljob.runtime.transport import RemoteError, RequestClient, RequestTimeout, TransportError
 
 log = logging.getLogger("rljob.rollout")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rljob.api.spec import BuiltinNetwork
-from rljob.runtime.models import MLPActorCritic, UnsupportedSpaceError, build_mlp_actor_critic
+from rljob.runtime.gym.models import MLPActorCritic, UnsupportedSpaceError, build_mlp_actor_critic
 
 
 def test_discrete_policy_shapes_and_evaluate_matches_act():
