@@ -1,4 +1,4 @@
-"""Advantages, policy losses and KL estimators: pure torch functions."""
+"""Advantages, policy losses, KL estimators, DAPO sampling and reward shaping: pure torch functions."""
 
 from rljob.algorithms.advantages import (
     GROUP_ADVANTAGES,
@@ -18,12 +18,15 @@ from rljob.algorithms.losses import (
     explained_variance,
     gspo_policy_loss,
     kl_estimate,
+    loss_normalizer,
     masked_mean,
     off_policy_weights,
     policy_loss_for,
     ppo_policy_loss,
     value_loss,
 )
+from rljob.algorithms.sampling import informative_groups
+from rljob.algorithms.shaping import overlong_penalty
 
 __all__ = [
     "GROUP_ADVANTAGES",
@@ -37,10 +40,13 @@ __all__ = [
     "group_advantages",
     "grpo_advantages",
     "gspo_policy_loss",
+    "informative_groups",
     "kl_estimate",
+    "loss_normalizer",
     "masked_mean",
     "normalize",
     "off_policy_weights",
+    "overlong_penalty",
     "policy_loss_for",
     "ppo_policy_loss",
     "reinforce_pp_advantages",

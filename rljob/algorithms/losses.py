@@ -40,6 +40,8 @@ def aggregate_loss(
     mask: Tensor | None = None,
     aggregation: Aggregation = "token-mean",
     norm_length: int | None = None,
+    *,
+    normalizer: float | None = None,
 ) -> Tensor:
     """Reduce a per-token loss to a scalar.
 
@@ -48,9 +50,17 @@ def aggregate_loss(
     - seq-mean-token-mean: mean over a sequence's tokens, then over sequences (original GRPO);
       biased towards short answers.
     - seq-mean-token-sum-norm: token sum divided by a constant length (Dr. GRPO), mean over
-      sequences; `norm_length` defaults to the padded length L.
+      sequences; `norm_length` defaults to the padded length L. A learner that splits a batch
+      must pass one constant (the maximum response length) so every micro-batch divides alike.
+
+    `normalizer` replaces the local denominator (token-mean: the valid tokens; seq-mean-*: the
+    sequences) by a count over the whole minibatch: the sum of `loss_normalizer` over every
+    micro-batch and rank. Each micro-batch's loss is then its share of the full-batch loss, so
+    their sum (and its gradient) equals the loss of the batch taken at once, whatever the split.
     """
-    if mask is None:
+    if normalizer is not None and normalizer <= 0:
+        raise ValueError(f"normalizer must be a positive token or sequence count, got {normalizer}")
+    if mask is None and normalizer is None:
         # Fast path (gym PPO: one value per sample, no padding): no mask tensor to build and multiply.
         tokens = loss.unsqueeze(-1) if loss.dim() == 1 else loss
         if aggregation in ("token-mean", "seq-mean-token-mean"):
@@ -62,14 +72,31 @@ def aggregate_loss(
     tokens, m = _as_tokens(loss, mask)
     masked = tokens * m
     if aggregation == "token-mean":
-        return masked.sum() / m.sum().clamp(min=1.0)
+        return masked.sum() / (m.sum().clamp(min=1.0) if normalizer is None else normalizer)
     if aggregation == "seq-mean-token-sum":
-        return masked.sum(dim=-1).mean()
-    if aggregation == "seq-mean-token-mean":
-        return (masked.sum(dim=-1) / m.sum(dim=-1).clamp(min=1.0)).mean()
-    if aggregation == "seq-mean-token-sum-norm":
-        length = norm_length if norm_length is not None else tokens.shape[-1]
-        return (masked.sum(dim=-1) / length).mean()
+        per_sequence = masked.sum(dim=-1)
+    elif aggregation == "seq-mean-token-mean":
+        per_sequence = masked.sum(dim=-1) / m.sum(dim=-1).clamp(min=1.0)
+    elif aggregation == "seq-mean-token-sum-norm":
+        per_sequence = masked.sum(dim=-1) / (norm_length if norm_length is not None else tokens.shape[-1])
+    else:
+        raise ValueError(f"algorithm.lossAggregation {aggregation!r} is not one of {', '.join(AGGREGATIONS)}")
+    return per_sequence.mean() if normalizer is None else per_sequence.sum() / normalizer
+
+
+def loss_normalizer(mask: Tensor, aggregation: Aggregation) -> float:
+    """This micro-batch's share of the denominator of `aggregation`: the number to all-reduce.
+
+    token-mean counts valid tokens; the seq-mean-* modes count sequences (rows of `mask`; a
+    per-sample [B] mask is B sequences of one token). Every row counts, also one without a valid
+    token, exactly as in the local mean of `aggregate_loss`. Summed over the micro-batches of a
+    minibatch and over ranks, it is the `normalizer` that makes the split losses add up to the
+    full-batch loss.
+    """
+    if aggregation == "token-mean":
+        return float(mask.sum().item())
+    if aggregation in AGGREGATIONS:
+        return float(mask.shape[0])
     raise ValueError(f"algorithm.lossAggregation {aggregation!r} is not one of {', '.join(AGGREGATIONS)}")
 
 
@@ -90,6 +117,9 @@ def ppo_policy_loss(
     mask: Tensor | None = None,
     aggregation: Aggregation = "token-mean",
     correction_weights: Tensor | None = None,
+    *,
+    norm_length: int | None = None,
+    normalizer: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017, eq. 7), as a loss to minimise.
 
@@ -98,6 +128,8 @@ def ppo_policy_loss(
     Dual clip (Ye et al. 2020): for A < 0 the loss is also capped at -A * dual_clip, so a huge
     ratio on a bad action cannot dominate the update.
     `correction_weights` (detached, e.g. from `off_policy_weights`) scale each token's loss.
+    `norm_length` and `normalizer` go to `aggregate_loss` (a constant Dr. GRPO length; the global
+    token or sequence count of a minibatch split into micro-batches and ranks).
 
     stats: clip_fraction (share of valid tokens whose ratio left [1 - clip_low, 1 + clip_high]),
     approx_kl (the low-variance estimator mean((ratio - 1) - log ratio), Schulman's k3 of old
@@ -115,7 +147,7 @@ def ppo_policy_loss(
         per_token = torch.where(advantages < 0, capped, per_token)
     if correction_weights is not None:
         per_token = per_token * correction_weights.detach()
-    loss = aggregate_loss(per_token, mask, aggregation)
+    loss = aggregate_loss(per_token, mask, aggregation, norm_length, normalizer=normalizer)
     with torch.no_grad():
         outside = ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)).to(ratio.dtype)
         stats = {
@@ -136,6 +168,9 @@ def gspo_policy_loss(
     mask: Tensor | None = None,
     aggregation: Aggregation = "seq-mean-token-mean",
     correction_weights: Tensor | None = None,
+    *,
+    norm_length: int | None = None,
+    normalizer: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO (Zheng et al. 2025): PPO's clipped objective on a *sequence* importance ratio.
 
@@ -161,6 +196,8 @@ def gspo_policy_loss(
         mask=m,
         aggregation=aggregation,
         correction_weights=weights,
+        norm_length=norm_length,
+        normalizer=normalizer,
     )
 
 
@@ -174,6 +211,9 @@ def cispo_policy_loss(
     mask: Tensor | None = None,
     aggregation: Aggregation = "token-mean",
     correction_weights: Tensor | None = None,
+    *,
+    norm_length: int | None = None,
+    normalizer: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (MiniMax-M1, Chen et al. 2025, eq. 4): clip the importance weight, never drop a token's gradient.
 
@@ -188,7 +228,7 @@ def cispo_policy_loss(
     per_token = -weight * advantages * logprobs
     if correction_weights is not None:
         per_token = per_token * correction_weights.detach()
-    loss = aggregate_loss(per_token, mask, aggregation)
+    loss = aggregate_loss(per_token, mask, aggregation, norm_length, normalizer=normalizer)
     with torch.no_grad():
         stats = {
             "clip_fraction": masked_mean((ratio > 1.0 + clip_high).to(ratio.dtype), mask),
@@ -243,9 +283,19 @@ def value_loss(
     return 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)
 
 
-def entropy_bonus(entropy: Tensor, mask: Tensor | None = None, aggregation: Aggregation = "token-mean") -> Tensor:
-    """Aggregated policy entropy; the total loss subtracts `entropy_coef` times this."""
-    return aggregate_loss(entropy, mask, aggregation)
+def entropy_bonus(
+    entropy: Tensor,
+    mask: Tensor | None = None,
+    aggregation: Aggregation = "token-mean",
+    *,
+    norm_length: int | None = None,
+    normalizer: float | None = None,
+) -> Tensor:
+    """Aggregated policy entropy; the total loss subtracts `entropy_coef` times this.
+
+    `norm_length` and `normalizer` as in `aggregate_loss`, so split micro-batches add up here too.
+    """
+    return aggregate_loss(entropy, mask, aggregation, norm_length, normalizer=normalizer)
 
 
 def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: KLEstimator = "k3") -> Tensor:

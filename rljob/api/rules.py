@@ -35,6 +35,8 @@ def resolve_defaults(job: RLJob) -> RLJob:
         spec.roles.env.replicas = 1 if gym else 0
     if spec.roles.reward.replicas is None:
         spec.roles.reward.replicas = 0 if gym else 1
+    if spec.algorithm.dynamic_sampling is None:
+        spec.algorithm.dynamic_sampling = spec.algorithm.name == "dapo"
     return job
 
 
@@ -119,6 +121,10 @@ _LLM_ONLY_SETTINGS: tuple[tuple[str, Callable[[RLJobSpec], object], object], ...
     ("model.dtype", lambda s: s.model.dtype, "auto"),
     ("model.gradientCheckpointing", lambda s: s.model.gradient_checkpointing, False),
     ("model.reference", lambda s: s.model.reference, None),
+    # Resolved to False for gym (never dapo), so an unset and a resolved job read alike.
+    ("algorithm.dynamicSampling", lambda s: bool(s.algorithm.dynamic_sampling), False),
+    ("algorithm.maxSamplingRounds", lambda s: s.algorithm.max_sampling_rounds, 4),
+    ("algorithm.overlong", lambda s: s.algorithm.overlong, None),
 )
 
 
@@ -171,6 +177,19 @@ def _check_algorithm(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
         yield (
             "algorithm.groupSize",
             f"{algo.name} compares samples of one prompt: must be >= 2 (got {algo.group_size})",
+        )
+    if algo.dynamic_sampling and spec.task.type == "llm" and algo.name not in GROUP_ALGORITHMS:
+        yield (
+            "algorithm.dynamicSampling",
+            f"drops prompt groups whose samples all got one reward, which needs a group algorithm "
+            f"({', '.join(GROUP_ALGORITHMS)}): set false (got algorithm.name {algo.name!r})",
+        )
+    llm = spec.task.llm
+    if algo.overlong is not None and llm is not None and algo.overlong.buffer >= llm.max_response_length:
+        yield (
+            "algorithm.overlong.buffer",
+            f"must be below task.llm.maxResponseLength {llm.max_response_length}: the penalty ramps up over "
+            f"the last buffer tokens of a response (got {algo.overlong.buffer})",
         )
     if algo.off_policy.low >= algo.off_policy.high:
         yield (

@@ -185,6 +185,20 @@ class OffPolicyCorrection(SpecModel):
     high: float = Field(default=2.0, gt=0.0)
 
 
+class OverlongShaping(SpecModel):
+    """DAPO overlong reward shaping over the last `buffer` tokens before maxResponseLength.
+
+    A response's reward gets 0 up to maxResponseLength - buffer tokens, then a penalty growing
+    linearly to -`penalty` at maxResponseLength (DAPO eq. 13), so the policy learns to finish
+    before the cut rather than being truncated.
+    """
+
+    buffer: int = Field(ge=1)
+    """Tokens before task.llm.maxResponseLength over which the penalty ramps up (DAPO: 4096 of 20480)."""
+    penalty: float = Field(default=1.0, ge=0.0)
+    """Penalty of a response that reaches maxResponseLength."""
+
+
 class AlgorithmSpec(SpecModel):
     """The RL algorithm and its knobs."""
 
@@ -192,7 +206,11 @@ class AlgorithmSpec(SpecModel):
         (
             "self.name == 'ppo' || !has(self.groupSize) || self.groupSize >= 2",
             "group algorithms compare samples of one prompt: algorithm.groupSize must be >= 2",
-        )
+        ),
+        (
+            "self.name != 'ppo' || !has(self.dynamicSampling) || !self.dynamicSampling",
+            "algorithm.dynamicSampling drops prompt groups with one reward: it needs a group algorithm, not ppo",
+        ),
     )
 
     name: AlgorithmName
@@ -224,6 +242,14 @@ class AlgorithmSpec(SpecModel):
     minibatches: int = Field(default=1, ge=1)
     """Optimizer steps per epoch."""
     off_policy: OffPolicyCorrection = Field(default_factory=OffPolicyCorrection)
+    dynamic_sampling: bool | None = None
+    """DAPO dynamic sampling (llm): drop prompt groups whose rewards are all equal (no signal) and
+    keep generating until trainer.batchSize informative groups are collected, at most
+    `maxSamplingRounds` generation rounds per step. Default: true for dapo, false otherwise."""
+    max_sampling_rounds: int = Field(default=4, ge=1)
+    """The most generation rounds one step spends collecting informative groups with dynamicSampling."""
+    overlong: OverlongShaping | None = None
+    """DAPO overlong reward shaping (llm); off when unset."""
 
 
 # --- trainer ------------------------------------------------------------------------------------
@@ -464,7 +490,12 @@ class RLJobSpec(SpecModel):
         (
             "self.task.type != 'gym' || self.algorithm.name == 'ppo'",
             "gym tasks are trained with ppo: set algorithm.name to ppo",
-        )
+        ),
+        (
+            "!has(self.algorithm.overlong) || !has(self.task.llm)"
+            " || self.algorithm.overlong.buffer < self.task.llm.maxResponseLength",
+            "algorithm.overlong.buffer must be below task.llm.maxResponseLength",
+        ),
     )
 
     task: TaskSpec

@@ -123,3 +123,36 @@ def test_group_registry_covers_every_group_algorithm_and_explains_ppo():
         group_advantages("ppo", GROUPS)
     with pytest.raises(ValueError, match=r"group_size >= 2"):
         grpo_advantages(torch.ones(4))
+
+
+# A table where every estimator differs: group 0 has one success in four, group 1 has graded rewards.
+TABLE = t([1.0, 0.0, 0.0, 0.0], [2.0, 0.0, 1.0, 1.0])
+
+
+def test_grpo_advantages_on_a_graded_reward_table():
+    # group 0: mean 0.25, centred (0.75, -0.25, -0.25, -0.25), sample var (0.5625 + 3 * 0.0625) / 3 = 0.25, std 0.5
+    #          -> (1.5, -0.5, -0.5, -0.5)
+    # group 1: mean 1, centred (1, -1, 0, 0), sample var 2 / 3, std 0.816497 -> (1.224745, -1.224745, 0, 0)
+    expected = t([1.5, -0.5, -0.5, -0.5], [1.224745, -1.224745, 0.0, 0.0])
+    torch.testing.assert_close(grpo_advantages(TABLE), expected, atol=1e-5, rtol=0)
+
+
+def test_dr_grpo_advantages_on_a_graded_reward_table_are_the_centred_rewards():
+    expected = t([0.75, -0.25, -0.25, -0.25], [1.0, -1.0, 0.0, 0.0])
+    torch.testing.assert_close(group_advantages("dr_grpo", TABLE), expected)
+
+
+def test_rloo_advantages_on_a_graded_reward_table():
+    # group 0: 1 - (0 + 0 + 0) / 3 = 1 ; 0 - (1 + 0 + 0) / 3 = -1/3
+    # group 1: 2 - (0 + 1 + 1) / 3 = 4/3 ; 0 - (2 + 1 + 1) / 3 = -4/3 ; 1 - (2 + 0 + 1) / 3 = 0
+    third = 1.0 / 3.0
+    expected = t([1.0, -third, -third, -third], [4 * third, -4 * third, 0.0, 0.0])
+    torch.testing.assert_close(rloo_advantages(TABLE), expected)
+
+
+def test_reinforce_pp_advantages_on_a_graded_reward_table():
+    # group baseline: centred (0.75, -0.25, -0.25, -0.25 | 1, -1, 0, 0); batch mean 0
+    # batch population var (0.5625 + 3 * 0.0625 + 1 + 1) / 8 = 0.34375, std 0.586302
+    # 0.75 / 0.586302 = 1.279204 ; 0.25 / 0.586302 = 0.426401 ; 1 / 0.586302 = 1.705606
+    expected = t([1.279204, -0.426401, -0.426401, -0.426401], [1.705606, -1.705606, 0.0, 0.0])
+    torch.testing.assert_close(reinforce_pp_advantages(TABLE), expected, atol=1e-5, rtol=0)

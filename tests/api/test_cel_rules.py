@@ -51,6 +51,10 @@ VIOLATIONS = [
      "spec.roles.rollout.placement.gpuProduct"),
     ("kueue-without-queue", GYM, "spec.scheduling", {"gang": "kueue"}, "spec.scheduling.queue"),
     ("name-too-long", GYM, "metadata.name", "x" * 48, "metadata.name"),
+    ("llm-ppo-with-dynamic-sampling", LLM, "spec.algorithm", {"name": "ppo", "dynamicSampling": True},
+     "spec.algorithm.dynamicSampling"),
+    ("overlong-buffer-not-below-max-response", LLM, "spec.algorithm.overlong", {"buffer": 4096},
+     "spec.algorithm.overlong.buffer"),
 ]  # fmt: skip
 
 

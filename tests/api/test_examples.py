@@ -41,6 +41,18 @@ def test_task_dependent_defaults_are_filled():
     assert llm.spec.rollout.max_tokens == 8
 
 
+@pytest.mark.parametrize(("name", "expected"), [("dapo", True), ("grpo", False), ("gspo", False)])
+def test_dynamic_sampling_defaults_to_on_for_dapo_only(name: str, expected: bool):
+    manifest = yaml.safe_load(Path("examples/grpo-tiny-arithmetic.yaml").read_text())
+    manifest["spec"]["algorithm"]["name"] = name
+    job = validate_job(manifest)
+    assert job.spec.algorithm.dynamic_sampling is expected
+    assert job.spec.algorithm.max_sampling_rounds == 4 and job.spec.algorithm.overlong is None
+    manifest["spec"]["algorithm"]["dynamicSampling"] = not expected  # an explicit choice is kept
+    assert validate_job(manifest).spec.algorithm.dynamic_sampling is (not expected)
+    assert load_job_file(Path("examples/cartpole-ppo.yaml")).spec.algorithm.dynamic_sampling is False
+
+
 def test_h100_example_places_actors_and_rollouts_on_different_gpus():
     job = load_job_file(Path("examples/grpo-qwen-math-h100.yaml"))
     actor, rollout = job.spec.roles.actor, job.spec.roles.rollout
