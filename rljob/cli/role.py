@@ -44,10 +44,10 @@ def role(
         from rljob.runtime.roles.rollout import run_rollout as run
     elif name == "actor":
         from rljob.runtime.roles.actor import run_actor as run
+    elif context.job.spec.task.type == "llm":
+        from rljob.runtime.roles.reward import run_reward as run
     else:
-        context.log.error(
-            "the reward role scores LLM responses; this runtime trains gym tasks (task.type gym), which need none"
-        )
+        context.log.error("the reward role scores LLM responses; gym tasks (task.type gym) get rewards from their env")
         raise typer.Exit(1)
     sys.stdout.flush()
     try:
