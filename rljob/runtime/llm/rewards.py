@@ -1,0 +1,447 @@
+"""Reward functions for llm tasks: the builtin registry, user functions, and a scorer that runs them.
+
+Every reward function, builtin or user, scores one sample:
+
+    def my_reward(prompt: str, response: str, row: dict, **args) -> float
+
+`prompt` is the rendered prompt text, `response` the decoded response, `row` the dataset row (e.g.
+`row["answer"]`), `args` the function's `spec.reward.functions[i].args`. A function that also declares
+a `finish_reason` ("stop" or "length") or `response_tokens` (int) keyword parameter, or `**kwargs`,
+receives those too. User functions are named `path/to/file.py:fn` (a relative path is resolved against
+the role's working directory) or `package.module:fn` (importable by the reward role).
+
+The reward of a sample is the weighted sum of its terms. A call that raises, runs past
+`spec.reward.sandbox.timeoutSeconds`, or returns something other than a finite number scores 0 and
+counts one error under the function's name; it never stops the job. Calls run on
+`sandbox.maxConcurrency` threads. A call past its timeout is abandoned, not killed (Python cannot stop
+a thread): its thread is replaced and keeps running until the function returns. Isolating user code in
+its own process, with `sandbox.memoryMb` and `sandbox.network` enforced, arrives with the sandboxed
+code-execution runtime (`code_exec`).
+
+Builtins:
+- `exact_match`: 1.0 when the final answer of the response equals `row[answer_key]`, after `final_answer`
+  normalisation (last number, commas dropped, "19.0" == "19"; else last line, lowercased, no trailing ".").
+- `math_verify`: 1.0 when the math-verify package finds the response equivalent to `row[answer_key]`
+  ("\\frac{1}{2}" == "0.5").
+- `format`: 1.0 when the stripped response fully matches the regex `pattern` (`search: true`: when the
+  pattern occurs anywhere in the response).
+- `length_penalty`: without `max_tokens`, -1.0 for a response cut at the length limit (finish_reason
+  "length"), else 0. With `max_tokens`, DAPO's soft overlong penalty on `response_tokens`: 0 up to
+  `max_tokens - buffer_tokens`, then linear down to -1.0 at `max_tokens`, -1.0 beyond.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import itertools
+import logging
+import math
+import numbers
+import queue
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any, TypedDict
+
+from rljob.api.spec import RewardFunction, RewardSpec
+
+RewardFn = Callable[..., float]
+
+SAMPLE_FIELDS = ("finish_reason", "response_tokens")
+"""Keyword arguments a function receives when its signature asks for them."""
+
+CODE_EXEC_REFUSED = (
+    "code_exec needs the sandboxed code-execution runtime, which is not part of this version: "
+    "use exact_match, math_verify, format, length_penalty or a module"
+)
+
+
+class RewardInput(TypedDict):
+    prompt: str
+    response: str
+    row: dict[str, Any]
+    finish_reason: str
+    response_tokens: int
+
+
+class RewardConfigError(ValueError):
+    """A reward function that cannot be used; the message starts with the spec field path."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+# --- builtins ------------------------------------------------------------------------------------
+
+_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?")
+
+
+def final_answer(text: str) -> str:
+    """The last number of `text` in canonical form ("1,234.50" -> "1234.5"), else its last line,
+    lowercased, without trailing periods or spaces."""
+    numbers_found = _NUMBER.findall(text)
+    if numbers_found:
+        try:
+            value = Decimal(numbers_found[-1].replace(",", ""))
+        except InvalidOperation:  # cannot happen for what _NUMBER matches; keep the text then
+            return numbers_found[-1]
+        return format(value.normalize(), "f") if value != value.to_integral() else str(int(value))
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip().lower().rstrip(". ") if lines else ""
+
+
+def _gold(row: dict[str, Any], answer_key: str) -> str:
+    if answer_key not in row:
+        raise KeyError(f"the dataset row has no {answer_key!r} (keys: {', '.join(map(str, row)) or 'none'})")
+    return str(row[answer_key])
+
+
+def exact_match(prompt: str, response: str, row: dict[str, Any], *, answer_key: str = "answer") -> float:
+    return float(final_answer(response) == final_answer(_gold(row, answer_key)))
+
+
+# math-verify warns once that it runs without its own timeout, as asked below: the scorer times every call.
+for _logger in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_logger).addFilter(lambda record: "Timeout is disabled" not in record.getMessage())
+
+
+def math_verify(prompt: str, response: str, row: dict[str, Any], *, answer_key: str = "answer") -> float:
+    from math_verify import parse, verify
+
+    # math-verify's own timeouts use signal.alarm, which only works on the main thread: the scorer times calls.
+    gold = parse(_gold(row, answer_key), parsing_timeout=None)
+    return float(verify(gold, parse(response, parsing_timeout=None), timeout_seconds=None))
+
+
+def format_match(prompt: str, response: str, row: dict[str, Any], *, pattern: str, search: bool = False) -> float:
+    if search:
+        return float(re.search(pattern, response) is not None)
+    return float(re.fullmatch(pattern, response.strip()) is not None)
+
+
+def length_penalty(
+    prompt: str,
+    response: str,
+    row: dict[str, Any],
+    *,
+    finish_reason: str = "stop",
+    response_tokens: int = 0,
+    max_tokens: int | None = None,
+    buffer_tokens: int = 0,
+) -> float:
+    if max_tokens is None:
+        return -1.0 if finish_reason == "length" else 0.0
+    free = max_tokens - buffer_tokens
+    if response_tokens <= free:
+        return 0.0
+    return -min(1.0, (response_tokens - free) / max(buffer_tokens, 1))
+
+
+BUILTINS: dict[str, RewardFn] = {
+    "exact_match": exact_match,
+    "math_verify": math_verify,
+    "format": format_match,
+    "length_penalty": length_penalty,
+}
+
+
+def builtin_args(builtin: str) -> list[str]:
+    """The `args` a builtin takes: its keyword-only parameters other than the sample fields."""
+    parameters = inspect.signature(BUILTINS[builtin]).parameters.values()
+    return [p.name for p in parameters if p.kind is p.KEYWORD_ONLY and p.name not in SAMPLE_FIELDS]
+
+
+def _check_builtin_args(builtin: str, args: dict[str, Any], at: str) -> list[tuple[str, str]]:
+    accepted = builtin_args(builtin)
+    problems = [
+        (f"{at}.{name}", f"{builtin} does not take {name!r} (it takes: {', '.join(accepted)})")
+        for name in args
+        if name not in accepted
+    ]
+    if builtin == "format":
+        pattern = args.get("pattern")
+        if not isinstance(pattern, str):
+            problems.append((f"{at}.pattern", "format needs a regex string, e.g. args: {pattern: '^-?[0-9]+$'}"))
+        else:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                problems.append((f"{at}.pattern", f"{pattern!r} is not a valid regex: {exc}"))
+        if not isinstance(args.get("search", False), bool):
+            problems.append((f"{at}.search", "must be true or false"))
+    if builtin == "length_penalty":
+        max_tokens, buffer_tokens = args.get("max_tokens"), args.get("buffer_tokens", 0)
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            problems.append((f"{at}.max_tokens", f"must be a positive integer (got {max_tokens!r})"))
+        elif not isinstance(buffer_tokens, int) or not 0 <= buffer_tokens < (max_tokens or 1):
+            problems.append(
+                (f"{at}.buffer_tokens", f"must be an integer from 0 to max_tokens - 1 (got {buffer_tokens!r})")
+            )
+    if "answer_key" in args and not isinstance(args["answer_key"], str):
+        problems.append((f"{at}.answer_key", f"must be a string (got {args['answer_key']!r})"))
+    return problems
+
+
+# --- user functions ------------------------------------------------------------------------------
+
+_loaded_files = itertools.count()
+
+
+def load_user_function(ref: str, base_dir: Path | None = None, field: str = "module") -> RewardFn:
+    """`path/to/file.py:fn` (relative to `base_dir`, default the working directory) or `package.module:fn`."""
+    location, _, name = ref.rpartition(":")
+    if location.endswith(".py"):
+        base = Path.cwd() if base_dir is None else Path(base_dir)
+        path = Path(location) if Path(location).is_absolute() else base / location
+        if not path.is_file():
+            raise RewardConfigError(
+                field, f"file {location} does not exist (relative paths are resolved against {base})"
+            )
+        unique = f"rljob_user_reward_{next(_loaded_files)}_{path.stem}"
+        spec = importlib.util.spec_from_file_location(unique, path)
+        assert spec is not None and spec.loader is not None  # a .py file always has a source loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[unique] = module  # dataclasses and pickling look modules up by name
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[unique]
+            raise RewardConfigError(field, f"loading {path} failed: {_describe(exc)}") from None
+    elif "/" in location or not location:
+        raise RewardConfigError(field, f"{ref!r}: a file reference must name a .py file, e.g. rewards.py:{name}")
+    else:
+        try:
+            module = importlib.import_module(location)
+        except Exception as exc:
+            raise RewardConfigError(
+                field, f"cannot import {location!r}: {_describe(exc)} (install it in the reward role's image)"
+            ) from None
+    if not hasattr(module, name):
+        defined = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise RewardConfigError(field, f"{location} has no function {name!r} (defines: {', '.join(defined) or 'none'})")
+    function = getattr(module, name)
+    if not callable(function):
+        raise RewardConfigError(field, f"{location}:{name} is not callable (it is a {type(function).__name__})")
+    return function
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SyntaxError):
+        return f"SyntaxError: {exc.msg} (line {exc.lineno})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _resolve(
+    reward: RewardSpec, base_dir: Path | None
+) -> tuple[list[tuple[RewardFunction, RewardFn | None]], list[tuple[str, str]]]:
+    """Each function with its callable (None where it cannot be used) and every problem found."""
+    resolved: list[tuple[RewardFunction, RewardFn | None]] = []
+    problems: list[tuple[str, str]] = []
+    for index, function in enumerate(reward.functions):
+        at = f"spec.reward.functions[{index}]"
+        callable_: RewardFn | None = None
+        if (function.builtin is None) == (function.module is None):
+            problems.append((at, "set exactly one of builtin or module"))
+        elif function.builtin == "code_exec":
+            problems.append((f"{at}.builtin", CODE_EXEC_REFUSED))
+        elif function.builtin is not None:
+            found = _check_builtin_args(function.builtin, function.args, f"{at}.args")
+            if function.builtin == "math_verify" and importlib.util.find_spec("math_verify") is None:
+                found.append((f"{at}.builtin", "math_verify needs the math-verify package: pip install 'rljob[env]'"))
+            problems += found
+            callable_ = None if found else BUILTINS[function.builtin]
+        else:
+            try:
+                callable_ = load_user_function(function.module or "", base_dir, f"{at}.module")
+            except RewardConfigError as exc:
+                problems.append((exc.field, exc.problem))
+            else:
+                problem = _check_call(callable_, function)
+                if problem:
+                    problems.append((f"{at}.args", problem))
+                    callable_ = None
+        resolved.append((function, callable_))
+    return resolved, problems
+
+
+def _check_call(function: RewardFn, spec: RewardFunction) -> str | None:
+    """Whether `function(prompt, response, row, **args)` binds, before any sample is scored."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # some builtins and C functions have none: find out at the first call
+        return None
+    try:
+        signature.bind("", "", {}, **spec.args)
+    except TypeError as exc:
+        return f"{spec.module} cannot be called as fn(prompt, response, row, **args): {exc}"
+    return None
+
+
+def check_reward_spec(reward: RewardSpec, base_dir: Path | None = None) -> list[tuple[str, str]]:
+    """(field path, message) for every reward function that cannot be used; empty when all can."""
+    return _resolve(reward, base_dir)[1]
+
+
+# --- scoring -------------------------------------------------------------------------------------
+
+
+@dataclass
+class ScoredBatch:
+    rewards: list[float]
+    """Weighted sum of the terms, per sample."""
+    terms: dict[str, list[float]]
+    """Unweighted value of each function, per sample (0 where it failed)."""
+    errors: dict[str, int]
+    """Failed calls per function in this batch (raised, timed out, not a finite number)."""
+    error_messages: dict[str, str] = field(default_factory=dict)
+    """The first failure of each function that failed in this batch, for logs."""
+
+
+@dataclass(eq=False)  # compared and hashed by identity: calls live in a set while they run
+class _Call:
+    """One function on one sample; fields written under the scorer's condition."""
+
+    term: int
+    sample: int
+    started: float | None = None
+    done: bool = False
+    abandoned: bool = False
+    value: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class _Term:
+    name: str
+    function: RewardFn
+    weight: float
+    kwargs: dict[str, Any]
+    sample_fields: tuple[str, ...]
+
+
+class RewardScorer:
+    """Scores batches of samples with `spec.reward.functions`; see the module docstring."""
+
+    def __init__(self, reward: RewardSpec, answer_key: str = "answer", base_dir: Path | None = None) -> None:
+        resolved, problems = _resolve(reward, base_dir)
+        if problems:
+            raise RewardConfigError(
+                problems[0][0], "\n".join([problems[0][1], *(f"{f}: {m}" for f, m in problems[1:])])
+            )
+        self.timeout = reward.sandbox.timeout_seconds
+        self.concurrency = reward.sandbox.max_concurrency
+        self._terms: list[_Term] = []
+        labels: dict[str, int] = {}
+        for spec, function in resolved:
+            assert function is not None  # no problems: every function resolved
+            label = spec.name or spec.builtin or (spec.module or "").rpartition(":")[2]
+            labels[label] = labels.get(label, 0) + 1
+            kwargs = dict(spec.args)
+            if spec.builtin in ("exact_match", "math_verify"):
+                kwargs.setdefault("answer_key", answer_key)
+            self._terms.append(
+                _Term(
+                    name=label if labels[label] == 1 else f"{label}_{labels[label]}",
+                    function=function,
+                    weight=spec.weight,
+                    kwargs=kwargs,
+                    sample_fields=_sample_fields(function),
+                )
+            )
+        self._condition = threading.Condition()
+        self._queue: queue.SimpleQueue[tuple[_Call, RewardInput] | None] = queue.SimpleQueue()
+        self._running: set[_Call] = set()
+        self._pending = 0
+        """Calls of the batch being scored that are neither done nor abandoned."""
+        self._abandoned_threads = 0
+        for _ in range(self.concurrency):
+            self._start_worker()
+
+    @property
+    def names(self) -> list[str]:
+        return [term.name for term in self._terms]
+
+    def score(self, samples: list[RewardInput]) -> ScoredBatch:
+        calls = [_Call(t, s) for s in range(len(samples)) for t in range(len(self._terms))]
+        for call in calls:
+            self._queue.put((call, samples[call.sample]))
+        with self._condition:
+            self._pending = len(calls)
+            while self._pending:
+                now = time.monotonic()
+                for call in [c for c in self._running if now - (c.started or now) >= self.timeout]:
+                    call.abandoned = True
+                    self._pending -= 1
+                    call.error = f"no result within sandbox.timeoutSeconds ({self.timeout:g}s); call abandoned"
+                    self._running.discard(call)
+                    self._abandoned_threads += 1
+                    self._start_worker()  # keep maxConcurrency threads serving the queue
+                started = [c.started for c in self._running if c.started is not None]
+                self._condition.wait(min(started) + self.timeout - now if started else None)
+        rewards = [0.0] * len(samples)
+        terms = {term.name: [0.0] * len(samples) for term in self._terms}
+        errors = {term.name: 0 for term in self._terms}
+        messages: dict[str, str] = {}
+        for call in calls:
+            term = self._terms[call.term]
+            if call.error is not None:
+                errors[term.name] += 1
+                messages.setdefault(term.name, call.error)
+                continue
+            terms[term.name][call.sample] = call.value
+            rewards[call.sample] += term.weight * call.value
+        return ScoredBatch(rewards=rewards, terms=terms, errors=errors, error_messages=messages)
+
+    def _start_worker(self) -> None:
+        threading.Thread(target=self._work, name="reward-scorer", daemon=True).start()
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            call, sample = item
+            with self._condition:
+                call.started = time.monotonic()
+                self._running.add(call)
+                self._condition.notify_all()
+            value, error = self._run(self._terms[call.term], sample)
+            with self._condition:
+                if call.abandoned:
+                    return  # the scorer gave up on this call and started another thread in this one's place
+                call.value, call.error, call.done = value, error, True
+                self._running.discard(call)
+                self._pending -= 1
+                self._condition.notify_all()
+
+    @staticmethod
+    def _run(term: _Term, sample: RewardInput) -> tuple[float, str | None]:
+        try:
+            extra = {name: sample[name] for name in term.sample_fields}  # type: ignore[literal-required]
+            value = term.function(sample["prompt"], sample["response"], sample["row"], **extra, **term.kwargs)
+        except (Exception, SystemExit) as exc:  # user code must not take a worker thread down with it
+            return 0.0, _describe(exc)
+        if not isinstance(value, numbers.Real) or not math.isfinite(value):
+            return 0.0, f"returned {value!r}, not a finite number"
+        return float(value), None
+
+    def close(self) -> None:
+        """Stops the worker threads once they finish their current call (abandoned ones are daemons)."""
+        for _ in range(self.concurrency):
+            self._queue.put(None)
+
+
+def _sample_fields(function: RewardFn) -> tuple[str, ...]:
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return ()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return SAMPLE_FIELDS
+    return tuple(name for name in SAMPLE_FIELDS if name in parameters)

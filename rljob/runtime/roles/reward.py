@@ -1,0 +1,70 @@
+"""The reward role: scores llm responses with `spec.reward.functions` over the transport.
+
+Methods: `status` -> {"tag"}; `score` {"samples": [RewardInput, ...]} -> {"rewards": float32 [n],
+"terms": {name: [float]}, "errors": {name: int}, "tag"}. The server answers one request at a time;
+the scorer runs the functions of a batch on `sandbox.maxConcurrency` threads. A user function that
+cannot be loaded is a FatalConfigError (exit 78); one that fails on a sample scores 0 and is counted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from rljob.runtime.llm.rewards import RewardConfigError, RewardScorer
+from rljob.runtime.roles.common import FatalConfigError, RoleContext
+from rljob.runtime.transport import Payload, RequestServer, process_tag
+
+
+def run_reward(context: RoleContext) -> int:
+    spec = context.job.spec
+    if spec.task.llm is None:
+        context.log.error("the reward role scores llm responses; this job's task.type is %s", spec.task.type)
+        return 1
+    try:
+        # Relative `file.py` references resolve against the working directory the role was started in.
+        scorer = RewardScorer(spec.reward, answer_key=spec.task.llm.dataset.answer_key, base_dir=Path.cwd())
+    except RewardConfigError as exc:
+        raise FatalConfigError(str(exc)) from None
+    identity = context.identity
+    tag = process_tag()
+    samples_scored = 0
+    errors_total = 0
+    warned: set[str] = set()
+
+    def status(_: Payload) -> Payload:
+        return {"tag": tag, "functions": scorer.names}
+
+    def score(request: Payload) -> Payload:
+        nonlocal samples_scored, errors_total
+        scored = scorer.score(request["samples"])
+        samples_scored += len(scored.rewards)
+        errors_total += sum(scored.errors.values())
+        for name, message in scored.error_messages.items():
+            if name not in warned:  # the first failure tells what is wrong; after that the error metric counts
+                warned.add(name)
+                context.log.warning("reward function %s failed (scored 0, counted in its errors): %s", name, message)
+        return {
+            "rewards": np.asarray(scored.rewards, dtype=np.float32),
+            "terms": scored.terms,
+            "errors": scored.errors,
+            "tag": tag,
+        }
+
+    from rljob.runtime.roles.health import RoleHealth
+
+    health = RoleHealth(
+        context,
+        counters={"reward_samples_total": lambda: samples_scored, "reward_errors_total": lambda: errors_total},
+    )
+    server = RequestServer(identity.endpoints["reward"][identity.replica], {"status": status, "score": score})
+    health.ready()
+    context.log.info("scoring with %s", ", ".join(scorer.names) or "no functions (every reward is 0)")
+    try:
+        server.serve(context.stop.is_set)
+    finally:
+        server.close()
+        scorer.close()
+        health.close()
+    return 0
