@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import datetime
 import logging
 import time
@@ -28,6 +27,7 @@ from rljob.api import API_VERSION, KIND, InvalidRLJob, RLJob, validate_job
 from rljob.api.status import TERMINAL_PHASES, Progress, RLJobStatus
 from rljob.operator.client import ApiError, KubeClient
 from rljob.operator.manifests import build_children
+from rljob.operator.manifests.config import restart_relevant
 from rljob.operator.metrics import OperatorMetrics
 from rljob.operator.naming import CONFIG_KEY, LABEL_ROLE
 from rljob.operator.podstate import PodState, observe_pod
@@ -42,20 +42,6 @@ Raw = dict[str, Any]
 
 REJECTED = (400, 403, 422)
 """Statuses of a create the server will not accept as is (quota, admission webhooks, pod security)."""
-
-RESTART_FREE_FIELDS: tuple[tuple[str, ...], ...] = (
-    ("roles", "rollout", "replicas"),
-    ("suspend",),
-    ("failurePolicy",),
-    ("activeDeadlineSeconds",),
-    ("ttlSecondsAfterFinished",),
-)
-"""Spec fields whose edits never recreate running pods; any other spec edit is a controlled restart.
-
-Rollout replicas are restart-free only for llm tasks, where rollouts are interchangeable generation
-servers. In a gym task each rollout replica steps a fixed share of the env replicas, fixed when the
-actor group starts, so a new count takes effect through a controlled restart (no restart budget used).
-"""
 
 
 @dataclass(frozen=True)
@@ -78,20 +64,6 @@ class ControllerConfig:
 
 def utcnow() -> datetime.datetime:
     return datetime.datetime.now(tz=datetime.UTC)
-
-
-def restart_relevant(spec: Raw) -> Raw:
-    """The spec without the fields that can change under running pods."""
-    trimmed: Raw = copy.deepcopy(spec)
-    gym = (spec.get("task") or {}).get("type") == "gym"
-    for path in RESTART_FREE_FIELDS:
-        if gym and path == ("roles", "rollout", "replicas"):
-            continue
-        node = trimmed
-        for part in path[:-1]:
-            node = node.get(part) or {}
-        node.pop(path[-1], None)
-    return trimmed
 
 
 def merge_patch_between(old: Any, new: Any) -> Any:

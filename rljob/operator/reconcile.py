@@ -4,7 +4,10 @@ The controller feeds one `Observation` of a job (its spec or why the spec is inv
 last wrote, the pods it sees, the pods it has asked for and not seen yet) and carries out the `Plan`.
 Every decision is idempotent, so replaying an observation (a stale cache, an operator restart) never
 does a thing twice: pods have deterministic names, and the restart budget is charged only on the
-transition into Restarting, which is written to status before any pod is touched.
+transition into Restarting, which is written to status before any pod is touched. The deletions of a
+restart are re-derived on every pass while Restarting (every live actor belongs to the old group; every
+pod whose config-hash annotation differs from the desired pods' belongs to the old spec), so a failed
+DELETE or an operator that died between the status write and the deletes still finishes the restart.
 
 Failure policy (spec.failurePolicy):
 - actor pod failed (its code, not the cluster) -> the whole actor group is deleted and recreated and
@@ -32,6 +35,7 @@ from typing import Any, Literal
 
 from rljob.api import ROLE_NAMES, InvalidRLJob, RLJob
 from rljob.api.status import TERMINAL_PHASES, Progress, ReplicaFailures, RLJobStatus
+from rljob.operator.naming import ANNOTATION_CONFIG_HASH as CONFIG_HASH
 from rljob.operator.podstate import PodState
 from rljob.operator.status import (
     FAILED,
@@ -139,6 +143,10 @@ class _Planner:
         self.pods = {p.name: p for p in obs.pods}
         self.live = [p for p in obs.pods if not p.terminating]
         self.new_failures: dict[str, int] = {}
+        self.desired_hash = next(
+            (h for m in obs.desired_pods.values() if (h := m["metadata"].get("annotations", {}).get(CONFIG_HASH))),
+            "",
+        )
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -220,9 +228,11 @@ class _Planner:
                 self.requeue(job.spec.active_deadline_seconds)
         if self.succeeded(job):
             return self.finalize()
-        if obs.spec_changed and self.status.phase != "Restarting":
+        if self.status.phase != "Restarting" and (obs.spec_changed or any(self.stale(p) for p in self.actors())):
             self.restart_all()
-        if self.status.phase != "Restarting":
+        if self.status.phase == "Restarting":
+            self.continue_restart()
+        else:
             self.check_actors(job)
         if self.status.phase in TERMINAL_PHASES:
             return self.finalize()
@@ -282,6 +292,26 @@ class _Planner:
         self.count_roles()
         self.finish(True, "TrainingCompleted", f"actor 0 exited 0 after {total} steps")
         return True
+
+    def actors(self) -> list[PodState]:
+        return [p for p in self.live if p.role == "actor"]
+
+    def stale(self, pod: PodState) -> bool:
+        """The pod was built from an older spec: its config hash differs from the desired pods' hash.
+
+        A pod without the annotation (not built by this operator) is never taken for stale."""
+        return bool(pod.config_hash) and bool(self.desired_hash) and pod.config_hash != self.desired_hash
+
+    def continue_restart(self) -> None:
+        """Re-derive a restart's deletions on every pass while Restarting.
+
+        The transition is written to status before any pod is deleted, so a failed DELETE or an operator
+        that died in between leaves old pods behind: every actor still alive belongs to the old group (the
+        new one is created only once no actor is left, in the pass that leaves Restarting), and every pod
+        with another config hash belongs to the old spec. Deleting them again is idempotent."""
+        for pod in self.live:
+            if pod.role == "actor" or self.stale(pod):
+                self.delete(pod)
 
     def restart_all(self) -> None:
         for pod in self.live:
@@ -350,7 +380,7 @@ class _Planner:
         desired = set(self.obs.desired_pods)
         policy = job.spec.failure_policy
         for pod in self.live:
-            if pod.name not in desired:
+            if pod.name not in desired or self.stale(pod):
                 self.delete(pod)  # scaled down, or left over from an older spec
                 continue
             if pod.role == "actor":
