@@ -12,9 +12,10 @@ import jsonschema
 from rljob.api import load_job_file, validate_job
 from rljob.api.crd import build_crd
 from rljob.api.status import ReplicaFailures, RLJobStatus
+from rljob.launch.failure_policy import STABLE_SECONDS, FailurePolicy
 from rljob.operator.manifests import build_children, config_hash
 from rljob.operator.podstate import PodState, observe_pod
-from rljob.operator.reconcile import STABLE_SECONDS, Observation, plan, replacement_backoff
+from rljob.operator.reconcile import Observation, plan
 from rljob.operator.settings import OperatorSettings
 from rljob.operator.status import rfc3339
 from rljob.runtime.identity import EXIT_FATAL_CONFIG
@@ -136,7 +137,7 @@ def test_a_failed_rollout_pod_is_counted_once_and_replaced_after_the_backoff() -
 
 
 def test_the_backoff_doubles_with_each_failure_in_a_row_up_to_a_minute() -> None:
-    assert [replacement_backoff(n) for n in range(1, 10)] == [1, 2, 4, 8, 16, 32, 60, 60, 60]
+    assert [FailurePolicy().backoff(n) for n in range(1, 10)] == [1, 2, 4, 8, 16, 32, 60, 60, 60]
     status = RLJobStatus(
         phase="Running",
         replica_failures={
