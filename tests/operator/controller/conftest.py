@@ -20,6 +20,7 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import Configuration
 
+from rljob.api.crd import build_crd
 from rljob.operator import handlers
 from rljob.operator.app import OperatorOptions, run_operator
 from rljob.operator.controller import ControllerConfig
@@ -48,9 +49,17 @@ RESOURCES: dict[str, dict[str, Any]] = {
 }
 
 
+def rljob_schema() -> dict[str, Any]:
+    """The openAPIV3Schema of the RLJob CRD, as the chart installs it."""
+    return build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
 def new_emulator(**kwargs: Any) -> KubernetesApiEmulator:
     emulator = KubernetesApiEmulator(
-        status_subresources={RLJOBS, PODS}, scale_subresources={RLJOBS: SCALE_PATH}, **kwargs
+        status_subresources={RLJOBS, PODS},
+        scale_subresources={RLJOBS: SCALE_PATH},
+        schemas={RLJOBS: ("RLJob", "rljob.io", rljob_schema())},
+        **kwargs,
     )
     for key, info in RESOURCES.items():
         emulator.resources[key] = kmock.ResourceInfo(
