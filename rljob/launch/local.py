@@ -2,12 +2,15 @@
 
 Each child runs `rljob role <role>` with the same environment contract the operator gives pods
 (`local_identities`), in its own process group, with PR_SET_PDEATHSIG so that it dies with the launcher
-even when the launcher itself is SIGKILLed. The supervisor loop applies `spec.failurePolicy`: a dead env
-or rollout replica is started again in place (same ports; the actor notices its new incarnation), at most
-`maxReplacements` times per replica; a dead actor takes the whole actor group down and up again from the
-latest checkpoint, at most `maxRestarts` times. A role that exits with EXIT_FATAL_CONFIG (a configuration
-error no restart can fix) fails the job at once with its message. The job succeeds when actor replica 0
-exits 0.
+even when the launcher itself is SIGKILLed. The supervisor loop applies `spec.failurePolicy` through
+`FailurePolicy` (rljob/launch/failure_policy.py), the object the operator uses for pods: a dead env or
+rollout replica is started again in place (same ports; the actor notices its new incarnation) after a
+back-off that doubles with each failure in a row (1 s, 2 s ... 60 s; the loop keeps supervising the others
+meanwhile), and the job fails when a replica fails more than `maxReplacements` times in a row (the count
+is forgotten once a replacement has run for 10 minutes, or exits 0); a dead actor takes the whole actor
+group down and up again from the latest checkpoint, at most `maxRestarts` times. A role that exits with
+EXIT_FATAL_CONFIG (a configuration error no restart can fix) fails the job at once with its message. The
+job succeeds when actor replica 0 exits 0.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 import yaml
 
 from rljob.api import ROLE_NAMES, RLJob
+from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
 from rljob.runtime.identity import EXIT_FATAL_CONFIG, RoleIdentity, local_identities, ports_needed
 
 STOP_GRACE_S = 10.0
@@ -129,6 +133,12 @@ class Child:
     restarts: int = 0
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL))
     reader: threading.Thread | None = None
+    started_at: float = 0.0
+    """`time.monotonic()` when this incarnation started: it has run healthy since then."""
+    failures: ReplicaRecord = field(default_factory=ReplicaRecord)
+    """Failures in a row of this (non-actor) replica, as the failure policy counts them."""
+    replace_at: float | None = None
+    """While the replica waits out its back-off: when its replacement is due (`time.monotonic()`)."""
 
     @property
     def name(self) -> str:
@@ -150,9 +160,17 @@ LogSink = Callable[[str, str], None]
 class LocalRun:
     """Starts, supervises and stops the processes of one job."""
 
-    def __init__(self, job: RLJob, run_dir: Path, log_sink: LogSink, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        job: RLJob,
+        run_dir: Path,
+        log_sink: LogSink,
+        extra_env: dict[str, str] | None = None,
+        policy: FailurePolicy | None = None,
+    ) -> None:
         check_local(job)
         self.job = job
+        self.policy = policy or FailurePolicy.from_spec(job.spec.failure_policy)
         self.run_dir = run_dir
         self.log_sink = log_sink
         self.extra_env = extra_env or {}
@@ -214,7 +232,11 @@ class LocalRun:
         for role in ("env", "rollout", "reward", "actor"):
             for child in self.children:
                 if child.identity.role == role:
-                    self._spawn(child)
+                    self._launch(child)
+
+    def _launch(self, child: Child) -> None:
+        self._spawn(child)
+        child.started_at = time.monotonic()
 
     def _signal(self, child: Child, sig: signal.Signals) -> None:
         if child.process is not None and child.process.poll() is None:
@@ -245,64 +267,102 @@ class LocalRun:
 
     def supervise(self, on_tick: Callable[[], None] | None = None, poll_s: float = 0.2) -> RunResult:
         """Run until actor 0 succeeds or the failure policy gives up; always leaves no child running."""
-        policy = self.job.spec.failure_policy
         try:
             while True:
                 if on_tick is not None:
                     on_tick()
                 for child in self.children:
+                    if child.replace_at is not None:
+                        # Waiting out its back-off: no sleep here, the other children are still watched.
+                        if time.monotonic() >= child.replace_at:
+                            child.replace_at = None
+                            child.restarts += 1
+                            self._launch(child)
+                        continue
                     assert child.process is not None
                     code = child.process.poll()
                     if code is None:
+                        self._forgive_if_stable(child)
                         continue
-                    role, replica = child.identity.role, child.identity.replica
                     if code == EXIT_FATAL_CONFIG:
                         return self._fatal(child)
-                    if role == "actor":
-                        if code == 0 and replica == 0:
-                            return self._result(0, f"reached trainer.steps ({self.job.spec.trainer.steps})")
-                        if code == 0:
-                            continue  # a non-zero rank finished its last update; rank 0 is finishing too
-                        reason = f"{child.name} exited with code {code}"
-                        if policy.actor == "FailJob":
-                            return self._result(1, f"{reason} (failurePolicy.actor is FailJob)", child)
-                        if self.actor_restarts >= policy.max_restarts:
-                            return self._result(
-                                1, f"{reason}; failurePolicy.maxRestarts ({policy.max_restarts}) exhausted", child
-                            )
-                        self.actor_restarts += 1
-                        self.log_sink(
-                            "launcher",
-                            f"{reason}: restarting the actor group from the latest checkpoint "
-                            f"({self.actor_restarts}/{policy.max_restarts})",
-                        )
-                        actors = [c for c in self.children if c.identity.role == "actor"]
-                        self._stop_children(actors)
-                        for actor in actors:
-                            actor.restarts += 1
-                            self._spawn(actor)
-                        break
-                    reason = f"{child.name} exited with code {code}"
-                    if getattr(policy, role) == "FailJob":
-                        return self._result(1, f"{reason} (failurePolicy.{role} is FailJob)", child)
-                    if child.restarts >= policy.max_replacements:
-                        return self._result(
-                            1,
-                            f"{reason}; it was replaced {child.restarts} times already: "
-                            f"spec.failurePolicy.maxReplacements ({policy.max_replacements}) exhausted",
-                            child,
-                        )
-                    child.restarts += 1
-                    self.log_sink(
-                        "launcher",
-                        f"{reason}: replacing it (replacement {child.restarts}/{policy.max_replacements})",
-                    )
-                    self._spawn(child)
+                    if child.identity.role == "actor":
+                        outcome = self._actor_exited(child, code)
+                        if outcome is None:
+                            continue
+                        if isinstance(outcome, RunResult):
+                            return outcome
+                        break  # the actor group was restarted: poll every child afresh
+                    failed = self._replica_exited(child, code)
+                    if failed is not None:
+                        return failed
                 time.sleep(poll_s)
         except KeyboardInterrupt:
             return self._result(130, "interrupted (Ctrl-C)")
         finally:
             self.stop()
+
+    def _actor_exited(self, child: Child, code: int) -> RunResult | bool | None:
+        """A RunResult to end the run, True after restarting the actor group, None to go on."""
+        if code == 0 and child.identity.replica == 0:
+            return self._result(0, f"reached trainer.steps ({self.job.spec.trainer.steps})")
+        if code == 0:
+            return None  # a non-zero rank finished its last update; rank 0 is finishing too
+        policy = self.policy
+        reason = f"{child.name} exited with code {code}"
+        if policy.fails_job("actor"):
+            return self._result(1, f"{reason} (failurePolicy.actor is FailJob)", child)
+        if not policy.may_restart_group(self.actor_restarts):
+            return self._result(1, f"{reason}; failurePolicy.maxRestarts ({policy.max_restarts}) exhausted", child)
+        self.actor_restarts += 1
+        self.log_sink(
+            "launcher",
+            f"{reason}: restarting the actor group from the latest checkpoint "
+            f"({self.actor_restarts}/{policy.max_restarts})",
+        )
+        actors = [c for c in self.children if c.identity.role == "actor"]
+        self._stop_children(actors)
+        for actor in actors:
+            actor.restarts += 1
+            self._launch(actor)
+        return True
+
+    def _replica_exited(self, child: Child, code: int) -> RunResult | None:
+        """Schedule the replacement of a dead env/rollout/reward replica, or end the run (FailJob, bound)."""
+        policy = self.policy
+        role = child.identity.role
+        reason = f"{child.name} exited with code {code}"
+        assert child.process is not None
+        if code == 0:
+            # Not a failure: the failures are no longer in a row; started again at once.
+            policy.forgive(child.failures)
+            self.log_sink("launcher", f"{reason}: replacing it")
+            child.replace_at = time.monotonic()
+            return None
+        if policy.fails_job(role):
+            return self._result(1, f"{reason} (failurePolicy.{role} is FailJob)", child)
+        verdict = policy.replica_failed(child.failures, str(child.process.pid), time.monotonic())
+        if verdict.give_up:
+            return self._result(
+                1,
+                f"{reason}; it failed {verdict.count} times in a row: "
+                f"spec.failurePolicy.maxReplacements ({policy.max_replacements}) exhausted",
+                child,
+            )
+        self.log_sink(
+            "launcher",
+            f"{reason}: replacing it in {verdict.backoff_seconds:g}s "
+            f"(failure {verdict.count} in a row; spec.failurePolicy.maxReplacements {policy.max_replacements})",
+        )
+        child.replace_at = time.monotonic() + policy.replace_in(child.failures, time.monotonic())
+        return None
+
+    def _forgive_if_stable(self, child: Child) -> None:
+        assert child.process is not None
+        now = time.monotonic()
+        left = self.policy.healthy_left(child.failures, str(child.process.pid), child.started_at, now)
+        if left is not None and left <= 0:
+            self.policy.forgive(child.failures)
 
     def _fatal(self, child: Child) -> RunResult:
         """A role stopped on a configuration error: restarting it would fail the same way."""

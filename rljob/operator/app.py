@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from rljob.operator import handlers
 from rljob.operator.client import KubeClient
 from rljob.operator.controller import Controller, ControllerConfig
 from rljob.operator.metrics import OperatorMetrics
+from rljob.operator.peering import PeeringGate, new_identity
 from rljob.operator.progress import ProgressReader
 from rljob.operator.settings import OperatorSettings
 
@@ -92,6 +94,21 @@ async def run_operator(
     metrics = metrics or OperatorMetrics()
     client = KubeClient(configuration, metrics.observe_call)
     controller = Controller(client, options.settings, metrics, progress, options.controller)
+    identity = None
+    peering_task = None
+    if options.peering is not None:
+        # kopf runs with this identity too, so the gate finds this operator's own record and skips it.
+        identity = new_identity()
+        controller.peering = PeeringGate(
+            client,
+            options.peering,
+            identity,
+            options.priority,
+            clusterwide=options.all_namespaces,
+            poll_seconds=options.controller.peering_poll_seconds,
+        )
+        metrics.standby.set(1)  # until the first read of the peering objects says otherwise
+        peering_task = asyncio.create_task(controller.watch_peering(options.namespaces), name="rljob peering gate")
     runner = await serve_metrics(metrics, options.metrics_port) if options.metrics_port is not None else None
     liveness = f"http://0.0.0.0:{options.liveness_port}/healthz" if options.liveness_port is not None else None
     try:
@@ -105,8 +122,14 @@ async def run_operator(
             stop_flag=stop_flag,
             standalone=options.peering is None,
             peering_name=options.peering,
+            priority=options.priority if options.peering is not None else None,
+            identity=identity,  # type: ignore[arg-type]
         )
     finally:
+        if peering_task is not None:
+            peering_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await peering_task
         await controller.stop()
         if runner is not None:
             await runner.cleanup()

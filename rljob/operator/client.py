@@ -28,6 +28,8 @@ _PLURALS = {
     "ConfigMap": "configmaps",
     "Event": "events",
     "PodGroup": "podgroups",
+    "KopfPeering": "kopfpeerings",
+    "ClusterKopfPeering": "clusterkopfpeerings",
     KIND: PLURAL,
 }
 
@@ -114,6 +116,14 @@ class KubeClient:
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Manifest:
         return await self._call("get", "GET", object_path(api_version, kind, namespace, name))
+
+    async def get_cluster_object(self, api_version: str, kind: str, name: str) -> Manifest:
+        """GET a cluster-scoped object (the ClusterKopfPeering)."""
+        plural = _PLURALS.get(kind)
+        if plural is None:
+            raise ValueError(f"the operator does not read {kind} objects")
+        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        return await self._call("get", "GET", f"{base}/{plural}/{name}")
 
     async def patch(self, api_version: str, kind: str, namespace: str, name: str, patch: Manifest) -> Manifest:
         path = object_path(api_version, kind, namespace, name)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import datetime
 import logging
 import time
@@ -28,8 +27,10 @@ from rljob.api import API_VERSION, KIND, InvalidRLJob, RLJob, validate_job
 from rljob.api.status import TERMINAL_PHASES, Progress, RLJobStatus
 from rljob.operator.client import ApiError, KubeClient
 from rljob.operator.manifests import build_children
+from rljob.operator.manifests.config import restart_relevant
 from rljob.operator.metrics import OperatorMetrics
 from rljob.operator.naming import CONFIG_KEY, LABEL_ROLE
+from rljob.operator.peering import PeeringGate
 from rljob.operator.podstate import PodState, observe_pod
 from rljob.operator.progress import ProgressReader
 from rljob.operator.reconcile import Observation, Plan, plan, unsupported_task
@@ -42,20 +43,6 @@ Raw = dict[str, Any]
 
 REJECTED = (400, 403, 422)
 """Statuses of a create the server will not accept as is (quota, admission webhooks, pod security)."""
-
-RESTART_FREE_FIELDS: tuple[tuple[str, ...], ...] = (
-    ("roles", "rollout", "replicas"),
-    ("suspend",),
-    ("failurePolicy",),
-    ("activeDeadlineSeconds",),
-    ("ttlSecondsAfterFinished",),
-)
-"""Spec fields whose edits never recreate running pods; any other spec edit is a controlled restart.
-
-Rollout replicas are restart-free only for llm tasks, where rollouts are interchangeable generation
-servers. In a gym task each rollout replica steps a fixed share of the env replicas, fixed when the
-actor group starts, so a new count takes effect through a controlled restart (no restart budget used).
-"""
 
 
 @dataclass(frozen=True)
@@ -70,6 +57,8 @@ class ControllerConfig:
     coalesce_seconds: float = 0.05
     """After an event, wait this long for more before reconciling."""
     max_concurrent_reconciles: int = 32
+    peering_poll_seconds: float = 5.0
+    """With peering: how often the peering objects are read to know whether this operator stands by."""
     allow_unsupported_tasks: bool = False
     """Deploy jobs whose task this version's runtime cannot train (llm) instead of failing them with
     UnsupportedTask. Only for tests of what the operator does with such jobs' pods (in-place rollout
@@ -78,20 +67,6 @@ class ControllerConfig:
 
 def utcnow() -> datetime.datetime:
     return datetime.datetime.now(tz=datetime.UTC)
-
-
-def restart_relevant(spec: Raw) -> Raw:
-    """The spec without the fields that can change under running pods."""
-    trimmed: Raw = copy.deepcopy(spec)
-    gym = (spec.get("task") or {}).get("type") == "gym"
-    for path in RESTART_FREE_FIELDS:
-        if gym and path == ("roles", "rollout", "replicas"):
-            continue
-        node = trimmed
-        for part in path[:-1]:
-            node = node.get(part) or {}
-        node.pop(path[-1], None)
-    return trimmed
 
 
 def merge_patch_between(old: Any, new: Any) -> Any:
@@ -191,6 +166,11 @@ class JobWorker:
 
     async def reconcile_safely(self) -> float:
         ctl = self.controller
+        if ctl.standing_by():
+            # A hot standby: the active replica owns the job. Woken at once when this one becomes active;
+            # the resync timer keeps ticking meanwhile (each tick counted, so a standby is seen idling).
+            ctl.metrics.standby_passes.inc()
+            return ctl.config.resync_seconds
         async with ctl.semaphore:
             started = time.perf_counter()
             try:
@@ -462,6 +442,8 @@ class Controller:
         self.semaphore = asyncio.Semaphore(self.config.max_concurrent_reconciles)
         self.workers: dict[Key, JobWorker] = {}
         self.pod_index: Any = None
+        self.peering: PeeringGate | None = None
+        """With kopf peering: says when this operator stands by (see rljob/operator/peering.py)."""
         metrics.watch_state(self._phases, self._pod_phases)
 
     def pods_of(self, namespace: str, job: str) -> list[Raw]:
@@ -489,6 +471,21 @@ class Controller:
             return
         worker.body = body
         worker.wake.set()
+
+    def standing_by(self) -> bool:
+        return self.peering is not None and self.peering.paused
+
+    def peering_changed(self) -> None:
+        """The standby state changed: record it, and wake every worker (they idle while standing by)."""
+        self.metrics.standby.set(1 if self.standing_by() else 0)
+        for worker in list(self.workers.values()):
+            worker.wake.set()
+
+    async def watch_peering(self, namespaces: Iterable[str] = ()) -> None:
+        """Keep the peering gate fresh (until cancelled): the served namespaces and those with jobs."""
+        assert self.peering is not None
+        fixed = {n for n in namespaces if not any(c in n for c in "*?[!")}
+        await self.peering.run(lambda: fixed | {key[0] for key in self.workers}, self.peering_changed)
 
     def pod_event(self, namespace: str, job: str) -> None:
         worker = self.workers.get((namespace, job))

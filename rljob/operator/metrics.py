@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -74,6 +74,16 @@ class OperatorMetrics:
         )
         self.reconcile_errors = Counter(
             "rljob_operator_reconcile_errors", "Reconciles that raised and were retried", registry=self.registry
+        )
+        self.standby = Gauge(
+            "rljob_operator_standby",
+            "1 while kopf peering has paused this operator (a hot standby): its job workers do nothing",
+            registry=self.registry,
+        )
+        self.standby_passes = Counter(
+            "rljob_operator_standby_passes",
+            "Job-worker passes skipped because the operator stands by",
+            registry=self.registry,
         )
 
     def observe_call(self, verb: str, status: int) -> None:

@@ -4,9 +4,13 @@ The controller feeds one `Observation` of a job (its spec or why the spec is inv
 last wrote, the pods it sees, the pods it has asked for and not seen yet) and carries out the `Plan`.
 Every decision is idempotent, so replaying an observation (a stale cache, an operator restart) never
 does a thing twice: pods have deterministic names, and the restart budget is charged only on the
-transition into Restarting, which is written to status before any pod is touched.
+transition into Restarting, which is written to status before any pod is touched. The deletions of a
+restart are re-derived on every pass while Restarting (every live actor belongs to the old group; every
+pod whose config-hash annotation differs from the desired pods' belongs to the old spec), so a failed
+DELETE or an operator that died between the status write and the deletes still finishes the restart.
 
-Failure policy (spec.failurePolicy):
+Failure policy (spec.failurePolicy, applied through `rljob.launch.failure_policy.FailurePolicy`, the object
+`rljob run` uses too):
 - actor pod failed (its code, not the cluster) -> the whole actor group is deleted and recreated and
   resumes from its checkpoint; `restarts` +1; past maxRestarts the job fails (BackoffLimitExceeded).
 - an actor pod lost to eviction, preemption or node loss, or gone while the group runs -> the same group
@@ -16,7 +20,7 @@ Failure policy (spec.failurePolicy):
   replaced after an exponential back-off (1 s, 2 s, 4 s ... 60 s from the failed pod's finish); its failures
   in a row are counted in `status.replicaFailures` (charged once per failed pod uid, so replays count
   nothing twice) and past maxReplacements the job fails (BackoffLimitExceeded). The count is forgotten
-  once a replacement stays Ready for STABLE_SECONDS or exits 0.
+  once a replacement stays Ready for the policy's stable time (10 minutes) or exits 0.
 - a task type this rljob version cannot train (llm) -> Failed / UnsupportedTask before any pod exists.
 - actor replica 0 exits 0 -> Succeeded; pods still running are deleted (finished ones stay for logs).
 - a spec edit that changes what pods run (anything but rollout replicas, suspend, failurePolicy,
@@ -32,6 +36,8 @@ from typing import Any, Literal
 
 from rljob.api import ROLE_NAMES, InvalidRLJob, RLJob
 from rljob.api.status import TERMINAL_PHASES, Progress, ReplicaFailures, RLJobStatus
+from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
+from rljob.operator.naming import ANNOTATION_CONFIG_HASH as CONFIG_HASH
 from rljob.operator.podstate import PodState
 from rljob.operator.status import (
     FAILED,
@@ -55,20 +61,23 @@ from rljob.runtime.identity import EXIT_FATAL_CONFIG
 Manifest = dict[str, Any]
 EventType = Literal["Normal", "Warning"]
 
-BACKOFF_BASE_SECONDS = 1.0
-"""A failed rollout/env/reward pod is replaced this long after it finished, doubling with each failure in a
-row of its replica, up to BACKOFF_MAX_SECONDS."""
-BACKOFF_MAX_SECONDS = 60.0
-STABLE_SECONDS = 600.0
-"""A replacement Ready this long clears its replica's failure count (as the kubelet resets a container's
-crash-loop back-off after 10 minutes of running)."""
-CRASH_LOOP_FAILURES = 2
-"""Failures in a row of one replica that make the Ready condition say CrashLoopBackOff."""
+
+def policy_of(job: RLJob) -> FailurePolicy:
+    """The job's failure policy: the same object, and so the same bounds, as `rljob run` applies."""
+    return FailurePolicy.from_spec(job.spec.failure_policy)
 
 
-def replacement_backoff(failures: int) -> float:
-    """Seconds between a replica's failure number `failures` (in a row) and its replacement."""
-    return min(BACKOFF_BASE_SECONDS * 2 ** max(failures - 1, 0), BACKOFF_MAX_SECONDS)
+def _record(failures: ReplicaFailures) -> ReplicaRecord:
+    """The policy's view of a `status.replicaFailures` entry (times as epoch seconds)."""
+    at = parse_rfc3339(failures.last_failure_time)
+    return ReplicaRecord(failures.count, failures.last_pod_uid, at.timestamp() if at is not None else None)
+
+
+def _store(record: ReplicaRecord, failures: ReplicaFailures) -> None:
+    failures.count = record.count
+    failures.last_pod_uid = record.last_failure_id
+    if record.last_failure_at is not None:
+        failures.last_failure_time = rfc3339(datetime.datetime.fromtimestamp(record.last_failure_at, datetime.UTC))
 
 
 def unsupported_task(job: RLJob) -> str | None:
@@ -139,6 +148,10 @@ class _Planner:
         self.pods = {p.name: p for p in obs.pods}
         self.live = [p for p in obs.pods if not p.terminating]
         self.new_failures: dict[str, int] = {}
+        self.desired_hash = next(
+            (h for m in obs.desired_pods.values() if (h := m["metadata"].get("annotations", {}).get(CONFIG_HASH))),
+            "",
+        )
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -220,9 +233,11 @@ class _Planner:
                 self.requeue(job.spec.active_deadline_seconds)
         if self.succeeded(job):
             return self.finalize()
-        if obs.spec_changed and self.status.phase != "Restarting":
+        if self.status.phase != "Restarting" and (obs.spec_changed or any(self.stale(p) for p in self.actors())):
             self.restart_all()
-        if self.status.phase != "Restarting":
+        if self.status.phase == "Restarting":
+            self.continue_restart()
+        else:
             self.check_actors(job)
         if self.status.phase in TERMINAL_PHASES:
             return self.finalize()
@@ -283,6 +298,26 @@ class _Planner:
         self.finish(True, "TrainingCompleted", f"actor 0 exited 0 after {total} steps")
         return True
 
+    def actors(self) -> list[PodState]:
+        return [p for p in self.live if p.role == "actor"]
+
+    def stale(self, pod: PodState) -> bool:
+        """The pod was built from an older spec: its config hash differs from the desired pods' hash.
+
+        A pod without the annotation (not built by this operator) is never taken for stale."""
+        return bool(pod.config_hash) and bool(self.desired_hash) and pod.config_hash != self.desired_hash
+
+    def continue_restart(self) -> None:
+        """Re-derive a restart's deletions on every pass while Restarting.
+
+        The transition is written to status before any pod is deleted, so a failed DELETE or an operator
+        that died in between leaves old pods behind: every actor still alive belongs to the old group (the
+        new one is created only once no actor is left, in the pass that leaves Restarting), and every pod
+        with another config hash belongs to the old spec. Deleting them again is idempotent."""
+        for pod in self.live:
+            if pod.role == "actor" or self.stale(pod):
+                self.delete(pod)
+
     def restart_all(self) -> None:
         for pod in self.live:
             self.delete(pod)
@@ -316,11 +351,11 @@ class _Planner:
             if pod.exit_code == EXIT_FATAL_CONFIG:
                 self.fail_on_config_error(pod)
                 return
-            policy = job.spec.failure_policy
-            if policy.actor == "FailJob":
+            policy = policy_of(job)
+            if policy.fails_job("actor"):
                 self.finish(False, "PodFailed", f"{why}; failurePolicy.actor is FailJob")
                 return
-            if self.status.restarts >= policy.max_restarts:
+            if not policy.may_restart_group(self.status.restarts):
                 self.finish(
                     False,
                     "BackoffLimitExceeded",
@@ -348,27 +383,27 @@ class _Planner:
 
     def replace_other_roles(self, job: RLJob) -> None:
         desired = set(self.obs.desired_pods)
-        policy = job.spec.failure_policy
+        policy = policy_of(job)
         for pod in self.live:
-            if pod.name not in desired:
+            if pod.name not in desired or self.stale(pod):
                 self.delete(pod)  # scaled down, or left over from an older spec
                 continue
             if pod.role == "actor":
                 continue
             key = _replica_key(pod.role, pod.replica)
             if not pod.finished:
-                self.forgive_if_stable(key, pod)
+                self.forgive_if_stable(policy, key, pod)
                 continue
             if pod.failed and not pod.disrupted:
                 if pod.exit_code == EXIT_FATAL_CONFIG:
                     self.fail_on_config_error(pod)
                     return
-                if getattr(policy, pod.role, "Replace") == "FailJob":
+                if policy.fails_job(pod.role):
                     self.finish(
                         False, "PodFailed", f"{pod.role} pod {pod.name} failed; failurePolicy.{pod.role} is FailJob"
                     )
                     return
-                if not self.replace_failed(job, key, pod):
+                if not self.replace_failed(policy, key, pod):
                     return
                 continue
             if pod.disrupted:
@@ -396,19 +431,20 @@ class _Planner:
             f"fix the spec (the reason is in `kubectl logs {pod.name}`)",
         )
 
-    def replace_failed(self, job: RLJob, key: str, pod: PodState) -> bool:
+    def replace_failed(self, policy: FailurePolicy, key: str, pod: PodState) -> bool:
         """Count a failed rollout/env/reward pod once, then replace it after the back-off; False when
         the replica is out of replacements and the job failed."""
-        limit = job.spec.failure_policy.max_replacements
-        record = self.status.replica_failures.setdefault(key, ReplicaFailures())
-        if record.last_pod_uid != pod.uid:
-            # First sight of this failure. The count is written to status before the pod is deleted, and
-            # the uid makes a replayed observation (stale cache, operator restart) charge nothing again.
-            record.count += 1
-            record.last_pod_uid = pod.uid
-            record.last_failure_time = pod.finished_at or rfc3339(self.now)
+        limit = policy.max_replacements
+        failures = self.status.replica_failures.setdefault(key, ReplicaFailures())
+        record = _record(failures)
+        failed_at = parse_rfc3339(pod.finished_at) or self.now
+        # The count is written to status before the pod is deleted, and the uid makes a replayed
+        # observation (stale cache, operator restart) charge nothing again.
+        verdict = policy.replica_failed(record, pod.uid, failed_at.timestamp())
+        _store(record, failures)
+        if verdict.counted:
             self.new_failures[pod.role] = self.new_failures.get(pod.role, 0) + 1
-            if record.count > limit:
+            if verdict.give_up:
                 self.count_roles()
                 self.finish(
                     False,
@@ -421,11 +457,10 @@ class _Planner:
             self.event(
                 "Warning",
                 "PodFailed",
-                f"{pod.name}{_detail(pod)} is replaced in {replacement_backoff(record.count):g}s "
+                f"{pod.name}{_detail(pod)} is replaced in {verdict.backoff_seconds:g}s "
                 f"(failure {record.count} in a row; spec.failurePolicy.maxReplacements {limit}); training goes on",
             )
-        failed_at = parse_rfc3339(record.last_failure_time) or self.now
-        left = (failed_at - self.now).total_seconds() + replacement_backoff(record.count)
+        left = policy.replace_in(record, self.now.timestamp())
         if left > 0:
             self.requeue(left)  # the failed pod (and its logs) stays until then; no sleeping here
             return True
@@ -433,30 +468,35 @@ class _Planner:
         self.delete(pod)
         return True
 
-    def forgive_if_stable(self, key: str, pod: PodState) -> None:
-        """Clear a replica's failure count once its replacement has been Ready for STABLE_SECONDS."""
-        record = self.status.replica_failures.get(key)
-        if record is None or not pod.ready or pod.uid == record.last_pod_uid:
-            return
+    def forgive_if_stable(self, policy: FailurePolicy, key: str, pod: PodState) -> None:
+        """Clear a replica's failure count once its replacement has been Ready for the policy's stable time."""
+        failures = self.status.replica_failures.get(key)
         since = parse_rfc3339(pod.ready_since)
-        if since is None:
-            return  # no transition time to measure from: the count stays until the next exit 0
-        left = (since - self.now).total_seconds() + STABLE_SECONDS
+        if failures is None or not pod.ready or since is None:
+            return  # without a transition time to measure from, the count stays until the next exit 0
+        left = policy.healthy_left(_record(failures), pod.uid, since.timestamp(), self.now.timestamp())
+        if left is None:
+            return
         if left <= 0:
             del self.status.replica_failures[key]
         else:
             self.requeue(left)
 
     def crash_looping_replicas(self) -> list[str]:
-        """Replicas that failed CRASH_LOOP_FAILURES times or more in a row and are not Ready now."""
+        """Replicas that failed often enough in a row to be a crash loop and are not Ready now."""
+        if self.obs.job is None:
+            return []
+        policy = policy_of(self.obs.job)
         looping = []
-        for key, record in sorted(self.status.replica_failures.items()):
+        for key, failures in sorted(self.status.replica_failures.items()):
             role, replica = key.rsplit("-", 1)
             name = _pod_name(self.obs, role, int(replica))
             current = self.pods.get(name)
-            if record.count < CRASH_LOOP_FAILURES or (current is not None and current.ready and not current.finished):
+            if not policy.crash_looping(_record(failures)) or (
+                current is not None and current.ready and not current.finished
+            ):
                 continue
-            looping.append(f"{role} replica {replica} ({name}) failed {record.count} times in a row")
+            looping.append(f"{role} replica {replica} ({name}) failed {failures.count} times in a row")
         return looping
 
     def create_missing(self) -> None:

@@ -172,7 +172,8 @@ def test_set_on_a_manifest_that_is_not_a_mapping_is_named(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_replica_that_keeps_failing_fails_the_job_after_max_replacements(cartpole_manifest, start_run):
+def test_a_replica_that_keeps_failing_fails_the_job_after_max_replacements(cartpole_manifest, start_run, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # rich wraps the summary at the terminal width
     run = start_run(cartpole_manifest(steps=500, max_replacements=1), "--quiet")
     run.wait_for_step(2)
     first = run.kill("env", 1)
@@ -189,8 +190,9 @@ def test_a_replica_that_keeps_failing_fails_the_job_after_max_replacements(cartp
     run.kill("env", 1)
     output = run.finish()
     assert run.process.returncode == 1, output
-    assert "env-1 exited with code -9: replacing it (replacement 1/1)" in output
-    assert "spec.failurePolicy.maxReplacements (1) exhausted" in output
+    # The operator's rules: failures in a row, each replacement after its back-off.
+    assert "env-1 exited with code -9: replacing it in 1s (failure 1 in a row" in output
+    assert "it failed 2 times in a row: spec.failurePolicy.maxReplacements (1) exhausted" in output
     assert not run.roles()
 
 

@@ -12,9 +12,10 @@ import jsonschema
 from rljob.api import load_job_file, validate_job
 from rljob.api.crd import build_crd
 from rljob.api.status import ReplicaFailures, RLJobStatus
-from rljob.operator.manifests import build_children
+from rljob.launch.failure_policy import STABLE_SECONDS, FailurePolicy
+from rljob.operator.manifests import build_children, config_hash
 from rljob.operator.podstate import PodState, observe_pod
-from rljob.operator.reconcile import STABLE_SECONDS, Observation, plan, replacement_backoff
+from rljob.operator.reconcile import Observation, plan
 from rljob.operator.settings import OperatorSettings
 from rljob.operator.status import rfc3339
 from rljob.runtime.identity import EXIT_FATAL_CONFIG
@@ -136,7 +137,7 @@ def test_a_failed_rollout_pod_is_counted_once_and_replaced_after_the_backoff() -
 
 
 def test_the_backoff_doubles_with_each_failure_in_a_row_up_to_a_minute() -> None:
-    assert [replacement_backoff(n) for n in range(1, 10)] == [1, 2, 4, 8, 16, 32, 60, 60, 60]
+    assert [FailurePolicy().backoff(n) for n in range(1, 10)] == [1, 2, 4, 8, 16, 32, 60, 60, 60]
     status = RLJobStatus(
         phase="Running",
         replica_failures={
@@ -277,3 +278,66 @@ def test_an_env_configuration_error_fails_the_job_instead_of_replacing_the_pod()
     assert result.status.phase == "Failed"
     assert next(c for c in result.status.conditions if c.type == "Failed").reason == "InvalidConfig"
     assert "cp-env-1" not in result.create and not result.status.replica_failures
+
+
+def test_a_restart_interrupted_before_its_deletes_deletes_the_failed_actor_on_the_next_pass() -> None:
+    """The status said Restarting, then the DELETE failed (or the operator died): a replay finishes it."""
+    pods = [pod(n) for n in ALL[1:]] + [pod("cp-actor-0", "Failed", False)]
+    first = plan(observe(RLJobStatus(phase="Running"), pods))
+    assert first.status.phase == "Restarting" and first.delete == ["cp-actor-0"]
+    # Nothing was deleted: the next pass sees the same pods under the Restarting status it wrote.
+    again = plan(observe(first.status, pods))
+    assert again.delete == ["cp-actor-0"] and again.status.restarts == 1 and not again.restart_counted
+    assert again.create == [] and again.status.phase == "Restarting"
+    # A running (not failed) actor left over from the old group is deleted just the same.
+    leftover = plan(observe(first.status, [pod(n) for n in ALL]))
+    assert leftover.delete == ["cp-actor-0"]
+
+
+def with_hash(state: PodState, config_hash: str) -> PodState:
+    return replace(state, uid=f"uid-{state.name}-{config_hash}", config_hash=config_hash)
+
+
+def test_a_spec_change_restart_interrupted_before_its_deletes_deletes_every_old_spec_pod() -> None:
+    old_job = job()
+    new_job = job(trainer={**old_job.spec.trainer.model_dump(mode="json", by_alias=True), "steps": 7})
+    old_hash = config_hash(old_job)
+    new_hash = config_hash(new_job)
+    assert old_hash != new_hash
+    old_pods = [with_hash(pod(n), old_hash) for n in ALL]
+    first = plan(observe(RLJobStatus(phase="Running"), old_pods, the_job=new_job, spec_changed=True))
+    assert first.status.phase == "Restarting" and sorted(first.delete) == sorted(ALL)
+    # The ConfigMap was already patched (spec_changed is False now), no pod was deleted: the config hash
+    # on the pods still tells which ones belong to the old spec.
+    again = plan(observe(first.status, old_pods, the_job=new_job))
+    assert sorted(again.delete) == sorted(ALL) and again.create == []
+    # Pods of the new spec that are already up are kept; only the old ones go.
+    mixed = [with_hash(pod("cp-env-0"), new_hash)] + [p for p in old_pods if p.name != "cp-env-0"]
+    assert sorted(plan(observe(first.status, mixed, the_job=new_job)).delete) == sorted(set(ALL) - {"cp-env-0"})
+
+
+def test_pods_of_an_older_spec_are_restarted_even_when_the_spec_edit_was_missed() -> None:
+    """The config hash catches what the ConfigMap comparison missed (e.g. a ConfigMap edited by hand)."""
+    old_job = job()
+    new_job = job(trainer={**old_job.spec.trainer.model_dump(mode="json", by_alias=True), "steps": 7})
+    old_pods = [with_hash(pod(n), config_hash(old_job)) for n in ALL]
+    result = plan(observe(RLJobStatus(phase="Running"), old_pods, the_job=new_job))
+    assert result.status.phase == "Restarting" and sorted(result.delete) == sorted(ALL)
+
+
+def test_restart_free_edits_keep_the_config_hash() -> None:
+    base = job()
+    for edited in (
+        job(failurePolicy={"maxRestarts": 9}),
+        job(suspend=True),
+        job(activeDeadlineSeconds=600),
+        job(ttlSecondsAfterFinished=60),
+    ):
+        assert config_hash(edited) == config_hash(base)
+    llm = arithmetic_job()
+    assert config_hash(arithmetic_job(rollout_replicas=3)) == config_hash(llm)
+    # In a gym job the rollout count fixes each rollout's env share: a new count is a restart.
+    scaled = job(roles={**base.spec.roles.model_dump(mode="json", by_alias=True, exclude_none=True)})
+    scaled_doc = scaled.model_dump(mode="json", by_alias=True, exclude_none=True)
+    scaled_doc["spec"]["roles"]["rollout"]["replicas"] = 2
+    assert config_hash(validate_job(scaled_doc)) != config_hash(base)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from typing import Any
@@ -39,11 +40,43 @@ def resolved_job_yaml(job: RLJob) -> str:
     return yaml.dump(resolved_job_document(job), Dumper=_Dumper, sort_keys=False, width=100)
 
 
-def config_hash(job: RLJob) -> str:
-    """A short digest of the resolved job: pods carry it, so an edited spec shows which pods are stale.
+RESTART_FREE_FIELDS: tuple[tuple[str, ...], ...] = (
+    ("roles", "rollout", "replicas"),
+    ("suspend",),
+    ("failurePolicy",),
+    ("activeDeadlineSeconds",),
+    ("ttlSecondsAfterFinished",),
+)
+"""Spec fields whose edits never recreate running pods; any other spec edit is a controlled restart.
 
-    Taken over canonical JSON, so it does not depend on the YAML emitter at hand."""
-    canonical = json.dumps(resolved_job_document(job), sort_keys=True, separators=(",", ":"))
+Rollout replicas are restart-free only for llm tasks, where rollouts are interchangeable generation
+servers. In a gym task each rollout replica steps a fixed share of the env replicas, fixed when the
+actor group starts, so a new count takes effect through a controlled restart (no restart budget used).
+"""
+
+
+def restart_relevant(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec without the fields that can change under running pods."""
+    trimmed: dict[str, Any] = copy.deepcopy(spec)
+    gym = (spec.get("task") or {}).get("type") == "gym"
+    for path in RESTART_FREE_FIELDS:
+        if gym and path == ("roles", "rollout", "replicas"):
+            continue
+        node = trimmed
+        for part in path[:-1]:
+            node = node.get(part) or {}
+        node.pop(path[-1], None)
+    return trimmed
+
+
+def config_hash(job: RLJob) -> str:
+    """A short digest of what the pods run: pods carry it, so the reconciler tells old-spec pods from new.
+
+    Only the restart-relevant spec counts (`restart_relevant`): an edit that applies in place (failure
+    policy, llm rollout replicas, deadlines) keeps the hash, so running pods are not mistaken for stale
+    ones. Taken over canonical JSON, so it does not depend on the YAML emitter at hand."""
+    spec = restart_relevant(resolved_job_document(job)["spec"])
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import Configuration
 
+from rljob.api.crd import build_crd
 from rljob.operator import handlers
 from rljob.operator.app import OperatorOptions, run_operator
 from rljob.operator.controller import ControllerConfig
@@ -41,14 +42,24 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "v1/configmaps": {"kind": "ConfigMap", "namespaced": True},
     "v1/events": {"kind": "Event", "namespaced": True},
     "v1/namespaces": {"kind": "Namespace", "namespaced": False},
+    "kopf.dev/v1/kopfpeerings": {"kind": "KopfPeering", "namespaced": True},
+    "kopf.dev/v1/clusterkopfpeerings": {"kind": "ClusterKopfPeering", "namespaced": False},
     "scheduling.volcano.sh/v1beta1/podgroups": {"kind": "PodGroup", "namespaced": True},
     "scheduling.x-k8s.io/v1alpha1/podgroups": {"kind": "PodGroup", "namespaced": True},
 }
 
 
+def rljob_schema() -> dict[str, Any]:
+    """The openAPIV3Schema of the RLJob CRD, as the chart installs it."""
+    return build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
 def new_emulator(**kwargs: Any) -> KubernetesApiEmulator:
     emulator = KubernetesApiEmulator(
-        status_subresources={RLJOBS, PODS}, scale_subresources={RLJOBS: SCALE_PATH}, **kwargs
+        status_subresources={RLJOBS, PODS},
+        scale_subresources={RLJOBS: SCALE_PATH},
+        schemas={RLJOBS: ("RLJob", "rljob.io", rljob_schema())},
+        **kwargs,
     )
     for key, info in RESOURCES.items():
         emulator.resources[key] = kmock.ResourceInfo(
@@ -67,7 +78,13 @@ async def kube() -> AsyncIterator[KubernetesApiEmulator]:
 
 NS = "ns"
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
-FAST = ControllerConfig(resync_seconds=2.0, progress_seconds=0.2, expectation_seconds=3.0, error_backoff_seconds=0.2)
+FAST = ControllerConfig(
+    resync_seconds=2.0,
+    progress_seconds=0.2,
+    expectation_seconds=3.0,
+    error_backoff_seconds=0.2,
+    peering_poll_seconds=0.2,
+)
 
 
 def cartpole_job(name: str = "cp", namespace: str = NS, **spec: Any) -> dict[str, Any]:
@@ -129,6 +146,8 @@ async def operator_running(
     liveness_port: int | None = None,
     namespaces: tuple[str, ...] = (NS,),
     all_namespaces: bool = False,
+    peering: str | None = None,
+    priority: int = 0,
 ) -> Any:
     """Run the real operator (kopf + controller) against the emulator for the body of a `with`.
 
@@ -149,6 +168,8 @@ async def operator_running(
         all_namespaces=all_namespaces,
         metrics_port=metrics_port,
         liveness_port=liveness_port,
+        peering=peering,
+        priority=priority,
         controller=config,
     )
     progress = ProgressReader(url_for=progress_url) if progress_url else ProgressReader(url_for=lambda pod, port: None)

@@ -12,7 +12,10 @@ on. This subclass adds it, nothing more:
 - label selectors on list and watch; watches resume from a `resourceVersion` and answer 410 Gone
   when that version has been compacted away (`compact()`), as a real server does after a while;
 - finalizers and `deletionTimestamp`; pods are removed at once unless `graceful_pod_deletion` is set,
-  in which case they terminate until the test (playing kubelet) calls `finish_termination`.
+  in which case they terminate until the test (playing kubelet) calls `finish_termination`;
+- custom resources with a structural schema (`schemas`): unknown fields pruned, defaults applied, and a
+  422 `Invalid` Status with `details.causes[]` for an object that breaks its schema (structural.py),
+  checked against transcribed real-server responses in `recorded/`.
 
 There is no kubelet, scheduler or garbage collector: tests play them with `patch_status`, `delete_object`
 and `collect_garbage`, which go through the same write path as HTTP requests (watchers see them).
@@ -37,6 +40,8 @@ import attrs
 import jsonpatch
 import kmock
 from kmock._internal import apps, rendering
+
+from tests.operator.controller.structural import apply_schema, invalid_status
 
 Resource = kmock.resource
 Raw = dict[str, Any]
@@ -137,6 +142,8 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     scale_subresources: dict[Resource, tuple[str, ...]] = attrs.field(factory=dict)
     """Resource -> path of its replica count in the object, e.g. ("spec", "roles", "rollout", "replicas")."""
     graceful_pod_deletion: bool = False
+    schemas: dict[Resource, tuple[str, str, dict[str, Any]]] = attrs.field(factory=dict)
+    """Resource -> (kind, group, openAPIV3Schema) of custom resources the server prunes, defaults and validates."""
     keep_history: bool = True
     """kmock keeps every version of every object (handy in tests); benchmarks turn it off to save memory."""
     watch_log_size: int = 10_000
@@ -202,7 +209,8 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             and request.resource.plural
             and request.method.value != "PUT"
         ):
-            return await rendering.Response(payload=direct)(request)
+            created = request.action == kmock.action.CREATE
+            return await rendering.Response(payload=direct, status=201 if created else None)(request)
         return await apps.RawHandler._handle(self, request)
 
     async def _serve_fetch(self, request: rendering.Request) -> Raw:
@@ -311,6 +319,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         meta["generation"] = 1
         if resource in self.status_subresources:
             raw.pop("status", None)
+        raw = self._structural(resource, raw, ("spec",) if resource in self.status_subresources else ("spec", "status"))
         return self._store(resource, key, raw, "ADDED")
 
     def patch_object(
@@ -344,6 +353,11 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                 new = dict(new, status=old.get("status"))
             if new.get("status") is None:
                 new.pop("status")
+        if resource in self.status_subresources:
+            parts: tuple[str, ...] = ("status",) if subresource == "status" else ("spec",)
+        else:
+            parts = ("spec", "status")
+        new = self._structural(resource, new, parts)
         if new == old:
             return old
         for server_field in ("uid", "creationTimestamp", "resourceVersion", "generation", "deletionTimestamp"):
@@ -356,6 +370,17 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             self._store(resource, key, new, "MODIFIED")
             return self._remove(resource, key)
         return self._store(resource, key, new, "MODIFIED")
+
+    def _structural(self, resource: Resource, raw: Raw, parts: tuple[str, ...]) -> Raw:
+        """Prune, default and validate a custom resource as kube-apiserver does (structural.py)."""
+        if resource not in self.schemas:
+            return raw
+        kind, group, schema = self.schemas[resource]
+        result, causes = apply_schema(raw, schema, parts)
+        if causes:
+            status = invalid_status(kind, group, raw["metadata"].get("name", ""), causes)
+            raise kmock.KubernetesError(422, "Invalid", status["message"], status["details"])
+        return result
 
     def patch_status(self, resource: Resource, namespace: str | None, name: str, status: Mapping[str, Any]) -> Raw:
         return self.patch_object(resource, namespace, name, {"status": dict(status)}, subresource="status")

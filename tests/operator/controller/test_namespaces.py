@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from tests.operator.controller.conftest import (
     CARTPOLE_PODS,
     Cluster,
+    RunningOperator,
     cartpole_job,
     eventually,
     operator_running,
@@ -16,7 +15,7 @@ from tests.operator.controller.emulator import KubernetesApiEmulator
 
 async def test_jobs_in_the_served_namespaces_get_pods_and_others_are_left_alone(kube: KubernetesApiEmulator) -> None:
     teams = {ns: Cluster(kube, namespace=ns) for ns in ("team-a", "team-b", "elsewhere")}
-    async with operator_running(kube, namespaces=("team-a", "team-b")):
+    async with operator_running(kube, namespaces=("team-a", "team-b")) as op:
         for ns, cluster in teams.items():
             cluster.create_job(cartpole_job(namespace=ns))
         for ns in ("team-a", "team-b"):
@@ -25,8 +24,21 @@ async def test_jobs_in_the_served_namespaces_get_pods_and_others_are_left_alone(
             await eventually(lambda ns=ns: teams[ns].phase("cp") == "Running", what=f"Running in {ns}")
         # The same job name in two namespaces: two independent jobs, each with its own pods.
         assert teams["team-a"].uid("cp-actor-0") != teams["team-b"].uid("cp-actor-0")
-        await asyncio.sleep(1.0)  # several reconcile rounds: still nothing outside the served namespaces
+        # Evidence before the negative assertion: more reconcile passes ran after both jobs were Running
+        # (every pass walks the jobs in view), and still no request of the operator went to "elsewhere".
+        done = reconciles(op)
+        await eventually(lambda: reconciles(op) >= done + 2, what="more reconcile passes")
         assert teams["elsewhere"].pods("cp") == {} and teams["elsewhere"].status("cp") == {}
+        assert not [r for r in list(kube) if "/namespaces/elsewhere/" in str(r.url)]
+
+
+def reconciles(op: RunningOperator) -> float:
+    return sum(
+        s.value
+        for f in op.metrics.registry.collect()
+        for s in f.samples
+        if s.name == "rljob_operator_reconcile_duration_seconds_count"
+    )
 
 
 async def test_all_namespaces_serves_a_namespace_created_after_start(kube: KubernetesApiEmulator) -> None:

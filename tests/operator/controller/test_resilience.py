@@ -129,3 +129,66 @@ async def test_a_pod_the_server_refuses_is_reported_and_retried(kube: Kubernetes
         assert set(cluster.pods("cp")) == CARTPOLE_PODS - {"cp-env-1"}
         refusing[0] = False
         await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS, timeout=10, what="created once allowed")
+
+
+async def test_a_failed_delete_after_the_restarting_status_does_not_leave_the_restart_stuck(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    """The Restarting status is written before the old actor is deleted; that DELETE fails once."""
+    kube["delete", PODS, kmock.name("cp-actor-0")][:1] << kmock.KubernetesError(500, "InternalError", "injected")
+    async with operator_running(kube):
+        await start_cartpole(cluster)
+        old = cluster.uid("cp-actor-0")
+        cluster.exit("cp-actor-0", 1)
+        await eventually(lambda: cluster.uid("cp-actor-0") != old, what="the next pass deleted and recreated it")
+        await eventually(lambda: cluster.phase("cp") == "Starting", what="the restart finished")
+        assert cluster.status("cp")["restarts"] == 1
+
+
+async def test_an_operator_killed_between_the_restarting_status_and_the_deletes_finishes_the_restart(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    refusing = [True]
+    error = kmock.KubernetesError(500, "InternalError", "injected: the operator dies before this DELETE")
+    kube["delete", PODS] << (lambda: error if refusing[0] else NotImplemented)
+    async with operator_running(kube):
+        await start_cartpole(cluster)
+        uids = {pod: cluster.uid(pod) for pod in CARTPOLE_PODS}
+        cluster.exit("cp-actor-0", 1)
+        await eventually(lambda: cluster.phase("cp") == "Restarting", what="Restarting written")
+    assert cluster.uid("cp-actor-0") == uids["cp-actor-0"]  # the failed actor was never deleted
+    refusing[0] = False
+    async with operator_running(kube):
+        await eventually(lambda: cluster.uid("cp-actor-0") != uids["cp-actor-0"], what="restart finished")
+        await eventually(lambda: cluster.phase("cp") == "Starting", what="Starting")
+    assert cluster.status("cp")["restarts"] == 1  # the replay charged nothing twice
+    assert all(cluster.uid(pod) == uids[pod] for pod in CARTPOLE_PODS - {"cp-actor-0"})
+
+
+async def test_an_operator_killed_during_a_spec_change_restart_replaces_every_old_spec_pod(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    """The ConfigMap already holds the new spec when the operator dies: only the pods' config hash
+    still says which pods run the old one."""
+    refusing = [True]
+    error = kmock.KubernetesError(500, "InternalError", "injected: the operator dies before this DELETE")
+    kube["delete", PODS] << (lambda: error if refusing[0] else NotImplemented)
+    async with operator_running(kube):
+        await start_cartpole(cluster)
+        uids = {pod: cluster.uid(pod) for pod in CARTPOLE_PODS}
+        cluster.patch_job("cp", {"spec": {"trainer": {"steps": 7}}})
+        await eventually(lambda: cluster.phase("cp") == "Restarting", what="Restarting written")
+        await eventually(
+            lambda: "steps: 7" in kube.read_object(CONFIGMAPS, NS, "cp-config")["data"]["job.yaml"],
+            what="ConfigMap patched",
+        )
+    refusing[0] = False
+    async with operator_running(kube):
+        await eventually(
+            lambda: (
+                set(cluster.pods("cp")) == CARTPOLE_PODS and all(cluster.uid(pod) != uids[pod] for pod in CARTPOLE_PODS)
+            ),
+            what="every pod recreated from the new spec",
+        )
+    hashes = {p["metadata"]["annotations"]["rljob.io/config-hash"] for p in cluster.pods("cp").values()}
+    assert len(hashes) == 1 and cluster.status("cp")["restarts"] == 0

@@ -1,0 +1,69 @@
+"""A hot standby does nothing: while kopf's peering pauses the operator, its job workers stay still too."""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import kmock
+
+from rljob.operator.metrics import OperatorMetrics
+from tests.operator.controller.conftest import (
+    CARTPOLE_PODS,
+    NS,
+    Cluster,
+    cartpole_job,
+    eventually,
+    operator_running,
+)
+from tests.operator.controller.emulator import KubernetesApiEmulator
+
+PEERINGS = kmock.resource("kopf.dev", "v1", "kopfpeerings")
+
+
+def sample(metrics: OperatorMetrics, name: str) -> float:
+    return sum(s.value for f in metrics.registry.collect() for s in f.samples if s.name == name)
+
+
+def peer(priority: int, lifetime: int = 60) -> dict:
+    now = datetime.datetime.now(tz=datetime.UTC).isoformat()
+    return {"priority": priority, "lifetime": lifetime, "lastseen": now}
+
+
+async def test_a_paused_operator_leaves_the_jobs_to_the_active_one_and_resumes_after_it(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    kube.create_object(
+        PEERINGS, NS, {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "rljob"}}
+    )
+    async with operator_running(kube, peering="rljob", priority=10) as op:
+        cluster.create_job(cartpole_job(ttlSecondsAfterFinished=4))
+        await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS, what="pods")
+        cluster.run_all("cp")
+        cluster.exit("cp-actor-0", 0)
+        await eventually(lambda: cluster.phase("cp") == "Succeeded", what="Succeeded")
+        # The worker now waits for the TTL on its own timer, not on a watch event.
+        finished = time.time()
+
+        # Two peering records: this operator's own (kopf's keep-alive) and a new one with a higher priority.
+        await eventually(lambda: (kube.read_object(PEERINGS, NS, "rljob") or {}).get("status"), what="own record")
+        kube.patch_object(PEERINGS, NS, "rljob", {"status": {"active-replica": peer(100)}})
+        await eventually(lambda: sample(op.metrics, "rljob_operator_standby") == 1, what="standing by")
+
+        # Evidence before the negative assertion: a worker pass ran after the TTL was due, and did nothing.
+        due = finished + 4
+        passes_after_due: list[float] = []
+
+        def passed_after_due() -> bool:
+            count = sample(op.metrics, "rljob_operator_standby_passes_total")
+            if time.time() > due + 0.5 and not passes_after_due:
+                passes_after_due.append(count)
+            return bool(passes_after_due) and count > passes_after_due[0]
+
+        await eventually(passed_after_due, timeout=20, what="a worker pass after the TTL, while standing by")
+        assert cluster.job("cp") is not None  # the standby did not delete the job
+
+        # The active replica goes away (its record expires): this one takes over and does what was due.
+        kube.patch_object(PEERINGS, NS, "rljob", {"status": {"active-replica": peer(100, lifetime=0)}})
+        await eventually(lambda: sample(op.metrics, "rljob_operator_standby") == 0, what="active again")
+        await eventually(lambda: cluster.job("cp") is None, what="the TTL deletion, by the active operator")
