@@ -180,6 +180,7 @@ def _check_algorithm(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
 
 
 def _check_batch(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    """A step's samples split into equal minibatches, and each minibatch into equal shares per actor rank."""
     batch = spec.trainer.batch_size
     if spec.task.gym is not None:
         envs = spec.task.gym.num_envs
@@ -188,13 +189,25 @@ def _check_batch(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
                 "trainer.batchSize",
                 f"gym batches are numEnvs x steps per env: must be a multiple of numEnvs {envs} (got {batch})",
             )
-        samples = batch
+        samples, counted = batch, f"trainer.batchSize {batch}"
     else:
-        samples = batch * (spec.algorithm.group_size or 1)
-    if spec.algorithm.minibatches > samples:
+        group = spec.algorithm.group_size or 1
+        samples, counted = batch * group, f"trainer.batchSize {batch} x algorithm.groupSize {group}"
+    minibatches = spec.algorithm.minibatches
+    if samples % minibatches:
         yield (
             "algorithm.minibatches",
-            f"cannot split {samples} samples per step into {spec.algorithm.minibatches} minibatches",
+            f"must divide the {samples} samples of a step ({counted}) into equal minibatches: "
+            f"use a divisor of {samples} (got {minibatches})",
+        )
+        return
+    size = samples // minibatches
+    ranks = spec.roles.actor.replicas
+    if size % ranks:
+        yield (
+            "roles.actor.replicas",
+            f"every actor rank trains an equal share of each minibatch of {size} samples "
+            f"({samples} / algorithm.minibatches {minibatches}): use a divisor of {size} (got {ranks})",
         )
 
 
@@ -245,6 +258,15 @@ def _check_roles(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
                 "roles.env.replicas",
                 f"each env replica serves at least one environment: must be <= numEnvs "
                 f"{spec.task.gym.num_envs} (got {env_replicas})",
+            )
+        rollouts = spec.roles.rollout.replicas
+        if rollouts == 0:
+            yield "roles.rollout.replicas", "gym tasks collect every batch through rollout replicas: must be >= 1"
+        elif env_replicas is not None and rollouts > env_replicas >= 1:
+            yield (
+                "roles.rollout.replicas",
+                f"each rollout replica drives its own env replicas: must be <= roles.env.replicas "
+                f"{env_replicas} (got {rollouts})",
             )
     rollout = spec.roles.rollout
     tp = spec.rollout.vllm.tensor_parallel_size

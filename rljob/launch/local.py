@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from rljob.api import ROLE_NAMES, RLJob
+from rljob.api.rules import check
 from rljob.runtime.identity import EXIT_FATAL_CONFIG, RoleIdentity, local_identities, ports_needed
 
 STOP_GRACE_S = 10.0
@@ -40,33 +41,17 @@ class LaunchError(RuntimeError):
 
 
 def check_local(job: RLJob) -> None:
-    """Rules of this runtime beyond the API's own validation."""
-    spec = job.spec
-    if spec.task.type != "gym" or spec.task.gym is None:
+    """Refuse what this runtime cannot run, before any process starts.
+
+    The job's own rules are the API's (`rljob.api.rules.check`), so `rljob validate`, `rljob render`, the
+    operator (InvalidSpec) and this launcher refuse the same jobs with the same words; only what is
+    particular to running here (gym tasks, an environment that builds) is checked below them.
+    """
+    problems = check(job)
+    if problems:
+        raise LaunchError("\n".join(problem.render() for problem in problems))
+    if job.spec.task.type != "gym" or job.spec.task.gym is None:
         raise LaunchError("spec.task.type: the local runtime trains gym tasks (type gym) with ppo")
-    gym = spec.task.gym
-    env_replicas = spec.roles.env.replicas or 0
-    if env_replicas < 1:
-        raise LaunchError("spec.roles.env.replicas: gym tasks need at least one env replica")
-    if gym.num_envs < env_replicas:
-        raise LaunchError(f"spec.task.gym.numEnvs ({gym.num_envs}) must be >= spec.roles.env.replicas ({env_replicas})")
-    if spec.roles.rollout.replicas < 1 or spec.roles.rollout.replicas > env_replicas:
-        raise LaunchError(
-            f"spec.roles.rollout.replicas ({spec.roles.rollout.replicas}) must be between 1 and "
-            f"spec.roles.env.replicas ({env_replicas}): each rollout replica drives its own env replicas"
-        )
-    if spec.trainer.batch_size % gym.num_envs:
-        raise LaunchError(
-            f"spec.trainer.batchSize ({spec.trainer.batch_size}) must be a multiple of "
-            f"spec.task.gym.numEnvs ({gym.num_envs}): each batch is batchSize / numEnvs steps of every env"
-        )
-    minibatch, rest = divmod(spec.trainer.batch_size, spec.algorithm.minibatches)
-    if rest or minibatch % spec.roles.actor.replicas:
-        raise LaunchError(
-            f"spec.trainer.batchSize ({spec.trainer.batch_size}) must split into spec.algorithm.minibatches "
-            f"({spec.algorithm.minibatches}) minibatches, each divisible by spec.roles.actor.replicas "
-            f"({spec.roles.actor.replicas})"
-        )
     check_environment(job)
 
 
