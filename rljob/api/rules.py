@@ -45,6 +45,22 @@ def check(job: RLJob) -> list[Problem]:
     return problems
 
 
+def advisories(job: RLJob) -> list[Problem]:
+    """Valid settings that probably do not do what the user wants: printed as warnings, never refused."""
+    spec = job.spec
+    staleness = spec.rollout.async_.max_staleness
+    if staleness > 0 and spec.algorithm.off_policy.type == "none":
+        return [
+            Problem(
+                "spec.algorithm.offPolicy.type",
+                f"none trains on batches up to {staleness} policy versions old (rollout.async.maxStaleness) "
+                "without importance weighting: set tis or icepop to correct for the older policy, or "
+                "maxStaleness 0 to stay on-policy",
+            )
+        ]
+    return []
+
+
 def _check_name(name: str) -> Iterator[Problem]:
     if not DNS1123_LABEL.match(name):
         yield Problem(
