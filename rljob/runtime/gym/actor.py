@@ -10,7 +10,6 @@ so no step is skipped or done twice.
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import os
 import time
@@ -47,8 +46,8 @@ from rljob.runtime.metrics import (
     STALENESS_MEAN,
     VALUE_LOSS,
     RunMetrics,
+    keep_records_until,
     phase_key,
-    read_metrics,
 )
 from rljob.runtime.role_http import ProgressTracker
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
@@ -207,15 +206,6 @@ def _to_batch(replies: list[dict[str, Any]]) -> GymBatch:
     return GymBatch(**tensors)
 
 
-def _keep_metrics_until(path: Path, step: int) -> float:
-    """After a resume from `step`: drop later records (they are redone); return the last kept wall time."""
-    if not path.exists():
-        return 0.0
-    kept = [r for r in read_metrics(path) if r.get("step", 0) <= step]
-    path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-    return float(kept[-1].get("wall_time", 0.0)) if kept else 0.0
-
-
 def restore_learner(learner: PPOLearner, state: dict[str, Any], path: str | Path) -> None:
     """Load a checkpoint's learner state; one written for another model is a `FatalConfigError`."""
     try:
@@ -349,7 +339,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
     run_metrics = None
     if identity.run_dir:
         jsonl = Path(identity.run_dir) / "metrics.jsonl"
-        previous_wall = _keep_metrics_until(jsonl, learner.step)
+        previous_wall = keep_records_until(jsonl, learner.step)
         run_metrics = RunMetrics(identity.run_dir, spec.logging.tensorboard, start_time=time.time() - previous_wall)
     health.ready()
     context.log.info("training %d steps from step %d (%d actor ranks)", total, learner.step, world)
