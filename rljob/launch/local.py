@@ -1,8 +1,9 @@
 """The local launcher: every role replica of a job as a process on this machine.
 
 Each child runs `rljob role <role>` with the same environment contract the operator gives pods
-(`local_identities`), in its own process group, with PR_SET_PDEATHSIG so that it dies with the launcher
-even when the launcher itself is SIGKILLed. The supervisor loop applies `spec.failurePolicy`: a dead env
+(`local_identities`), in its own process group; it asks for PR_SET_PDEATHSIG itself as it starts
+(`parent_death`), so that it dies with the launcher even when the launcher itself is SIGKILLed.
+The supervisor loop applies `spec.failurePolicy`: a dead env
 or rollout replica is started again in place (same ports; the actor notices its new incarnation), at most
 `maxReplacements` times per replica; a dead actor takes the whole actor group down and up again from the
 latest checkpoint, at most `maxRestarts` times. A role that exits with EXIT_FATAL_CONFIG (a configuration
@@ -13,7 +14,6 @@ exits 0.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -30,6 +30,7 @@ import yaml
 
 from rljob.api import ROLE_NAMES, RLJob
 from rljob.api.rules import check
+from rljob.launch.parent_death import LAUNCHER_PID_ENV
 from rljob.runtime.identity import EXIT_FATAL_CONFIG, RoleIdentity, local_identities, ports_needed
 
 STOP_GRACE_S = 10.0
@@ -97,15 +98,6 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the launcher dies (Linux), whatever killed it."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 @dataclass
 class Child:
     identity: RoleIdentity
@@ -169,7 +161,13 @@ class LocalRun:
             ) from None
 
     def _spawn(self, child: Child) -> None:
-        env = {**os.environ, **child.identity.to_env(), **self.extra_env, "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            **child.identity.to_env(),
+            **self.extra_env,
+            "PYTHONUNBUFFERED": "1",
+            LAUNCHER_PID_ENV: str(os.getpid()),  # the child asks to die with us (see parent_death)
+        }
         child.process = subprocess.Popen(
             [sys.executable, "-m", "rljob.cli.main", "role", child.identity.role],
             env=env,
@@ -177,7 +175,6 @@ class LocalRun:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
         child.reader = threading.Thread(target=self._pump, args=(child, child.process), daemon=True)
         child.reader.start()
