@@ -49,12 +49,17 @@ from rljob.runtime.metrics import (
     keep_records_until,
     phase_key,
 )
+from rljob.runtime.retry import retry
 from rljob.runtime.role_http import ProgressTracker
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
 from rljob.runtime.transport import RequestClient, RequestTimeout, TransportError, process_tag
 from rljob.runtime.weight_sync import WeightPublisher
 
 GROUP_TIMEOUT = datetime.timedelta(minutes=5)
+ROLLOUT_WAIT_S = 300.0
+"""How long rank 0 waits for a silent rollout replica (being replaced, say) before it fails."""
+ENV_WAIT_S = 600.0
+"""How long the actor waits for env replica 0 at start (its pod may still be pulling an image)."""
 
 
 class RolloutLink:
@@ -94,15 +99,15 @@ class Controller:
             link.client.close()
 
     def _status(self, link: RolloutLink) -> None:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                reply = link.client.call("status")
-                break
-            except RequestTimeout as exc:
-                if time.monotonic() > deadline or self.context.stop.is_set():
-                    raise
-                self.log.warning("rollout %d not answering (%s); waiting for it", link.replica, exc)
+        reply = retry(
+            lambda: link.client.call("status"),
+            retry_on=(RequestTimeout,),
+            deadline_s=ROLLOUT_WAIT_S,
+            stop=self.context.stop,
+            on_retry=lambda exc, _: self.log.warning(
+                "rollout %d not answering (%s); waiting for it", link.replica, exc
+            ),
+        )
         if reply["tag"] != link.tag:
             if link.tag:
                 link.restarts += 1
@@ -275,15 +280,23 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
         )
         return 1
     env0 = RequestClient(identity.endpoints["env"][0], timeout=5.0, retries=0)
-    while True:
-        try:
-            spaces = env0.call("spaces")
-            break
-        except RequestTimeout:
-            context.log.info("waiting for env replica 0")
-            if context.stop.is_set():
-                raise InterruptedError from None
-    env0.close()
+    try:
+        spaces = retry(
+            lambda: env0.call("spaces"),
+            retry_on=(RequestTimeout,),
+            deadline_s=ENV_WAIT_S,
+            stop=context.stop,
+            on_retry=lambda exc, _: context.log.info("waiting for env replica 0"),
+        )
+    except RequestTimeout:
+        context.log.error(
+            "env replica 0 (%s) did not answer in %.0fs; exiting so the failure policy restarts the actor group",
+            identity.endpoints["env"][0],
+            ENV_WAIT_S,
+        )
+        return 1
+    finally:
+        env0.close()
     observation_space = space_from_wire(spaces["observation_space"])
     action_space = space_from_wire(spaces["action_space"])
     torch.manual_seed(spec.trainer.seed)
