@@ -141,7 +141,6 @@ class LocalRun:
         prepare_run_dir(run_dir)
         self.children = [Child(i, run_dir / "logs" / f"{i.role}-{i.replica}.log") for i in identities]
         self.actor_restarts = 0
-        self._stopping = False
 
     @property
     def progress_url(self) -> str:
@@ -220,7 +219,6 @@ class LocalRun:
                 child.reader.join(timeout=2)
 
     def stop(self) -> None:
-        self._stopping = True
         # Actors first: they drive the loop; then the servers they talk to.
         order = {"actor": 0, "rollout": 1, "reward": 2, "env": 3}
         self._stop_children(sorted(self.children, key=lambda c: order[c.identity.role]))

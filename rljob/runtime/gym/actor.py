@@ -88,7 +88,6 @@ class Controller:
             identity.sync_port,
             self.tag,
             spec.rollout.weight_sync.bucket_size_mb,
-            torch.device("cpu"),
         )
         self.links = [RolloutLink(i, e) for i, e in enumerate(identity.endpoints["rollout"])]
         self.log = context.log
