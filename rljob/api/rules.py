@@ -47,6 +47,22 @@ def check(job: RLJob) -> list[Problem]:
     return problems
 
 
+def advisories(job: RLJob) -> list[Problem]:
+    """Valid settings that probably do not do what the user wants: printed as warnings, never refused."""
+    spec = job.spec
+    staleness = spec.rollout.async_.max_staleness
+    if staleness > 0 and spec.algorithm.off_policy.type == "none":
+        return [
+            Problem(
+                "spec.algorithm.offPolicy.type",
+                f"none trains on batches up to {staleness} policy versions old (rollout.async.maxStaleness) "
+                "without importance weighting: set tis or icepop to correct for the older policy, or "
+                "maxStaleness 0 to stay on-policy",
+            )
+        ]
+    return []
+
+
 def _check_name(name: str) -> Iterator[Problem]:
     if not DNS1123_LABEL.match(name):
         yield Problem(
@@ -199,6 +215,7 @@ def _check_algorithm(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
 
 
 def _check_batch(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    """A step's samples split into equal minibatches, and each minibatch into equal shares per actor rank."""
     batch = spec.trainer.batch_size
     if spec.task.gym is not None:
         envs = spec.task.gym.num_envs
@@ -207,13 +224,25 @@ def _check_batch(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
                 "trainer.batchSize",
                 f"gym batches are numEnvs x steps per env: must be a multiple of numEnvs {envs} (got {batch})",
             )
-        samples = batch
+        samples, counted = batch, f"trainer.batchSize {batch}"
     else:
-        samples = batch * (spec.algorithm.group_size or 1)
-    if spec.algorithm.minibatches > samples:
+        group = spec.algorithm.group_size or 1
+        samples, counted = batch * group, f"trainer.batchSize {batch} x algorithm.groupSize {group}"
+    minibatches = spec.algorithm.minibatches
+    if samples % minibatches:
         yield (
             "algorithm.minibatches",
-            f"cannot split {samples} samples per step into {spec.algorithm.minibatches} minibatches",
+            f"must divide the {samples} samples of a step ({counted}) into equal minibatches: "
+            f"use a divisor of {samples} (got {minibatches})",
+        )
+        return
+    size = samples // minibatches
+    ranks = spec.roles.actor.replicas
+    if size % ranks:
+        yield (
+            "roles.actor.replicas",
+            f"every actor rank trains an equal share of each minibatch of {size} samples "
+            f"({samples} / algorithm.minibatches {minibatches}): use a divisor of {size} (got {ranks})",
         )
 
 
@@ -264,6 +293,15 @@ def _check_roles(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
                 "roles.env.replicas",
                 f"each env replica serves at least one environment: must be <= numEnvs "
                 f"{spec.task.gym.num_envs} (got {env_replicas})",
+            )
+        rollouts = spec.roles.rollout.replicas
+        if rollouts == 0:
+            yield "roles.rollout.replicas", "gym tasks collect every batch through rollout replicas: must be >= 1"
+        elif env_replicas is not None and rollouts > env_replicas >= 1:
+            yield (
+                "roles.rollout.replicas",
+                f"each rollout replica drives its own env replicas: must be <= roles.env.replicas "
+                f"{env_replicas} (got {rollouts})",
             )
     rollout = spec.roles.rollout
     tp = spec.rollout.vllm.tensor_parallel_size

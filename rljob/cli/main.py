@@ -19,6 +19,7 @@ from rljob.api.crd import crd_yaml
 from rljob.api.loading import iter_job_files
 from rljob.cli import role as role_cli
 from rljob.cli import run as run_cli
+from rljob.cli.advice import print_advisories
 from rljob.cli.operator import operator
 from rljob.operator.manifests import build_children
 from rljob.operator.manifests.checks import build_problems
@@ -88,6 +89,7 @@ def validate(
                     continue
                 typer.echo(f"ok {path}: {_summary(job)}")
                 _note_unsupported(job)
+                print_advisories(job, str(path))
     if failed:
         raise typer.Exit(1)
 
@@ -123,6 +125,7 @@ def render(
         typer.secho(str(exc), fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
     _note_unsupported(job)
+    print_advisories(job, str(file))
     documents = (
         []
         if only is RenderPart.children

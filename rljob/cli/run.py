@@ -17,6 +17,7 @@ RUN_HELP = "Run an RLJob locally: every role replica as a process on this machin
 def _load(file: Path, overrides: list[str]):
     from rljob.api import InvalidRLJob, validate_job
     from rljob.api.loading import parse_documents
+    from rljob.cli.advice import print_advisories
     from rljob.launch.overrides import OverrideError, apply_overrides
 
     try:
@@ -36,7 +37,7 @@ def _load(file: Path, overrides: list[str]):
         data = apply_overrides(documents[0].data, overrides)
         # Line numbers only help when the file is what gets validated.
         node = documents[0].node if not overrides else None
-        return validate_job(data, source=str(file), node=node)
+        job = validate_job(data, source=str(file), node=node)
     except OverrideError as exc:
         typer.secho(str(exc), fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
@@ -46,6 +47,8 @@ def _load(file: Path, overrides: list[str]):
         if overrides:
             typer.secho(f"(after --set {' --set '.join(overrides)})", fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
+    print_advisories(job, str(file))
+    return job
 
 
 def _poll_progress(url: str) -> dict | None:

@@ -1,22 +1,21 @@
 """The local launcher: every role replica of a job as a process on this machine.
 
 Each child runs `rljob role <role>` with the same environment contract the operator gives pods
-(`local_identities`), in its own process group, with PR_SET_PDEATHSIG so that it dies with the launcher
-even when the launcher itself is SIGKILLed. The supervisor loop applies `spec.failurePolicy` through
-`FailurePolicy` (rljob/launch/failure_policy.py), the object the operator uses for pods: a dead env or
-rollout replica is started again in place (same ports; the actor notices its new incarnation) after a
-back-off that doubles with each failure in a row (1 s, 2 s ... 60 s; the loop keeps supervising the others
-meanwhile), and the job fails when a replica fails more than `maxReplacements` times in a row (the count
-is forgotten once a replacement has run for 10 minutes, or exits 0); a dead actor takes the whole actor
-group down and up again from the latest checkpoint, at most `maxRestarts` times. A role that exits with
-EXIT_FATAL_CONFIG (a configuration error no restart can fix) fails the job at once with its message. The
-job succeeds when actor replica 0 exits 0.
+(`local_identities`), in its own process group; it asks for PR_SET_PDEATHSIG itself as it starts
+(`parent_death`), so that it dies with the launcher even when the launcher itself is SIGKILLed. The
+supervisor loop applies `spec.failurePolicy` through `FailurePolicy` (rljob/launch/failure_policy.py), the
+object the operator uses for pods: a dead env or rollout replica is started again in place (same ports; the
+actor notices its new incarnation) after a back-off that doubles with each failure in a row (1 s, 2 s ... 60 s;
+the loop keeps supervising the others meanwhile), and the job fails when a replica fails more than
+`maxReplacements` times in a row (the count is forgotten once a replacement has run for 10 minutes, or exits
+0); a dead actor takes the whole actor group down and up again from the latest checkpoint, at most
+`maxRestarts` times. A role that exits with EXIT_FATAL_CONFIG (a configuration error no restart can fix) fails
+the job at once with its message. The job succeeds when actor replica 0 exits 0.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -32,7 +31,9 @@ from pathlib import Path
 import yaml
 
 from rljob.api import ROLE_NAMES, RLJob
+from rljob.api.rules import check
 from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
+from rljob.launch.parent_death import LAUNCHER_PID_ENV
 from rljob.runtime.identity import EXIT_FATAL_CONFIG, RoleIdentity, local_identities, ports_needed
 
 STOP_GRACE_S = 10.0
@@ -44,33 +45,17 @@ class LaunchError(RuntimeError):
 
 
 def check_local(job: RLJob) -> None:
-    """Rules of this runtime beyond the API's own validation."""
-    spec = job.spec
-    if spec.task.type != "gym" or spec.task.gym is None:
+    """Refuse what this runtime cannot run, before any process starts.
+
+    The job's own rules are the API's (`rljob.api.rules.check`), so `rljob validate`, `rljob render`, the
+    operator (InvalidSpec) and this launcher refuse the same jobs with the same words; only what is
+    particular to running here (gym tasks, an environment that builds) is checked below them.
+    """
+    problems = check(job)
+    if problems:
+        raise LaunchError("\n".join(problem.render() for problem in problems))
+    if job.spec.task.type != "gym" or job.spec.task.gym is None:
         raise LaunchError("spec.task.type: the local runtime trains gym tasks (type gym) with ppo")
-    gym = spec.task.gym
-    env_replicas = spec.roles.env.replicas or 0
-    if env_replicas < 1:
-        raise LaunchError("spec.roles.env.replicas: gym tasks need at least one env replica")
-    if gym.num_envs < env_replicas:
-        raise LaunchError(f"spec.task.gym.numEnvs ({gym.num_envs}) must be >= spec.roles.env.replicas ({env_replicas})")
-    if spec.roles.rollout.replicas < 1 or spec.roles.rollout.replicas > env_replicas:
-        raise LaunchError(
-            f"spec.roles.rollout.replicas ({spec.roles.rollout.replicas}) must be between 1 and "
-            f"spec.roles.env.replicas ({env_replicas}): each rollout replica drives its own env replicas"
-        )
-    if spec.trainer.batch_size % gym.num_envs:
-        raise LaunchError(
-            f"spec.trainer.batchSize ({spec.trainer.batch_size}) must be a multiple of "
-            f"spec.task.gym.numEnvs ({gym.num_envs}): each batch is batchSize / numEnvs steps of every env"
-        )
-    minibatch, rest = divmod(spec.trainer.batch_size, spec.algorithm.minibatches)
-    if rest or minibatch % spec.roles.actor.replicas:
-        raise LaunchError(
-            f"spec.trainer.batchSize ({spec.trainer.batch_size}) must split into spec.algorithm.minibatches "
-            f"({spec.algorithm.minibatches}) minibatches, each divisible by spec.roles.actor.replicas "
-            f"({spec.roles.actor.replicas})"
-        )
     check_environment(job)
 
 
@@ -114,15 +99,6 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the launcher dies (Linux), whatever killed it."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 @dataclass
@@ -182,7 +158,6 @@ class LocalRun:
         prepare_run_dir(run_dir)
         self.children = [Child(i, run_dir / "logs" / f"{i.role}-{i.replica}.log") for i in identities]
         self.actor_restarts = 0
-        self._stopping = False
 
     @property
     def progress_url(self) -> str:
@@ -202,7 +177,13 @@ class LocalRun:
             ) from None
 
     def _spawn(self, child: Child) -> None:
-        env = {**os.environ, **child.identity.to_env(), **self.extra_env, "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            **child.identity.to_env(),
+            **self.extra_env,
+            "PYTHONUNBUFFERED": "1",
+            LAUNCHER_PID_ENV: str(os.getpid()),  # the child asks to die with us (see parent_death)
+        }
         child.process = subprocess.Popen(
             [sys.executable, "-m", "rljob.cli.main", "role", child.identity.role],
             env=env,
@@ -210,7 +191,6 @@ class LocalRun:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
         child.reader = threading.Thread(target=self._pump, args=(child, child.process), daemon=True)
         child.reader.start()
@@ -260,7 +240,6 @@ class LocalRun:
                 child.reader.join(timeout=2)
 
     def stop(self) -> None:
-        self._stopping = True
         # Actors first: they drive the loop; then the servers they talk to.
         order = {"actor": 0, "rollout": 1, "reward": 2, "env": 3}
         self._stop_children(sorted(self.children, key=lambda c: order[c.identity.role]))

@@ -4,11 +4,18 @@ Layout under `spec.checkpoint.dir`:
 
     step-00000100/state.pt        torch.save of the actor's state dict
     step-00000100/manifest.json   {"format", "step", "savedAt", "files": {name: {"sha256", "bytes"}}}
+    abandoned-at-step-.../        checkpoints of a history this run left (see below), kept for the user
 
-A checkpoint is written into a hidden temporary directory, flushed to disk, and renamed into place
-with `os.replace`, so a crash mid-save leaves at most an ignored temporary directory: every
-`step-*` directory is complete or was damaged afterwards, which the manifest's checksums catch.
-Only one process (actor rank 0) writes to a directory.
+A save writes a hidden temporary directory `.tmp-step-...`, flushed to disk, whose manifest is renamed
+into place last: a temporary directory with a manifest is a complete save. Then the save is completed:
+checkpoints of the same or a later step are moved into an `abandoned-at-step-...` directory (they belong
+to the history before a resume from an older checkpoint, and `resume: auto` must not jump back to it),
+the temporary directory is renamed to `step-...`, and checkpoints beyond the newest `keep` are deleted.
+A crash at any point leaves either the previous checkpoints or a complete save: readers count a complete
+temporary directory as its step (`checkpoints`), and the next save finishes what the crash interrupted
+before it deletes any leftover. Nothing newer than a resumed checkpoint is ever deleted; abandoned
+directories are never pruned (delete them when they are not wanted). Only one process (actor rank 0)
+writes to a directory.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TMP_PREFIX = ".tmp-"
+_SAVE_IN_PROGRESS = re.compile(r"^\.tmp-step-(\d+)-\d+$")
+ABANDONED_PREFIX = "abandoned-at-"
 
 
 class CheckpointError(RuntimeError):
@@ -138,14 +147,37 @@ class CheckpointManager:
                 found.append((int(match.group(1)), child))
         return sorted(found)
 
+    def interrupted_saves(self) -> list[tuple[int, Path]]:
+        """Complete saves (manifest written) that a crash stopped before their rename, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        found = []
+        for child in self.directory.iterdir():
+            match = _SAVE_IN_PROGRESS.match(child.name)
+            manifest = child / MANIFEST_FILE
+            if match and manifest.is_file():
+                found.append((manifest.stat().st_mtime_ns, int(match.group(1)), child))
+        return [(step, path) for _, step, path in sorted(found)]
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """What a resume can use, by ascending step: the step directories as the next save will leave them.
+
+        A complete save that was interrupted counts as done, exactly as the next save completes it (see
+        `_complete`): it is its step, and it hides the checkpoints of that step or later. Read-only, so
+        every actor rank resolves the same checkpoint whatever rank 0 has or has not finished yet.
+        """
+        view = dict(self.steps())
+        for step, path in self.interrupted_saves():
+            view = {s: p for s, p in view.items() if s < step}
+            view[step] = path
+        return sorted(view.items())
+
     def save(self, step: int, state: dict[str, Any]) -> Path:
         """Write `state` as the checkpoint of `step` atomically; prune old ones; return its directory."""
         check_loadable(state)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._remove_stale_temporaries()
-        final = self.directory / step_dir_name(step)
+        self._finish_interrupted_saves()
         tmp = self.directory / f"{_TMP_PREFIX}{step_dir_name(step)}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         state_path = tmp / STATE_FILE
         # Straight to the file (no in-memory copy of a large model), then hashed from disk.
@@ -159,38 +191,55 @@ class CheckpointManager:
             "savedAt": datetime.now(UTC).isoformat(),
             "files": {STATE_FILE: {"sha256": _sha256(state_path), "bytes": state_path.stat().st_size}},
         }
-        _write_durably(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2).encode())
+        # The manifest appears whole or not at all: its presence is what makes the save complete.
+        partial = tmp / f"{MANIFEST_FILE}.partial"
+        _write_durably(partial, json.dumps(manifest, indent=2).encode())
+        os.replace(partial, tmp / MANIFEST_FILE)
         _fsync_dir(tmp)
-        if final.exists():
-            # Saving a step again (after a resume): move the old copy aside, then swap in the new one.
-            aside = self.directory / f"{_TMP_PREFIX}replaced-{final.name}-{os.getpid()}"
-            os.replace(final, aside)
-            os.replace(tmp, final)
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-        _fsync_dir(self.directory)
-        self._prune(step)
+        final = self._complete(step, tmp)
+        self._prune()
         return final
 
-    def _remove_stale_temporaries(self) -> None:
+    def _finish_interrupted_saves(self) -> None:
+        for step, path in self.interrupted_saves():
+            log.warning("completing the save of step %d that was interrupted before its rename (%s)", step, path)
+            self._complete(step, path)
         for child in self.directory.iterdir():
-            if child.name.startswith(_TMP_PREFIX):
+            if child.name.startswith(_TMP_PREFIX):  # saves cut off before their manifest, or deletions
                 log.info("removing %s left by an interrupted checkpoint save", child)
                 shutil.rmtree(child, ignore_errors=True)
 
-    def _prune(self, saved_step: int) -> None:
-        # Checkpoints past the one just saved belong to an abandoned run (we resumed from an older
-        # one): keeping them would make `resume: auto` jump back to that other history.
-        kept: list[tuple[int, Path]] = []
-        for step, path in self.steps():
-            if step > saved_step:
-                log.warning("removing checkpoint %s: it is newer than step %d, which this run just saved", path, step)
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                kept.append((step, path))
-        for _, path in kept[: max(0, len(kept) - self.keep)]:
-            shutil.rmtree(path, ignore_errors=True)
+    def _complete(self, step: int, tmp: Path) -> Path:
+        """Rename the complete save `tmp` into place as `step`, first moving aside any of that step or later.
+
+        Those were saved before this run resumed from an older checkpoint: they are kept, under
+        `abandoned-at-step-...`, but out of `resume: auto`'s way, which must continue this history.
+        """
+        later = [(s, p) for s, p in self.steps() if s >= step]
+        if later:
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+            abandoned = self.directory / f"{ABANDONED_PREFIX}{step_dir_name(step)}-{stamp}"
+            abandoned.mkdir()
+            for _, path in reversed(later):
+                os.replace(path, abandoned / path.name)
+            log.warning(
+                "moved checkpoints %s to %s: step %d was saved again after a resume from an older checkpoint",
+                ", ".join(p.name for _, p in later),
+                abandoned,
+                step,
+            )
+        final = self.directory / step_dir_name(step)
+        os.replace(tmp, final)
+        _fsync_dir(self.directory)
+        return final
+
+    def _prune(self) -> None:
+        steps = self.steps()
+        for _, path in steps[: max(0, len(steps) - self.keep)]:
+            # Out of sight in one rename first: a crash mid-delete leaves a temporary, not a damaged step.
+            doomed = self.directory / f"{_TMP_PREFIX}deleting-{path.name}-{os.getpid()}"
+            os.replace(path, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
 
     def load(self, path: str | Path) -> tuple[int, dict[str, Any]]:
         """Verify and load one checkpoint directory (or its state.pt); raise CheckpointError if unusable."""
@@ -206,7 +255,7 @@ class CheckpointManager:
 
     def latest_valid(self) -> tuple[int, dict[str, Any], Path] | None:
         """The newest checkpoint that verifies and loads; damaged ones are skipped with a warning."""
-        for _, path in reversed(self.steps()):
+        for _, path in reversed(self.checkpoints()):
             try:
                 step, state = self.load(path)
             except CheckpointError as e:

@@ -58,11 +58,6 @@ class RoleIdentity:
     def replicas(self) -> int:
         return len(self.endpoints[self.role])
 
-    @property
-    def bind_port(self) -> int:
-        """The data-plane port this process listens on."""
-        return int(self.endpoints[self.role][self.replica].rsplit(":", 1)[1])
-
     def to_env(self) -> dict[str, str]:
         env = {
             "RLJOB_JOB_NAME": self.job,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -120,6 +121,32 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             log.warning("ignoring an incomplete line in %s", path)
     return records
+
+
+def keep_records_until(path: str | Path, step: int) -> float:
+    """After a resume from `step`: drop later records (they are redone); return the last kept wall time.
+
+    The file is replaced in one rename of a fully written copy: a crash at any point leaves either the
+    old records or the kept ones, never a truncated file.
+    """
+    path = Path(path)
+    for leftover in path.parent.glob(f".{path.name}.rewrite-*"):  # from a rewrite a crash cut off
+        leftover.unlink(missing_ok=True)
+    if not path.exists():
+        return 0.0
+    kept = [r for r in read_metrics(path) if r.get(STEP, 0) <= step]
+    rewrite = path.with_name(f".{path.name}.rewrite-{os.getpid()}")
+    with rewrite.open("w", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in kept))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(rewrite, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return float(kept[-1].get(WALL_TIME, 0.0)) if kept else 0.0
 
 
 def plot_curve(records: list[dict[str, Any]], path: str | Path) -> None:

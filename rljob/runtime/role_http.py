@@ -83,9 +83,6 @@ class RoleHTTPServer:
     def mark_ready(self) -> None:
         self._ready.set()
 
-    def mark_not_ready(self) -> None:
-        self._ready.clear()
-
     def set_progress_provider(self, provider: Callable[[], Progress]) -> None:
         self._progress_provider = provider
 

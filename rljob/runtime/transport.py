@@ -2,15 +2,13 @@
 
 A message is a multipart ZMQ message: one msgpack header (request id, method, small metadata and the
 dtype/shape of every array) followed by one frame per numpy array, sent without pickling and received
-without copying. Two patterns:
-
-- request/reply (`RequestClient` -> `RequestServer`): DEALER/ROUTER with request ids. REQ sockets wedge
-  when a reply is lost, so the client follows the "lazy pirate" pattern instead: on timeout it throws its
-  socket away (dropping whatever was queued for a dead peer), opens a fresh one and resends the same
-  request id. The server answers a repeated id from a per-client cache, so a retried request is executed
-  once. ZMQ reconnects to a restarted peer by itself; a peer that stays away ends in `RequestTimeout`.
-- streaming (`StreamSender` -> `StreamReceiver`): PUSH/PULL with high-water marks, so a slow consumer
-  holds its producer back (`Backpressure` when a send cannot complete in time).
+without copying, in one pattern: request/reply (`RequestClient` -> `RequestServer`), DEALER/ROUTER with
+request ids. REQ sockets wedge when a reply is lost, so the client follows the "lazy pirate" pattern
+instead: on timeout it throws its socket away (dropping whatever was queued for a dead peer), opens a fresh
+one and resends the same request id. The server answers a repeated id from a per-client cache, so a
+retried request is executed once. ZMQ reconnects to a restarted peer by itself; a peer that stays away
+ends in `RequestTimeout`. `send` on several clients, then `receive` from each, lets their servers work in
+parallel.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ import os
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -39,10 +37,6 @@ class TransportError(RuntimeError):
 
 class RequestTimeout(TransportError):
     """No reply within the timeout, after every retry: the peer is down or too slow."""
-
-
-class Backpressure(TransportError):
-    """A stream send could not complete in time: the consumer's bounded queue is full."""
 
 
 class RemoteError(TransportError):
@@ -211,16 +205,6 @@ class RequestClient:
             self._socket = None
 
 
-def call_all(
-    calls: Iterable[tuple[RequestClient, str, Mapping[str, Any] | None]],
-    timeout: float | None = None,
-    retries: int | None = None,
-) -> list[Payload]:
-    """Send every request first, then collect the replies: servers work in parallel."""
-    started = [(client, client.send(method, payload)) for client, method, payload in calls]
-    return [client.receive(request_id, timeout, retries) for client, request_id in started]
-
-
 class RequestServer:
     """Answers requests by method name, one at a time, from the thread that calls `serve`/`poll_once`."""
 
@@ -277,46 +261,6 @@ class RequestServer:
         while not should_stop():
             if not self.poll_once(0.1) and idle is not None:
                 idle()
-
-    def close(self) -> None:
-        self.socket.close(linger=0)
-
-
-class StreamSender:
-    """PUSH side of a stream; at most `hwm` messages wait on each side before `send` holds back."""
-
-    def __init__(self, endpoint: str, *, hwm: int = 2, context: zmq.Context | None = None) -> None:
-        self.socket = (context or zmq.Context.instance()).socket(zmq.PUSH)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.SNDHWM, hwm)
-        self.socket.setsockopt(zmq.RECONNECT_IVL, 50)
-        self.socket.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
-        self.socket.connect(tcp(endpoint))
-
-    def send(self, payload: Mapping[str, Any], timeout: float | None = None) -> None:
-        """Queue one message; `Backpressure` if the queues stay full for `timeout` seconds (None: wait)."""
-        frames = encode(_Header(), payload)
-        if timeout is not None and not self.socket.poll(int(timeout * 1000), zmq.POLLOUT):
-            raise Backpressure(f"stream consumer did not take a message within {timeout:g}s (queue full)")
-        self.socket.send_multipart(frames, copy=_copy(frames))
-
-    def close(self) -> None:
-        self.socket.close(linger=0)
-
-
-class StreamReceiver:
-    """PULL side of a stream: binds, takes messages from any number of senders."""
-
-    def __init__(self, endpoint: str, *, hwm: int = 2, context: zmq.Context | None = None) -> None:
-        self.socket = (context or zmq.Context.instance()).socket(zmq.PULL)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.RCVHWM, hwm)
-        self.socket.bind(bind_address(endpoint))
-
-    def receive(self, timeout: float | None = None) -> Payload:
-        if timeout is not None and not self.socket.poll(int(timeout * 1000), zmq.POLLIN):
-            raise RequestTimeout(f"no stream message within {timeout:g}s")
-        return decode(self.socket.recv_multipart(copy=False))[1]
 
     def close(self) -> None:
         self.socket.close(linger=0)

@@ -3,7 +3,8 @@
 Actor rank 0 hosts a TCPStore on RLJOB_SYNC_PORT. Each rollout replica forms a two-member group with it
 (actor rank 0 = broadcast root), keyed by both processes' incarnation tags: a restarted rollout or actor
 simply forms a new group under a new key, and nobody else has to re-join. Parameters travel flattened
-into buckets of at most `weightSync.bucketSizeMb`. Gloo on CPU; NCCL when both sides hold CUDA tensors.
+into buckets of at most `weightSync.bucketSizeMb`. Always gloo over CPU tensors: an actor that trains on
+CUDA sends CPU copies, and the rollouts (gym policies) run on CPU.
 """
 
 from __future__ import annotations
@@ -29,18 +30,9 @@ def accepted_key(key: str, version: int) -> str:
     return f"weights/{key}/accepted/{version}"
 
 
-def sync_backend(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
-
-
-def make_pair_group(store: TCPStore, key: str, rank: int, device: torch.device) -> torch.distributed.ProcessGroup:
-    """A two-member group (0 = actor, 1 = rollout) on its own key of the shared store; blocks until both join."""
-    prefixed = PrefixStore(f"weights/{key}/", store)
-    if sync_backend(device) == "nccl":
-        from torch.distributed import ProcessGroupNCCL
-
-        return ProcessGroupNCCL(prefixed, rank, 2)
-    return ProcessGroupGloo(prefixed, rank, 2, GROUP_TIMEOUT)
+def make_pair_group(store: TCPStore, key: str, rank: int) -> torch.distributed.ProcessGroup:
+    """A two-member gloo group (0 = actor, 1 = rollout) on its own key of the shared store; blocks until both join."""
+    return ProcessGroupGloo(PrefixStore(f"weights/{key}/", store), rank, 2, GROUP_TIMEOUT)
 
 
 def buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
@@ -79,11 +71,10 @@ def broadcast_state(group: torch.distributed.ProcessGroup, tensors: Iterable[tor
 class WeightPublisher:
     """Actor rank 0 side: one store, one group per (actor incarnation, rollout incarnation)."""
 
-    def __init__(self, host: str, port: int, actor_tag: str, bucket_mb: int, device: torch.device) -> None:
+    def __init__(self, host: str, port: int, actor_tag: str, bucket_mb: int) -> None:
         self.store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=GROUP_TIMEOUT)
         self.actor_tag = actor_tag
         self.bucket_bytes = bucket_mb * 2**20
-        self.device = device
         self._groups: dict[int, tuple[str, torch.distributed.ProcessGroup]] = {}
         self._generation: dict[int, int] = {}
 
@@ -105,10 +96,8 @@ class WeightPublisher:
         self.store.delete_key(flag)
         cached = self._groups.get(replica)
         if cached is None or cached[0] != key:
-            self._groups[replica] = (key, make_pair_group(self.store, key, 0, self.device))
-        tensors = state_tensors(model)
-        if self.device.type == "cpu":
-            tensors = [t.cpu() for t in tensors]  # a CUDA-trained actor still syncs to CPU rollouts over gloo
+            self._groups[replica] = (key, make_pair_group(self.store, key, 0))
+        tensors = [t.cpu() for t in state_tensors(model)]  # a CUDA-trained actor still syncs over gloo
         broadcast_state(self._groups[replica][1], tensors, self.bucket_bytes)
 
     def forget(self, replica: int) -> None:
@@ -125,10 +114,9 @@ class WeightPublisher:
 class WeightSubscriber:
     """Rollout side: joins the actor's store (again, when the actor restarted) and receives into `model`."""
 
-    def __init__(self, host: str, port: int, bucket_mb: int, device: torch.device) -> None:
+    def __init__(self, host: str, port: int, bucket_mb: int) -> None:
         self.host, self.port = host, port
         self.bucket_bytes = bucket_mb * 2**20
-        self.device = device
         self._store: TCPStore | None = None
         self._store_actor = ""
         self._key = ""
@@ -143,7 +131,7 @@ class WeightSubscriber:
         self._store.set(accepted_key(key, version), b"1")
         try:
             if self._group is None or self._key != key:
-                self._group = make_pair_group(self._store, key, 1, self.device)
+                self._group = make_pair_group(self._store, key, 1)
                 self._key = key
             with torch.no_grad():
                 broadcast_state(self._group, state_tensors(model), self.bucket_bytes)

@@ -1,4 +1,6 @@
+import json
 import logging
+import os
 import random
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from rljob.runtime.checkpoint import (
     capture_rng_state,
     resolve_resume,
     restore_rng_state,
+    verify,
 )
 
 
@@ -121,12 +124,23 @@ def test_resolve_resume_explicit_path_missing_or_corrupt_names_the_field(tmp_pat
         resolve_resume(str(path), manager)
 
 
-def test_saving_an_older_step_removes_checkpoints_of_the_abandoned_future(tmp_path):
+def test_resuming_an_older_checkpoint_moves_newer_ones_aside_and_never_deletes_them(tmp_path):
     manager = CheckpointManager(tmp_path, keep=5)
-    for step in (1, 2, 3):
+    first = manager.save(1, state_of(1))
+    for step in (2, 3):
         manager.save(step, state_of(step))
-    manager.save(2, state_of(2))  # resumed from step 1 and saved step 2 again
+    assert resolve_resume(str(first), manager)[0] == 1  # `resume: <path of step 1>`
+    manager.save(2, {**state_of(2), "history": "resumed"})
+    # `resume: auto` continues the resumed history ...
     assert [step for step, _ in manager.steps()] == [1, 2]
+    step, state, _ = manager.latest_valid()
+    assert (step, state["history"]) == (2, "resumed")
+    # ... and the checkpoints it left are all still there, intact and usable as a resume path.
+    (abandoned,) = tmp_path.glob("abandoned-at-step-00000002-*")
+    assert sorted(p.name for p in abandoned.iterdir()) == ["step-00000002", "step-00000003"]
+    for path in abandoned.iterdir():
+        step, state, _ = resolve_resume(str(path), manager)
+        assert "history" not in state and state["data_position"] == step * 256
 
 
 def test_rng_state_round_trips_through_a_checkpoint(tmp_path):
@@ -190,3 +204,107 @@ def test_state_that_could_not_be_loaded_safely_is_rejected_at_save_time(tmp_path
     with pytest.raises(TypeError, match=r"state\['data'\]\['order'\] is a numpy.ndarray"):
         manager.save(1, {"data": {"order": np.arange(3)}})
     assert manager.steps() == []
+
+
+# --- a crash at every point of a save ------------------------------------------------------------
+
+# Saves once per kill point, each time in a forked child that SIGKILLs itself just before its n-th
+# filesystem step (fsync, rename, delete), until a save gets through: every point is tried.
+_KILL_AT_EACH_POINT = textwrap.dedent(
+    """
+    import json, os, shutil, signal, sys
+    import torch
+    from rljob.runtime.checkpoint import CheckpointManager
+
+    base, keep, setup, damage, step, copy = sys.argv[1:7]
+    statuses, n = [], 0
+    while True:
+        n += 1
+        directory = os.path.join(base, f"kill-{n}")
+        manager = CheckpointManager(directory, keep=int(keep))
+        for s in json.loads(setup):
+            manager.save(s, {"step": s, "copy": "old", "weights": torch.full((4,), float(s))})
+        if damage != "none":
+            with open(os.path.join(directory, f"step-{int(damage):08d}", "state.pt"), "r+b") as f:
+                f.truncate(50)
+        pid = os.fork()
+        if pid == 0:
+            calls = 0
+
+            def deadly(real):
+                def call(*args, **kwargs):
+                    global calls
+                    calls += 1
+                    if calls == n:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    return real(*args, **kwargs)
+
+                return call
+
+            os.fsync, os.replace, os.rename = deadly(os.fsync), deadly(os.replace), deadly(os.rename)
+            shutil.rmtree = deadly(shutil.rmtree)
+            manager.save(int(step), {"step": int(step), "copy": copy, "weights": torch.full((4,), float(step))})
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        statuses.append(status)
+        if status == 0:
+            break
+    print(json.dumps(statuses))
+    """
+)
+
+
+def killed_saves(tmp_path, keep: int, setup: list[int], save: int, damage: int | None = None) -> list:
+    """The checkpoint directories left by a save of step `save` (copy "new") killed at each point in turn."""
+    args = [str(tmp_path), str(keep), json.dumps(setup), str(damage or "none"), str(save), "new"]
+    done = subprocess.run([sys.executable, "-c", _KILL_AT_EACH_POINT, *args], capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()
+    statuses = json.loads(done.stdout)
+    assert statuses[-1] == 0 and all(os.WIFSIGNALED(s) for s in statuses[:-1])
+    assert len(statuses) > 5  # the points exist: fsyncs of the files, renames, deletions
+    return [tmp_path / f"kill-{n}" for n in range(1, len(statuses))]
+
+
+def complete_copy_on_disk(directory, step: int) -> bool:
+    """Whether every byte of the new save of `step` is on disk somewhere in `directory`, by its checksums."""
+    for path in directory.iterdir():
+        if path.name.startswith("abandoned-") or not (path / "manifest.json").is_file():
+            continue
+        try:
+            verify(path)
+        except CheckpointError:
+            continue
+        state = torch.load(path / "state.pt", weights_only=True)
+        if state["step"] == step and state["copy"] == "new":
+            return True
+    return False
+
+
+def assert_the_restarted_run_keeps_what_it_resumed(directory, resumed: int) -> None:
+    """The restarted run saves the next step: the checkpoint it resumed from must survive that save."""
+    manager = CheckpointManager(directory, keep=3)
+    manager.save(resumed + 1, {"step": resumed + 1, "copy": "next", "weights": torch.zeros(4)})
+    assert resumed in [step for step, _ in manager.steps()]
+    for _, path in manager.steps():
+        verify(path)
+    assert manager.latest_valid()[0] == resumed + 1
+    assert not [p.name for p in directory.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_save_killed_at_any_point_resumes_from_the_newest_complete_step(tmp_path):
+    for directory in killed_saves(tmp_path, keep=2, setup=[1, 2], save=3):
+        step, state, _ = CheckpointManager(directory, keep=2).latest_valid()
+        expected = 3 if complete_copy_on_disk(directory, 3) else 2
+        assert (step, state["step"]) == (expected, expected), directory.name
+        assert_the_restarted_run_keeps_what_it_resumed(directory, step)
+
+
+def test_saving_a_step_again_killed_between_its_renames_keeps_the_new_copy(tmp_path):
+    """Step 2 was damaged, the run resumed from 1 and saves 2 again: old and new copy swap places."""
+    for directory in killed_saves(tmp_path, keep=3, setup=[1, 2], save=2, damage=2):
+        step, state, _ = CheckpointManager(directory, keep=3).latest_valid()
+        if complete_copy_on_disk(directory, 2):
+            assert (step, state["copy"]) == (2, "new"), directory.name
+        else:
+            assert step == 1, directory.name
+        assert_the_restarted_run_keeps_what_it_resumed(directory, step)

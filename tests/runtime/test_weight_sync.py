@@ -22,11 +22,11 @@ def free_port() -> int:
 def test_weights_reach_the_rollout_and_a_restarted_rollout_joins_a_new_group():
     space = gymnasium.make("CartPole-v1").action_space
     actor, port = MLPActorCritic(4, space), free_port()
-    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1, device=torch.device("cpu"))
+    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
     version = 0
     for incarnation in ("rollout-1", "rollout-2"):  # the second one is a restarted rollout process
         rollout = MLPActorCritic(4, space)
-        subscriber = WeightSubscriber("127.0.0.1", port, bucket_mb=1, device=torch.device("cpu"))
+        subscriber = WeightSubscriber("127.0.0.1", port, bucket_mb=1)
         if incarnation == "rollout-2":
             publisher.forget(0)
         for _ in range(2):  # the second sync reuses the group
@@ -44,7 +44,7 @@ def test_weights_reach_the_rollout_and_a_restarted_rollout_joins_a_new_group():
 
 
 def test_a_sync_nobody_accepts_is_refused_quickly():
-    publisher = WeightPublisher("127.0.0.1", free_port(), "actor-a", bucket_mb=1, device=torch.device("cpu"))
+    publisher = WeightPublisher("127.0.0.1", free_port(), "actor-a", bucket_mb=1)
     model = MLPActorCritic(4, gymnasium.make("CartPole-v1").action_space)
     with pytest.raises(SyncRefused, match="did not accept weights version 3"):
         publisher.publish(0, publisher.group_key(0, "gone"), 3, model)

@@ -10,7 +10,6 @@ so no step is skipped or done twice.
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import os
 import time
@@ -47,15 +46,20 @@ from rljob.runtime.metrics import (
     STALENESS_MEAN,
     VALUE_LOSS,
     RunMetrics,
+    keep_records_until,
     phase_key,
-    read_metrics,
 )
+from rljob.runtime.retry import retry
 from rljob.runtime.role_http import ProgressTracker
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
 from rljob.runtime.transport import RequestClient, RequestTimeout, TransportError, process_tag
 from rljob.runtime.weight_sync import WeightPublisher
 
 GROUP_TIMEOUT = datetime.timedelta(minutes=5)
+ROLLOUT_WAIT_S = 300.0
+"""How long rank 0 waits for a silent rollout replica (being replaced, say) before it fails."""
+ENV_WAIT_S = 600.0
+"""How long the actor waits for env replica 0 at start (its pod may still be pulling an image)."""
 
 
 class RolloutLink:
@@ -84,7 +88,6 @@ class Controller:
             identity.sync_port,
             self.tag,
             spec.rollout.weight_sync.bucket_size_mb,
-            torch.device("cpu"),
         )
         self.links = [RolloutLink(i, e) for i, e in enumerate(identity.endpoints["rollout"])]
         self.log = context.log
@@ -95,15 +98,15 @@ class Controller:
             link.client.close()
 
     def _status(self, link: RolloutLink) -> None:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                reply = link.client.call("status")
-                break
-            except RequestTimeout as exc:
-                if time.monotonic() > deadline or self.context.stop.is_set():
-                    raise
-                self.log.warning("rollout %d not answering (%s); waiting for it", link.replica, exc)
+        reply = retry(
+            lambda: link.client.call("status"),
+            retry_on=(RequestTimeout,),
+            deadline_s=ROLLOUT_WAIT_S,
+            stop=self.context.stop,
+            on_retry=lambda exc, _: self.log.warning(
+                "rollout %d not answering (%s); waiting for it", link.replica, exc
+            ),
+        )
         if reply["tag"] != link.tag:
             if link.tag:
                 link.restarts += 1
@@ -207,15 +210,6 @@ def _to_batch(replies: list[dict[str, Any]]) -> GymBatch:
     return GymBatch(**tensors)
 
 
-def _keep_metrics_until(path: Path, step: int) -> float:
-    """After a resume from `step`: drop later records (they are redone); return the last kept wall time."""
-    if not path.exists():
-        return 0.0
-    kept = [r for r in read_metrics(path) if r.get("step", 0) <= step]
-    path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-    return float(kept[-1].get("wall_time", 0.0)) if kept else 0.0
-
-
 def restore_learner(learner: PPOLearner, state: dict[str, Any], path: str | Path) -> None:
     """Load a checkpoint's learner state; one written for another model is a `FatalConfigError`."""
     try:
@@ -285,15 +279,23 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
         )
         return 1
     env0 = RequestClient(identity.endpoints["env"][0], timeout=5.0, retries=0)
-    while True:
-        try:
-            spaces = env0.call("spaces")
-            break
-        except RequestTimeout:
-            context.log.info("waiting for env replica 0")
-            if context.stop.is_set():
-                raise InterruptedError from None
-    env0.close()
+    try:
+        spaces = retry(
+            lambda: env0.call("spaces"),
+            retry_on=(RequestTimeout,),
+            deadline_s=ENV_WAIT_S,
+            stop=context.stop,
+            on_retry=lambda exc, _: context.log.info("waiting for env replica 0"),
+        )
+    except RequestTimeout:
+        context.log.error(
+            "env replica 0 (%s) did not answer in %.0fs; exiting so the failure policy restarts the actor group",
+            identity.endpoints["env"][0],
+            ENV_WAIT_S,
+        )
+        return 1
+    finally:
+        env0.close()
     observation_space = space_from_wire(spaces["observation_space"])
     action_space = space_from_wire(spaces["action_space"])
     torch.manual_seed(spec.trainer.seed)
@@ -349,7 +351,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
     run_metrics = None
     if identity.run_dir:
         jsonl = Path(identity.run_dir) / "metrics.jsonl"
-        previous_wall = _keep_metrics_until(jsonl, learner.step)
+        previous_wall = keep_records_until(jsonl, learner.step)
         run_metrics = RunMetrics(identity.run_dir, spec.logging.tensorboard, start_time=time.time() - previous_wall)
     health.ready()
     context.log.info("training %d steps from step %d (%d actor ranks)", total, learner.step, world)

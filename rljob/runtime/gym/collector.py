@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rljob.runtime.gym.numpy_policy import NumpyPolicy
+from rljob.runtime.retry import retry
 from rljob.runtime.transport import RemoteError, RequestClient, RequestTimeout, TransportError
 
 log = logging.getLogger("rljob.rollout")
@@ -55,14 +56,17 @@ class TrajectoryCollector:
         self.env_restarts = 0
 
     def _wait_for(self, replica: EnvReplica, method: str, payload: dict) -> dict:
-        deadline = time.monotonic() + RECOVER_TIMEOUT_S
-        while True:
-            try:
-                return replica.client.call(method, payload)
-            except (RequestTimeout, RemoteError) as exc:
-                if time.monotonic() > deadline:
-                    raise EnvUnavailable(f"env replica {replica.index} unreachable: {exc}") from exc
-                log.warning("env replica %d not answering %s (%s); retrying", replica.index, method, exc)
+        try:
+            return retry(
+                lambda: replica.client.call(method, payload),
+                retry_on=(RequestTimeout, RemoteError),  # a replica starting again answers errors at first
+                deadline_s=RECOVER_TIMEOUT_S,
+                on_retry=lambda exc, _: log.warning(
+                    "env replica %d not answering %s (%s); retrying", replica.index, method, exc
+                ),
+            )
+        except (RequestTimeout, RemoteError) as exc:
+            raise EnvUnavailable(f"env replica {replica.index} unreachable: {exc}") from exc
 
     def _reset(self, replica: EnvReplica) -> None:
         self._resets += 1

@@ -56,7 +56,7 @@ class RolloutEngine:
         self.staging = copy.deepcopy(self.policy)
         self.fast_policy = NumpyPolicy(self.policy, seed=spec.trainer.seed * 1000 + 17 + identity.replica)
         self.subscriber = WeightSubscriber(
-            identity.master_addr, identity.sync_port, spec.rollout.weight_sync.bucket_size_mb, torch.device("cpu")
+            identity.master_addr, identity.sync_port, spec.rollout.weight_sync.bucket_size_mb
         )
         self.lock = threading.Condition()
         self.version = -1  # of `policy`; -1: no weights yet
@@ -64,7 +64,6 @@ class RolloutEngine:
         self.actor_tag = ""
         self.next_required = 0
         self.ready: deque[dict[str, Any]] = deque()
-        self.collecting = False
         self.dropped_stale = 0
         self.batches = 0
 

@@ -12,9 +12,6 @@ from dataclasses import dataclass, field
 from rljob.api import RLJob, load_job_file
 from rljob.runtime.identity import RoleIdentity
 
-EXIT_FAILED = 1
-"""Exit status of a role that could not do its job (the launcher or the operator restarts or fails it)."""
-
 
 class FatalConfigError(RuntimeError):
     """A configuration problem that no restart can fix; the message names the field and the fix.
