@@ -118,3 +118,20 @@ def test_an_actor_replica_of_two_cpu_ranks_trains_cartpole_to_the_end(cartpole_m
     assert "training 3 steps from step 0 (2 actor ranks)" in log
     assert [r["step"] for r in run.metrics()] == [1, 2, 3]
     assert not run.roles()
+
+
+@pytest.mark.slow
+def test_a_killed_rank_takes_its_replica_down_and_the_actor_group_restarts(cartpole_manifest, start_run, monkeypatch):
+    monkeypatch.setenv(TEST_RANKS_PER_REPLICA_ENV, "2")
+    run = start_run(cartpole_manifest(steps=12, interval=3, envs=1), "--quiet")
+    run.wait_for_step(4)
+    (rank1,) = [p for p in run.roles() if p.environ().get("LOCAL_RANK") == "1"]
+    rank1.kill()
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    assert "actor-0 exited with code 137: restarting the actor group from the latest checkpoint (1/3)" in output
+    log = (run.out / "logs" / "actor-0.log").read_text()
+    assert "actor[0] rank 1 exited with code -9: stopping the other ranks of this replica" in log
+    assert "resumed from" in log
+    assert [r["step"] for r in run.metrics()] == list(range(1, 13))
+    assert not run.roles()
