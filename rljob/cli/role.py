@@ -32,6 +32,11 @@ def role(
     if identity.role != name:
         typer.secho(f"RLJOB_ROLE is {identity.role!r} but this is `rljob role {name}`", fg=typer.colors.RED, err=True)
         raise typer.Exit(1)
+    if identity.starts_ranks:
+        # An actor replica with several ranks (one per GPU): this process starts them and answers for them.
+        from rljob.runtime.ranks import run_rank_group
+
+        raise typer.Exit(run_rank_group(identity))
     from rljob.runtime.identity import EXIT_FATAL_CONFIG
     from rljob.runtime.roles.common import FatalConfigError, start_role
 

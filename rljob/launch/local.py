@@ -11,6 +11,11 @@ the loop keeps supervising the others meanwhile), and the job fails when a repli
 0); a dead actor takes the whole actor group down and up again from the latest checkpoint, at most
 `maxRestarts` times. A role that exits with EXIT_FATAL_CONFIG (a configuration error no restart can fix) fails
 the job at once with its message. The job succeeds when actor replica 0 exits 0.
+
+An actor replica with `gpusPerReplica: N` runs N ranks, one per GPU, exactly as in its pod: the launcher
+starts one `rljob role actor` per replica, which starts its N ranks (`rljob.runtime.ranks`). Before anything
+starts, the GPUs the job asks for are checked against the GPUs torch sees (`assign_local_gpus`), and each
+replica that asks for GPUs gets its own through CUDA_VISIBLE_DEVICES, as the device plugin gives a pod its own.
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -34,10 +39,20 @@ from rljob.api import ROLE_NAMES, RLJob
 from rljob.api.rules import check
 from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
 from rljob.launch.parent_death import LAUNCHER_PID_ENV
-from rljob.runtime.identity import EXIT_FATAL_CONFIG, RoleIdentity, local_identities, ports_needed
+from rljob.runtime.identity import (
+    EXIT_FATAL_CONFIG,
+    RoleIdentity,
+    actor_ranks_per_replica,
+    local_identities,
+    ports_needed,
+)
 
 STOP_GRACE_S = 10.0
 LOG_TAIL = 30
+
+TEST_RANKS_PER_REPLICA_ENV = "RLJOB_TEST_RANKS_PER_REPLICA"
+"""Test hook, not a user setting: ranks per actor replica for a local run in place of `gpusPerReplica`, so
+tests on a machine without GPUs run several CPU (gloo) ranks per replica through the path GPU ranks take."""
 
 
 class LaunchError(RuntimeError):
@@ -68,6 +83,95 @@ def check_environment(job: RLJob) -> None:
         check_task(job.spec.task.gym)
     except GymConfigError as exc:
         raise LaunchError(str(exc)) from None
+
+
+def local_actor_ranks(job: RLJob, env: Mapping[str, str] | None = None) -> int:
+    """Ranks per actor replica: one per GPU it asks for (or RLJOB_TEST_RANKS_PER_REPLICA in tests)."""
+    raw = (os.environ if env is None else env).get(TEST_RANKS_PER_REPLICA_ENV, "")
+    if not raw:
+        return actor_ranks_per_replica(job)
+    if not raw.isdigit() or int(raw) < 1:
+        raise LaunchError(f"{TEST_RANKS_PER_REPLICA_ENV} must be a whole number >= 1 (got {raw!r}); unset it")
+    return int(raw)
+
+
+def check_actor_ranks(job: RLJob, ranks_per_replica: int) -> None:
+    """With several ranks per actor replica, every minibatch must split evenly over all ranks."""
+    spec = job.spec
+    world = spec.roles.actor.replicas * ranks_per_replica
+    minibatch = spec.trainer.batch_size // spec.algorithm.minibatches
+    if ranks_per_replica > 1 and minibatch % world:
+        raise LaunchError(
+            f"spec.roles.actor.gpusPerReplica: spec.roles.actor.replicas ({spec.roles.actor.replicas}) x "
+            f"{ranks_per_replica} ranks per replica = {world} actor ranks, and each minibatch "
+            f"(spec.trainer.batchSize {spec.trainer.batch_size} / spec.algorithm.minibatches "
+            f"{spec.algorithm.minibatches} = {minibatch} transitions) must split evenly over them"
+        )
+
+
+def gpus_asked(job: RLJob) -> list[tuple[str, int, int]]:
+    """(role, gpusPerReplica, replicas) of every role that asks for GPUs, actors first."""
+    asked = []
+    for role in ROLE_NAMES:
+        rs = job.spec.roles.get(role)
+        if rs.gpus_per_replica > 0 and (rs.replicas or 0) > 0:
+            asked.append((role, rs.gpus_per_replica, rs.replicas or 0))
+    return asked
+
+
+def check_local_gpus(job: RLJob, device_count: int, cuda_visible_devices: str | None = None) -> None:
+    """The GPUs the job asks for on this machine must all exist: every rank needs a GPU of its own.
+
+    `device_count` is what `torch.cuda.device_count()` says (it honours CUDA_VISIBLE_DEVICES, whose value,
+    if set, is `cuda_visible_devices`).
+    """
+    asked = gpus_asked(job)
+    total = sum(gpus * replicas for _, gpus, replicas in asked)
+    if total <= device_count:
+        return
+    role = asked[0][0]
+    terms = " + ".join(
+        f"spec.roles.{r}.replicas ({replicas}) x spec.roles.{r}.gpusPerReplica ({gpus})" for r, gpus, replicas in asked
+    )
+    visible = (
+        "CUDA_VISIBLE_DEVICES unset"
+        if cuda_visible_devices is None
+        else f"CUDA_VISIBLE_DEVICES={cuda_visible_devices!r}"
+    )
+    sees = f"torch sees {device_count} GPU{'s' if device_count != 1 else ''}" if device_count else "torch sees no GPU"
+    raise LaunchError(
+        f"spec.roles.{role}.gpusPerReplica: the job asks for {total} GPUs on this machine ({terms}) but "
+        f"{sees} ({visible}); every rank needs a GPU of its own: lower the replicas or gpusPerReplica "
+        f"(--set spec.roles.{role}.gpusPerReplica=0 runs on the CPU)"
+    )
+
+
+def assign_local_gpus(
+    job: RLJob, visible: Sequence[str], cuda_visible_devices: str | None = None
+) -> dict[tuple[str, int], str]:
+    """CUDA_VISIBLE_DEVICES for each replica that asks for GPUs: disjoint slices of `visible`, actors first.
+
+    A replica then sees only its own GPUs, numbered from 0, like a pod: its rank i trains on `cuda:i`.
+    """
+    check_local_gpus(job, len(visible), cuda_visible_devices)
+    free = iter(visible)
+    return {
+        (role, replica): ",".join(next(free) for _ in range(gpus))
+        for role, gpus, replicas in gpus_asked(job)
+        for replica in range(replicas)
+    }
+
+
+def visible_gpus() -> tuple[list[str], str | None]:
+    """(the GPUs torch sees, as CUDA_VISIBLE_DEVICES entries; the CUDA_VISIBLE_DEVICES value or None)."""
+    import torch
+
+    count = torch.cuda.device_count()
+    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return [str(i) for i in range(count)], None
+    # torch counts the entries up to the first invalid one; those are the ones to hand out.
+    return [e.strip() for e in raw.split(",") if e.strip()][:count], raw
 
 
 def prepare_run_dir(run_dir: Path) -> None:
@@ -145,6 +249,9 @@ class LocalRun:
         policy: FailurePolicy | None = None,
     ) -> None:
         check_local(job)
+        actor_ranks = local_actor_ranks(job)
+        check_actor_ranks(job, actor_ranks)
+        devices = assign_local_gpus(job, *visible_gpus()) if gpus_asked(job) else {}
         self.job = job
         self.policy = policy or FailurePolicy.from_spec(job.spec.failure_policy)
         self.run_dir = run_dir
@@ -153,8 +260,19 @@ class LocalRun:
         self.config_path = run_dir / "job.yaml"
         replicas = {r: job.spec.roles.get(r).replicas or 0 for r in ROLE_NAMES}
         identities = local_identities(
-            job.name, replicas, str(self.config_path), free_ports(ports_needed(replicas)), str(run_dir)
+            job.name,
+            replicas,
+            str(self.config_path),
+            free_ports(ports_needed(replicas)),
+            str(run_dir),
+            actor_ranks_per_replica=actor_ranks,
         )
+        identities = [
+            replace(i, extra={**i.extra, "CUDA_VISIBLE_DEVICES": devices[(i.role, i.replica)]})
+            if (i.role, i.replica) in devices
+            else i
+            for i in identities
+        ]
         prepare_run_dir(run_dir)
         self.children = [Child(i, run_dir / "logs" / f"{i.role}-{i.replica}.log") for i in identities]
         self.actor_restarts = 0

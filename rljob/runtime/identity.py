@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from rljob.api.spec import ROLE_NAMES, RoleName
+
+if TYPE_CHECKING:
+    from rljob.api.job import RLJob
 
 # Fixed ports inside pods (each pod has its own IP); locally every process gets its own ports.
 DATA_PORT = 29600
@@ -53,10 +57,40 @@ class RoleIdentity:
     run_dir: str = ""
     """Local runs: the run's output directory; empty in pods (metrics go to stdout and /metrics)."""
     extra: dict[str, str] = field(default_factory=dict)
+    ranks_per_replica: int = 1
+    """Actor: torch.distributed ranks in each replica, one per GPU (`actor_ranks_per_replica`); 1 otherwise."""
+    local_rank: int | None = 0
+    """This process's rank inside its replica. None for the process a replica with several ranks starts
+    as (`rljob role actor` in the pod): it trains in none of them, it starts one process per rank
+    (`rljob.runtime.ranks.run_rank_group`), each with its own `local_rank`."""
 
     @property
     def replicas(self) -> int:
         return len(self.endpoints[self.role])
+
+    @property
+    def starts_ranks(self) -> bool:
+        """True for a replica's process that starts its ranks rather than being one."""
+        return self.local_rank is None
+
+    @property
+    def rank(self) -> int:
+        """Global rank in the actor group: replica-major, so global rank 0 is replica 0's local rank 0."""
+        if self.local_rank is None:
+            raise IdentityError(
+                f"{self.role} replica {self.replica} starts {self.ranks_per_replica} ranks; it has none"
+            )
+        return self.replica * self.ranks_per_replica + self.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.replicas * self.ranks_per_replica
+
+    def for_rank(self, local_rank: int) -> RoleIdentity:
+        """The identity of one rank of this replica."""
+        if not 0 <= local_rank < self.ranks_per_replica:
+            raise IdentityError(f"local rank {local_rank} is outside 0..{self.ranks_per_replica - 1}")
+        return replace(self, local_rank=local_rank)
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -74,8 +108,11 @@ class RoleIdentity:
         for role in ROLE_NAMES:
             env[f"RLJOB_{role.upper()}_ENDPOINTS"] = ",".join(self.endpoints[role])
         if self.role == "actor":
-            env["RANK"] = str(self.replica)
-            env["WORLD_SIZE"] = str(self.replicas)
+            env["WORLD_SIZE"] = str(self.world_size)
+            env["LOCAL_WORLD_SIZE"] = str(self.ranks_per_replica)
+            if self.local_rank is not None:
+                env["RANK"] = str(self.rank)
+                env["LOCAL_RANK"] = str(self.local_rank)
         if self.run_dir:
             env["RLJOB_RUN_DIR"] = self.run_dir
         env.update(self.extra)
@@ -112,6 +149,9 @@ class RoleIdentity:
             raise IdentityError(
                 f"RLJOB_REPLICA {replica} is outside RLJOB_{role.upper()}_ENDPOINTS ({len(endpoints[role])} endpoints)"  # type: ignore[index]
             )
+        ranks_per_replica, local_rank = 1, 0
+        if role == "actor":
+            ranks_per_replica, local_rank = _ranks_from_env(env, replica, len(endpoints["actor"]))
         return cls(
             job=need("RLJOB_JOB_NAME"),
             namespace=env.get("RLJOB_NAMESPACE", "default"),
@@ -124,7 +164,55 @@ class RoleIdentity:
             sync_port=need_int("RLJOB_SYNC_PORT"),
             metrics_port=need_int("RLJOB_METRICS_PORT"),
             run_dir=env.get("RLJOB_RUN_DIR", ""),
+            ranks_per_replica=ranks_per_replica,
+            local_rank=local_rank,
         )
+
+
+def _ranks_from_env(env: Mapping[str, str], replica: int, replicas: int) -> tuple[int, int | None]:
+    """(ranks per replica, local rank or None) of an actor process; RANK and WORLD_SIZE must agree."""
+
+    def optional_int(name: str) -> int | None:
+        raw = env.get(name, "")
+        if raw == "":
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            raise IdentityError(f"{name} must be an integer (got {raw!r})") from None
+
+    given = optional_int("LOCAL_WORLD_SIZE")
+    ranks = 1 if given is None else given
+    if ranks < 1:
+        raise IdentityError(f"LOCAL_WORLD_SIZE must be >= 1 (got {ranks})")
+    local_rank = optional_int("LOCAL_RANK")
+    if local_rank is None and ranks == 1:
+        local_rank = 0
+    if local_rank is not None and not 0 <= local_rank < ranks:
+        raise IdentityError(f"LOCAL_RANK {local_rank} is outside LOCAL_WORLD_SIZE ({ranks} ranks per replica)")
+    world = optional_int("WORLD_SIZE")
+    if world is not None and world != replicas * ranks:
+        raise IdentityError(
+            f"WORLD_SIZE {world} is not RLJOB_ACTOR_ENDPOINTS ({replicas} replicas) x LOCAL_WORLD_SIZE ({ranks})"
+        )
+    rank = optional_int("RANK")
+    if rank is not None and local_rank is not None and rank != replica * ranks + local_rank:
+        raise IdentityError(
+            f"RANK {rank} is not RLJOB_REPLICA ({replica}) x LOCAL_WORLD_SIZE ({ranks}) + LOCAL_RANK ({local_rank})"
+        )
+    return ranks, local_rank
+
+
+def actor_ranks_per_replica(job: RLJob) -> int:
+    """Ranks each actor replica runs: one per GPU it asks for (`gpusPerReplica`), one on CPU."""
+    return max(1, job.spec.roles.actor.gpus_per_replica)
+
+
+def _replica_ranks(role: RoleName, actor_ranks_per_replica: int) -> tuple[int, int | None]:
+    """(ranks_per_replica, local_rank) of a replica's own process: with several ranks it starts them."""
+    if role != "actor" or actor_ranks_per_replica == 1:
+        return 1, 0
+    return actor_ranks_per_replica, None
 
 
 def pod_hostname(job: str, role: RoleName, replica: int) -> str:
@@ -138,9 +226,16 @@ def pod_dns_name(job: str, role: RoleName, replica: int) -> str:
 
 
 def pod_identity(
-    job: str, namespace: str, role: RoleName, replica: int, replicas: Mapping[str, int], metrics_port: int
+    job: str,
+    namespace: str,
+    role: RoleName,
+    replica: int,
+    replicas: Mapping[str, int],
+    metrics_port: int,
+    actor_ranks_per_replica: int = 1,
 ) -> RoleIdentity:
     """The identity of one pod of a job; `replicas` maps each role to its replica count."""
+    ranks, local_rank = _replica_ranks(role, actor_ranks_per_replica)
     endpoints: dict[RoleName, list[str]] = {
         r: [f"{pod_dns_name(job, r, i)}:{DATA_PORT}" for i in range(replicas.get(r, 0))] for r in ROLE_NAMES
     }
@@ -155,6 +250,8 @@ def pod_identity(
         master_port=MASTER_PORT,
         sync_port=SYNC_PORT,
         metrics_port=metrics_port,
+        ranks_per_replica=ranks,
+        local_rank=local_rank,
     )
 
 
@@ -164,11 +261,13 @@ def local_identities(
     config_path: str,
     ports: list[int],
     run_dir: str = "",
+    actor_ranks_per_replica: int = 1,
 ) -> list[RoleIdentity]:
-    """Identities of every process of a local run, on 127.0.0.1.
+    """Identities of every replica process of a local run, on 127.0.0.1.
 
     `ports` must hold free ports: one data port per replica, plus master, sync, and a metrics
-    port per replica. Use `ports_needed(replicas)` to know how many.
+    port per replica. Use `ports_needed(replicas)` to know how many. An actor replica with several
+    ranks is one process here, as in its pod; it starts its ranks itself.
     """
     if len(ports) < ports_needed(replicas):
         raise ValueError(f"need {ports_needed(replicas)} free ports, got {len(ports)}")
@@ -179,6 +278,7 @@ def local_identities(
     master_port, sync_port = next(free), next(free)
     identities = []
     for role in ROLE_NAMES:
+        ranks, local_rank = _replica_ranks(role, actor_ranks_per_replica)
         for i in range(replicas.get(role, 0)):
             identities.append(
                 RoleIdentity(
@@ -193,6 +293,8 @@ def local_identities(
                     sync_port=sync_port,
                     metrics_port=next(free),
                     run_dir=run_dir,
+                    ranks_per_replica=ranks,
+                    local_rank=local_rank,
                 )
             )
     return identities

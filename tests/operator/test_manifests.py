@@ -145,7 +145,48 @@ def test_pod_environment_is_the_identity_contract_plus_the_role_env(example_docu
     assert identity.config_path == CONFIG_PATH_IN_POD
     assert identity.master_addr == "grpo-qwen-math-actor-0.grpo-qwen-math"
     actor_env = env_of(build_pod(job, settings, "actor", 1))
-    assert (actor_env["RANK"], actor_env["WORLD_SIZE"]) == ("1", "2")
+    # 2 actor pods x 8 GPUs: 16 ranks; the pod's process starts its 8 and sets their RANK/LOCAL_RANK.
+    assert (actor_env["WORLD_SIZE"], actor_env["LOCAL_WORLD_SIZE"]) == ("16", "8")
+    assert "RANK" not in actor_env and "LOCAL_RANK" not in actor_env
+
+
+def test_an_actor_pod_with_one_gpu_or_none_is_one_rank(example_documents, job_from, settings):
+    for gpus in (0, 1):
+        job = job_from(
+            example_documents["cartpole-ppo"], spec__roles__actor__replicas=2, spec__roles__actor__gpusPerReplica=gpus
+        )
+        env = env_of(build_pod(job, settings, "actor", 1))
+        assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")} == {
+            "RANK": "1",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "1",
+        }
+
+
+def test_an_actor_pod_with_n_gpus_runs_n_ranks_one_per_gpu(example_documents, job_from, settings, validate_manifest):
+    job = job_from(
+        example_documents["cartpole-ppo"],
+        spec__roles__actor__replicas=2,
+        spec__roles__actor__gpusPerReplica=2,
+        spec__roles__rollout__replicas=1,
+    )
+    job.metadata.namespace = "default"
+    pod = build_pod(job, settings, "actor", 1)
+    validate_manifest(pod)
+    main = container(pod)
+    assert (main["command"], main["args"]) == (["rljob"], ["role", "actor"])
+    assert main["resources"]["limits"]["nvidia.com/gpu"] == 2
+    env = env_of(pod)
+    assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("4", "2")
+    identity = RoleIdentity.from_env(env)
+    assert identity.starts_ranks and identity.world_size == 4
+    ranks = [identity.for_rank(i) for i in range(2)]
+    assert [(r.rank, r.local_rank) for r in ranks] == [(2, 0), (3, 1)]
+    assert RoleIdentity.from_env({**env, **ranks[1].to_env()}) == ranks[1]
+    # Rollout pods do not split into ranks whatever the actor does.
+    rollout_env = env_of(build_pod(job, settings, "rollout", 0))
+    assert "WORLD_SIZE" not in rollout_env and "LOCAL_RANK" not in rollout_env
 
 
 def test_pod_without_a_namespace_reads_it_from_the_downward_api(example_documents, job_from, settings):

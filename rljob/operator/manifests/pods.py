@@ -1,4 +1,9 @@
-"""One Pod per role replica: `<job>-<role>-<i>` running `rljob role <role>` in the role's image."""
+"""One Pod per role replica: `<job>-<role>-<i>` running `rljob role <role>` in the role's image.
+
+An actor pod with `gpusPerReplica: N` runs N torch.distributed ranks, one per GPU: its env says
+LOCAL_WORLD_SIZE=N and WORLD_SIZE=replicas x N without RANK/LOCAL_RANK, and its `rljob role actor` starts
+the N ranks itself (`rljob.runtime.ranks`), each with its RANK and LOCAL_RANK, on `cuda:LOCAL_RANK`.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ from rljob.operator.naming import (
     service_name,
 )
 from rljob.operator.settings import OperatorSettings
-from rljob.runtime.identity import DATA_PORT, MASTER_PORT, SYNC_PORT, pod_identity
+from rljob.runtime.identity import DATA_PORT, MASTER_PORT, SYNC_PORT, actor_ranks_per_replica, pod_identity
 
 CONTAINER_NAME = "main"
 """The container of every role pod; `kubectl logs <pod>` needs no `-c`."""
@@ -149,7 +154,15 @@ def _container(
     counts: dict[str, int],
 ) -> dict[str, Any]:
     metrics_port = job.spec.logging.prometheus_port
-    identity = pod_identity(job.name, job.metadata.namespace or "default", role, replica, counts, metrics_port)
+    identity = pod_identity(
+        job.name,
+        job.metadata.namespace or "default",
+        role,
+        replica,
+        counts,
+        metrics_port,
+        actor_ranks_per_replica=actor_ranks_per_replica(job),
+    )
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in identity.to_env().items()]
     env += [var.model_dump(mode="json", by_alias=True, exclude_none=True) for var in rs.env]
     if not job.metadata.namespace:

@@ -1,5 +1,8 @@
 """The actor role: the PPO trainer group. Rank 0 is the single controller of the loop.
 
+The group has one rank per GPU of every actor replica (`gpusPerReplica`, one on CPU); global rank 0 is
+replica 0's local rank 0.
+
 Per step, rank 0 publishes the current weights to every rollout replica (versioned broadcast), takes one
 batch from each (within the staleness budget), shares the batch with the other ranks, and every rank runs
 the same PPO update under DDP. Rank 0 then logs metrics, reports progress and checkpoints. A rollout that
@@ -49,6 +52,7 @@ from rljob.runtime.metrics import (
     keep_records_until,
     phase_key,
 )
+from rljob.runtime.ranks import nccl_usage_problem
 from rljob.runtime.retry import retry
 from rljob.runtime.role_http import ProgressTracker
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
@@ -229,10 +233,34 @@ def restore_learner(learner: PPOLearner, state: dict[str, Any], path: str | Path
 
 
 def _device(context: RoleContext) -> torch.device:
-    """CUDA when the actor was given GPUs and sees one (one GPU per replica: its pod's or the first); else CPU."""
-    if context.job.spec.roles.actor.gpus_per_replica > 0 and torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
+    """`cuda:LOCAL_RANK` when the actor was given GPUs and sees them: one GPU per rank. Else CPU."""
+    gpus = context.job.spec.roles.actor.gpus_per_replica
+    if gpus == 0 or not torch.cuda.is_available():
+        return torch.device("cpu")
+    local_rank = context.identity.local_rank or 0
+    visible = torch.cuda.device_count()
+    if local_rank >= visible:
+        raise FatalConfigError(
+            f"spec.roles.actor.gpusPerReplica ({gpus}) gives each replica {gpus} ranks, one per GPU, but local "
+            f"rank {local_rank} sees only {visible} GPU(s) (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): lower gpusPerReplica or give the replica its GPUs"
+        )
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)  # NCCL puts this rank's communicator on the current device
+    return device
+
+
+def _nccl_config_error(context: RoleContext, exc: BaseException) -> FatalConfigError | None:
+    """NCCL refusing how the ranks use GPUs is a configuration error: no restart would fix it."""
+    problem = nccl_usage_problem(exc)
+    if problem is None:
+        return None
+    actor = context.job.spec.roles.actor
+    return FatalConfigError(
+        f"NCCL refused the actor group's GPUs ({problem}): every rank needs a GPU of its own; "
+        f"spec.roles.actor.replicas ({actor.replicas}) x spec.roles.actor.gpusPerReplica ({actor.gpus_per_replica}) "
+        "must fit the GPUs given to the actor replicas"
+    )
 
 
 def run_actor(context: RoleContext) -> int:
@@ -244,30 +272,46 @@ def run_actor(context: RoleContext) -> int:
         return 1
     torch.set_num_threads(1)
     torch.distributions.Distribution.set_default_validate_args(False)
-    rank, world = identity.replica, identity.replicas
-    if world > 1:
-        dist.init_process_group(
-            "nccl" if _device(context).type == "cuda" else "gloo",
-            init_method=f"tcp://{identity.master_addr}:{identity.master_port}",
-            rank=rank,
-            world_size=world,
-            timeout=GROUP_TIMEOUT,
-        )
+    rank, world = identity.rank, identity.world_size
     from rljob.runtime.roles.health import RoleHealth
 
-    health = RoleHealth(context, counters={})
+    # The replica's health and metrics endpoint (its pod's readiness probe) is served by its local rank 0.
+    health = RoleHealth(context, counters={}) if identity.local_rank == 0 else None
     try:
-        return _train(context, health, rank, world)
+        device = _device(context)
+        if world > 1:
+            dist.init_process_group(
+                "nccl" if device.type == "cuda" else "gloo",
+                init_method=f"tcp://{identity.master_addr}:{identity.master_port}",
+                rank=rank,
+                world_size=world,
+                timeout=GROUP_TIMEOUT,
+            )
+            context.log.info(
+                "rank %d of %d (local rank %d of %d) on %s",
+                rank,
+                world,
+                identity.local_rank,
+                identity.ranks_per_replica,
+                device,
+            )
+        return _train(context, health, device, rank, world)
     except InterruptedError:
         context.log.info("stopped before trainer.steps was reached")
         return 0 if rank else 1
+    except RuntimeError as exc:
+        fatal = None if isinstance(exc, FatalConfigError) else _nccl_config_error(context, exc)
+        if fatal is None:
+            raise
+        raise fatal from None
     finally:
-        health.close()
+        if health is not None:
+            health.close()
         if world > 1 and dist.is_initialized():  # a failed rank: its peers fail on their next collective anyway
             dist.destroy_process_group()
 
 
-def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
+def _train(context: RoleContext, health: Any, device: torch.device, rank: int, world: int) -> int:
     spec = context.job.spec
     identity = context.identity
     gym = spec.task.gym
@@ -299,7 +343,6 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
     observation_space = space_from_wire(spaces["observation_space"])
     action_space = space_from_wire(spaces["action_space"])
     torch.manual_seed(spec.trainer.seed)
-    device = _device(context)
     try:
         model = build_mlp_actor_critic(spec.model.builtin, observation_space, action_space).to(device)
     except UnsupportedSpaceError as exc:
@@ -339,12 +382,14 @@ def _train(context: RoleContext, health: Any, rank: int, world: int) -> int:
 
     total = spec.trainer.steps
     if rank != 0:
-        health.ready()
+        if health is not None:
+            health.ready()
         while learner.step < total:
             learner.update(_share_batch(None, shapes, device))
         learner.leave_group()
         return 0
 
+    assert health is not None  # global rank 0 is its replica's local rank 0
     tracker = ProgressTracker(total_steps=total, step=learner.step)
     health.server.set_progress_provider(tracker.snapshot)
     controller = Controller(context, learner)

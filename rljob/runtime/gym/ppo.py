@@ -113,7 +113,8 @@ class PPOLearner:
         size = transitions // minibatches
         if size % self.world_size:
             raise BatchShapeError(
-                f"each minibatch ({size} transitions) must split evenly over roles.actor.replicas ({self.world_size})"
+                f"each minibatch ({size} transitions) must split evenly over the {self.world_size} actor ranks "
+                "(roles.actor.replicas x gpusPerReplica)"
             )
         return size
 
