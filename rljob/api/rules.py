@@ -18,6 +18,13 @@ DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DEFAULT_GROUP_SIZE = 8
 
 
+class _BlankFields(dict[str, str]):
+    """Any {field} renders as empty: enough to find a template's syntax errors."""
+
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
 def resolve_defaults(job: RLJob) -> RLJob:
     """Fill the defaults that depend on the task type, so the resolved job says everything."""
     job = job.model_copy(deep=True)
@@ -107,7 +114,20 @@ def _check_task(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
             yield "task.gym", "task.type is llm: remove task.gym (or set task.type to gym)"
         if spec.rollout.engine == "torch":
             yield "rollout.engine", "llm tasks generate with vllm or hf (got 'torch')"
+        if spec.evaluation.interval and not spec.evaluation.size:
+            yield "evaluation.size", "evaluation.interval needs held-out rows: set evaluation.size (e.g. 64)"
     if task.llm is not None:
+        template = task.llm.prompt_template
+        if "{prompt}" not in template:
+            yield "task.llm.promptTemplate", f"must contain {{prompt}}, where the row's prompt goes (got {template!r})"
+        else:
+            try:
+                template.format_map(_BlankFields())
+            except (ValueError, IndexError) as exc:
+                yield (
+                    "task.llm.promptTemplate",
+                    f"is not a Python format string ({exc}); write literal braces as {{{{ and }}}}",
+                )
         dataset = task.llm.dataset
         chosen = [k for k in ("path", "name", "builtin") if getattr(dataset, k) is not None]
         if len(chosen) != 1:
@@ -124,6 +144,7 @@ def _check_task(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
 # Settings that only LLM training reads: a gym job that sets them would silently run without them.
 _LLM_ONLY_SETTINGS: tuple[tuple[str, Callable[[RLJobSpec], object], object], ...] = (
     ("trainer.parallelism", lambda s: s.trainer.parallelism, "ddp"),
+    ("evaluation.interval", lambda s: s.evaluation.interval, 0),
     ("trainer.precision", lambda s: s.trainer.precision, "fp32"),
     ("trainer.microBatchSize", lambda s: s.trainer.micro_batch_size, None),
     ("algorithm.klCoef", lambda s: s.algorithm.kl_coef, 0.0),

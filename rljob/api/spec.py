@@ -368,6 +368,22 @@ class RewardSpec(SpecModel):
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
 
 
+# --- evaluation ---------------------------------------------------------------------------------
+
+
+class EvaluationSpec(SpecModel):
+    """Held-out evaluation of llm jobs: `eval_*` metrics every `interval` steps and at the end."""
+
+    interval: int = Field(default=0, ge=0)
+    """Steps between evaluations; 0 disables them."""
+    size: int = Field(default=0, ge=0)
+    """Rows held out of the training set (chosen by the seed) and evaluated."""
+    greedy: bool = True
+    """Greedy decoding (the model's best answer); false samples with the rollout settings."""
+    samples_per_prompt: int = Field(default=1, ge=1)
+    """Responses per held-out prompt (accuracy is their mean)."""
+
+
 # --- checkpoint, logging ------------------------------------------------------------------------
 
 
@@ -504,6 +520,7 @@ class RLJobSpec(SpecModel):
     trainer: TrainerSpec
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     reward: RewardSpec = Field(default_factory=RewardSpec)
+    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
     roles: RolesSpec = Field(default_factory=RolesSpec)

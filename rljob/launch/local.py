@@ -64,14 +64,41 @@ def check_local(job: RLJob) -> None:
 
     The job's own rules are the API's (`rljob.api.rules.check`), so `rljob validate`, `rljob render`, the
     operator (InvalidSpec) and this launcher refuse the same jobs with the same words; only what is
-    particular to running here (gym tasks, an environment that builds) is checked below them.
+    particular to running here (an environment that builds, a dataset that reads) is checked below them.
     """
     problems = check(job)
     if problems:
         raise LaunchError("\n".join(problem.render() for problem in problems))
-    if job.spec.task.type != "gym" or job.spec.task.gym is None:
-        raise LaunchError("spec.task.type: the local runtime trains gym tasks (type gym) with ppo")
+    if job.spec.task.type == "llm":
+        check_llm(job)
+        return
     check_environment(job)
+
+
+def check_llm(job: RLJob) -> None:
+    """Read the dataset, find the model and load the reward functions before any process starts."""
+    from rljob.runtime.llm.data import DatasetError, load_rows
+    from rljob.runtime.llm.policy import ModelSourceError, check_model_source
+    from rljob.runtime.llm.rewards import check_reward_spec
+
+    spec = job.spec
+    assert spec.task.llm is not None
+    for role in ("rollout", "reward"):
+        if not spec.roles.get(role).replicas:
+            raise LaunchError(f"spec.roles.{role}.replicas: llm jobs need at least one {role} replica")
+    if spec.rollout.engine != "hf":
+        raise LaunchError(
+            f"spec.rollout.engine: this version generates with the hf engine (got {spec.rollout.engine!r}); "
+            "set spec.rollout.engine: hf"
+        )
+    try:
+        load_rows(spec.task.llm, seed=spec.trainer.seed)
+        check_model_source(spec.model)
+    except (DatasetError, ModelSourceError) as exc:
+        raise LaunchError(str(exc)) from None
+    problems = check_reward_spec(spec.reward, Path.cwd())
+    if problems:
+        raise LaunchError("\n".join(f"{field}: {message}" for field, message in problems))
 
 
 def check_environment(job: RLJob) -> None:

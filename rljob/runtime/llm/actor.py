@@ -1,0 +1,529 @@
+"""The actor role of llm jobs: the GRPO-family trainer group. Rank 0 is the single controller of the loop.
+
+Per step, rank 0 takes `trainer.batchSize` prompts from the prompt stream, renders and tokenizes them,
+has the rollout replicas sample `groupSize` responses per prompt, the reward replicas score them, builds
+group advantages (with DAPO's dynamic sampling and overlong shaping when configured), shares the batch with
+every rank, and every rank runs the same update. Rank 0 then pushes the new weights, logs, evaluates and
+checkpoints. With `rollout.async.maxStaleness` k >= 1 the next step's prompts are sent before this step
+trains, so generation overlaps training; every group is checked against k before the update.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rljob.algorithms import group_advantages, informative_groups, overlong_penalty
+from rljob.runtime.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    capture_rng_state,
+    resolve_resume,
+    restore_rng_state,
+)
+from rljob.runtime.llm.data import PromptStream, Row, render_prompt, split_off
+from rljob.runtime.llm.engine import Sampling
+from rljob.runtime.llm.learner import LLMLearner, Sample
+from rljob.runtime.llm.policy import export_hf
+from rljob.runtime.llm.pool import ChunkResult, RewardPool, RolloutPool
+from rljob.runtime.llm.setup import job_rows, load_job_policy, role_device
+from rljob.runtime.metrics import RunMetrics, phase_key
+from rljob.runtime.role_http import ProgressTracker
+from rljob.runtime.roles.common import FatalConfigError, RoleContext
+from rljob.runtime.transport import process_tag
+from rljob.runtime.weight_sync import WeightPublisher
+
+GROUP_TIMEOUT = datetime.timedelta(minutes=10)
+CORRECTNESS_FUNCTIONS = ("exact_match", "math_verify", "code_exec")
+
+
+@dataclass
+class Group:
+    """`groupSize` completions of one prompt, as generated, then scored."""
+
+    row: int
+    prompt_ids: list[int]
+    completions: list[dict[str, Any]]
+    version: int
+    rewards: np.ndarray | None = None
+    terms: dict[str, list[float]] | None = None
+
+
+class Controller:
+    """Rank 0's side of the loop: prompts out, scored groups in."""
+
+    def __init__(self, context: RoleContext, learner: LLMLearner, tokenizer: Any, rows: list[Row]) -> None:
+        spec = context.job.spec
+        identity = context.identity
+        assert spec.task.llm is not None
+        self.context, self.spec, self.task = context, spec, spec.task.llm
+        self.learner, self.tokenizer, self.rows = learner, tokenizer, rows
+        self.log = context.log
+        self.tag = process_tag()
+        self.staleness = spec.rollout.async_.max_staleness
+        self.group_size = spec.algorithm.group_size or 1
+        self.max_tokens = spec.rollout.max_tokens or self.task.max_response_length
+        self.sampling = Sampling.from_spec(spec.rollout, self.group_size, self.max_tokens).to_wire()
+        publisher = WeightPublisher(
+            identity.master_addr,
+            identity.sync_port,
+            self.tag,
+            spec.rollout.weight_sync.bucket_size_mb,
+        )
+        self.rollouts = RolloutPool(identity.endpoints["rollout"], publisher, self.tag)
+        self.rewards = RewardPool(identity.endpoints["reward"], timeout=spec.reward.sandbox.timeout_seconds + 30)
+        self.stream = PromptStream(len(rows), spec.trainer.seed)
+        self.skipped_too_long = 0
+        self.answer_key = self.task.dataset.answer_key
+        self._encoded: dict[int, list[int] | None] = {}
+        self.groups: list[Group] = []
+        self.outstanding = 0
+        self.reward_errors: dict[str, int] = {}
+
+    def close(self) -> None:
+        self.rollouts.close()
+        self.rewards.close()
+
+    def encode(self, row: int) -> list[int] | None:
+        """Prompt token ids of a row, or None when longer than maxPromptLength (skipped, counted)."""
+        if row not in self._encoded:
+            text = render_prompt(self.task, self.rows[row], self.tokenizer)
+            ids = self.tokenizer(text)["input_ids"]
+            self._encoded[row] = ids if len(ids) <= self.task.max_prompt_length else None
+        return self._encoded[row]
+
+    def submit(self, count: int, step: int) -> None:
+        """Take `count` usable prompts from the stream and send them to the rollouts."""
+        chosen: list[tuple[int, list[int]]] = []
+        while len(chosen) < count:
+            row = next(self.stream)
+            ids = self.encode(row)
+            if ids is None:
+                self.skipped_too_long += 1
+                if self.skipped_too_long in (1, 10, 100) or self.skipped_too_long % 1000 == 0:
+                    self.log.warning(
+                        "%d prompt(s) longer than task.llm.maxPromptLength (%d tokens) skipped so far",
+                        self.skipped_too_long,
+                        self.task.max_prompt_length,
+                    )
+                if self.skipped_too_long > 10 * len(self.rows):
+                    raise FatalConfigError(
+                        f"spec.task.llm.maxPromptLength: every prompt is longer than "
+                        f"{self.task.max_prompt_length} tokens; raise it"
+                    )
+                continue
+            chosen.append((row, ids))
+        self._send(chosen, min_version=max(step - self.staleness, 0))
+
+    def _send(self, chosen: list[tuple[int, list[int]]], min_version: int) -> None:
+        replicas = max(1, len(self.rollouts.links))
+        size = max(1, math.ceil(len(chosen) / (2 * replicas)))
+        for i in range(0, len(chosen), size):
+            part = chosen[i : i + size]
+            self.rollouts.submit([ids for _, ids in part], self.sampling, min_version, [row for row, _ in part])
+        self.outstanding += len(chosen)
+
+    def _accept(self, result: ChunkResult, step: int) -> None:
+        rows: list[int] = result.chunk.meta
+        for row, prompt_ids, completions in zip(rows, result.chunk.prompts, result.completions, strict=True):
+            self.outstanding -= 1
+            if step - result.version > self.staleness:  # too old for this step: ask again with fresh weights
+                self._send([(row, prompt_ids)], min_version=max(step - self.staleness, 0))
+                continue
+            self.groups.append(Group(row, prompt_ids, completions, result.version))
+
+    def collect(self, count: int, step: int) -> tuple[list[Group], float]:
+        """`count` groups usable at `step` (submitted earlier); seconds spent waiting for generation."""
+        started = time.perf_counter()
+        while len(self.groups) < count:
+            if self.context.stop.is_set():
+                raise InterruptedError("stopping")
+            if self.outstanding + len(self.groups) < count:
+                self.submit(count - self.outstanding - len(self.groups), step)
+            for result in self.rollouts.poll():
+                self._accept(result, step)
+        taken, self.groups = self.groups[:count], self.groups[count:]
+        return taken, time.perf_counter() - started
+
+    def score(self, groups: list[Group]) -> None:
+        samples = []
+        for g in groups:
+            prompt = self.tokenizer.decode(g.prompt_ids, skip_special_tokens=True)
+            row = {k: v for k, v in self.rows[g.row].items() if _wire_safe(v)}
+            for c in g.completions:
+                samples.append(
+                    {
+                        "prompt": prompt,
+                        "response": self.tokenizer.decode(c["token_ids"], skip_special_tokens=True),
+                        "row": row,
+                        "finish_reason": c["finish_reason"],
+                        "response_tokens": len(c["token_ids"]),
+                    }
+                )
+        rewards, terms, errors = self.rewards.score(samples)
+        overlong = self.spec.algorithm.overlong
+        if overlong is not None:
+            lengths = torch.tensor([s["response_tokens"] for s in samples], dtype=torch.float64)
+            rewards = rewards + overlong_penalty(lengths, self.max_tokens, overlong.buffer, overlong.penalty).numpy()
+        for i, g in enumerate(groups):
+            part = slice(i * self.group_size, (i + 1) * self.group_size)
+            g.rewards = rewards[part]
+            g.terms = {name: values[part] for name, values in terms.items()}
+        self.reward_errors = errors
+
+    def sync(self, version: int) -> float:
+        return self.rollouts.sync(version, self.learner.model)
+
+
+def _wire_safe(value: Any) -> bool:
+    return value is None or isinstance(value, str | int | float | bool | list | dict)
+
+
+def build_samples(groups: list[Group], algorithm: str, group_size: int) -> list[Sample]:
+    rewards = torch.tensor(np.stack([g.rewards for g in groups]), dtype=torch.float32)
+    advantages = group_advantages(algorithm, rewards) if group_size > 1 else rewards - rewards.mean()
+    samples = []
+    for i, g in enumerate(groups):
+        for j, c in enumerate(g.completions):
+            samples.append(
+                {
+                    "prompt_ids": g.prompt_ids,
+                    "response_ids": c["token_ids"],
+                    "rollout_logprobs": c["logprobs"],
+                    "advantage": float(advantages[i, j]),
+                    "reward": float(rewards[i, j]),
+                    "version": g.version,
+                }
+            )
+    return samples
+
+
+def accuracy_term(spec: Any) -> str | None:
+    """The reward term that says right or wrong: the first correctness builtin (its metric label)."""
+    seen: dict[str, int] = {}
+    for fn in spec.reward.functions:
+        label = fn.name or fn.builtin or (fn.module or "").rpartition(":")[2]
+        seen[label] = seen.get(label, 0) + 1
+        if fn.builtin in CORRECTNESS_FUNCTIONS:
+            return label if seen[label] == 1 else f"{label}_{seen[label]}"
+    return None
+
+
+def _share(samples: list[Sample] | None) -> list[Sample]:
+    box = [samples]
+    dist.broadcast_object_list(box, src=0)
+    assert box[0] is not None
+    return box[0]
+
+
+def run_actor(context: RoleContext) -> int:
+    spec = context.job.spec
+    identity = context.identity
+    assert spec.task.llm is not None
+    rank, world = identity.rank, identity.world_size
+    device = role_device(spec.roles.actor.gpus_per_replica)
+    if world > 1:
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://{identity.master_addr}:{identity.master_port}",
+            rank=rank,
+            world_size=world,
+            timeout=GROUP_TIMEOUT,
+        )
+    from rljob.runtime.roles.health import RoleHealth
+
+    # The replica's health and metrics endpoint (its pod's readiness probe) is served by its local rank 0.
+    health = RoleHealth(context, counters={}) if identity.local_rank == 0 else None
+    try:
+        return _train(context, health, rank, world, device)
+    except InterruptedError:
+        context.log.info("stopped before trainer.steps was reached")
+        return 0 if rank else 1
+    finally:
+        if health is not None:
+            health.close()
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(context: RoleContext, health: Any, rank: int, world: int, device: torch.device) -> int:
+    spec = context.job.spec
+    identity = context.identity
+    task = spec.task.llm
+    assert task is not None
+    all_rows = job_rows(context)
+    torch.manual_seed(spec.trainer.seed)
+    model, tokenizer = load_job_policy(context, device, all_rows)
+    if spec.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    evaluation = spec.evaluation
+    train_rows, eval_rows = all_rows, []
+    if evaluation.interval and evaluation.size:
+        train_rows, eval_rows = split_off(all_rows, evaluation.size, spec.trainer.seed)
+    reference = None
+    if spec.algorithm.kl_coef > 0:
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    learner = LLMLearner(
+        model,
+        spec.algorithm,
+        spec.trainer,
+        pad_id=tokenizer.pad_token_id,
+        temperature=spec.rollout.temperature,
+        max_response_tokens=spec.rollout.max_tokens or task.max_response_length,
+        reference=reference,
+        rank=rank,
+        world_size=world,
+    )
+    default_dir = str(Path(identity.run_dir) / "checkpoints") if identity.run_dir else "/checkpoints"
+    checkpoints = CheckpointManager(spec.checkpoint.dir or default_dir, keep=spec.checkpoint.keep)
+    try:
+        resumed = resolve_resume(spec.checkpoint.resume, checkpoints)
+    except CheckpointError as exc:
+        raise FatalConfigError(str(exc)) from None
+    stream_state = None
+    samples_seen = 0
+    if resumed is not None:
+        step, state, path = resumed
+        learner.load_state_dict(state["learner"])
+        restore_rng_state(state["rng"])
+        stream_state, samples_seen = state["stream"], int(state["samples"])
+        context.log.info("resumed from %s (step %d)", path, step)
+
+    total = spec.trainer.steps
+    if rank != 0:
+        if health is not None:
+            health.ready()
+        while learner.step < total:
+            learner.update(_share(None))
+        learner.leave_group()
+        return 0
+
+    controller = Controller(context, learner, tokenizer, train_rows)
+    if stream_state is not None:
+        controller.stream.load_state_dict(stream_state)
+    accuracy_key = accuracy_term(spec)
+    tracker = ProgressTracker(total_steps=total, step=learner.step)
+    health.server.set_progress_provider(tracker.snapshot)
+    run_metrics = RunMetrics(identity.run_dir, spec.logging.tensorboard) if identity.run_dir else None
+    health.ready()
+    context.log.info(
+        "training %d steps from step %d: %d prompts x %d samples per step, %d actor rank(s), %d rollout(s)",
+        total,
+        learner.step,
+        spec.trainer.batch_size,
+        controller.group_size,
+        world,
+        len(controller.rollouts.links),
+    )
+    batch = spec.trainer.batch_size
+    algo = spec.algorithm
+    try:
+        sync_s = controller.sync(learner.step)
+        controller.submit(batch, learner.step)
+        while learner.step < total:
+            step_started = time.perf_counter()
+            version = learner.step
+            groups, generate_s = controller.collect(batch, version)
+            reward_started = time.perf_counter()
+            controller.score(groups)
+            reward_s = time.perf_counter() - reward_started
+            filled = 0
+            if algo.dynamic_sampling:
+                groups, extra_generate_s, extra_reward_s, filled = _dynamic_sampling(controller, groups, version)
+                generate_s += extra_generate_s
+                reward_s += extra_reward_s
+            stream_after_step = controller.stream.state_dict()
+            if controller.staleness > 0 and learner.step + 1 < total:
+                controller.submit(batch, version + 1)  # generated while this step trains
+            staleness = [version - g.version for g in groups]
+            if max(staleness) > controller.staleness:
+                raise RuntimeError(f"got data {max(staleness)} versions old (maxStaleness {controller.staleness})")
+            samples = build_samples(groups, algo.name, controller.group_size)
+            train_started = time.perf_counter()
+            if world > 1:
+                _share(samples)
+            stats = learner.update(samples)
+            train_s = time.perf_counter() - train_started
+            evaluate = bool(evaluation.interval) and (learner.step % evaluation.interval == 0 or learner.step == total)
+            if learner.step < total or evaluate:  # evaluation generates with the weights just trained
+                sync_s += controller.sync(learner.step)
+            if learner.step < total and controller.staleness == 0:
+                controller.submit(batch, learner.step)
+            samples_seen += len(samples)
+            record = _record(controller, groups, samples, stats, accuracy_key, staleness, filled)
+            record.update(
+                {
+                    "samples": samples_seen,
+                    "epoch": controller.stream.epoch,
+                    phase_key("generate"): generate_s,
+                    phase_key("reward"): reward_s,
+                    phase_key("train"): train_s,
+                    phase_key("sync"): sync_s,
+                    "tokens_per_s": record["response_tokens"] / max(time.perf_counter() - step_started, 1e-9),
+                }
+            )
+            sync_s = 0.0
+            if evaluate:
+                record.update(_evaluate(controller, eval_rows, learner.step))
+            line = run_metrics.log(learner.step, record) if run_metrics else {"step": learner.step, **record}
+            health.metrics.observe(line)
+            tracker.update(learner.step, record["reward_mean"])
+            if learner.step % 10 == 0 or learner.step == total or learner.step == 1:
+                context.log.info(
+                    "step %d/%d reward %.3f accuracy %s",
+                    learner.step,
+                    total,
+                    record["reward_mean"],
+                    "-" if record.get("accuracy") is None else f"{record['accuracy']:.3f}",
+                )
+            interval = spec.checkpoint.interval
+            if interval and (learner.step % interval == 0 or learner.step == total):
+                path = checkpoints.save(
+                    learner.step,
+                    {
+                        "learner": learner.state_dict(),
+                        "rng": capture_rng_state(),
+                        "stream": stream_after_step,
+                        "samples": samples_seen,
+                    },
+                )
+                export_hf(learner.model, tokenizer, path.parent / "hf-latest")
+    finally:
+        controller.close()
+        if run_metrics is not None:
+            run_metrics.close()
+    if identity.run_dir:
+        exported = export_hf(learner.model, tokenizer, Path(identity.run_dir) / "model")
+        context.log.info("exported the trained policy to %s", exported)
+    learner.leave_group()
+    context.log.info("reached trainer.steps (%d)", total)
+    return 0
+
+
+def _dynamic_sampling(controller: Controller, groups: list[Group], step: int) -> tuple[list[Group], float, float, int]:
+    """DAPO: keep groups whose rewards differ; generate more until the batch is full or rounds run out.
+
+    A batch still short after `maxSamplingRounds` is completed with zero-variance groups (advantage 0: they
+    add nothing to the gradient) so its shape stays what the minibatch split expects; the count is logged.
+    """
+    spec = controller.spec
+    wanted = len(groups)
+    keep = [g for g, ok in zip(groups, _informative(groups), strict=True) if ok]
+    spare = [g for g, ok in zip(groups, _informative(groups), strict=True) if not ok]
+    generate_s = reward_s = 0.0
+    for _ in range(spec.algorithm.max_sampling_rounds - 1):
+        if len(keep) >= wanted:
+            break
+        controller.submit(wanted - len(keep), step)
+        more, seconds = controller.collect(wanted - len(keep), step)
+        generate_s += seconds
+        started = time.perf_counter()
+        controller.score(more)
+        reward_s += time.perf_counter() - started
+        flags = _informative(more)
+        keep += [g for g, ok in zip(more, flags, strict=True) if ok]
+        spare += [g for g, ok in zip(more, flags, strict=True) if not ok]
+    filled = max(0, wanted - len(keep))
+    return (keep + spare[:filled])[:wanted], generate_s, reward_s, filled
+
+
+def _informative(groups: list[Group]) -> list[bool]:
+    rewards = torch.tensor(np.stack([g.rewards for g in groups]))
+    return informative_groups(rewards).tolist()
+
+
+def _record(
+    controller: Controller,
+    groups: list[Group],
+    samples: list[Sample],
+    stats: dict[str, float],
+    accuracy_key: str | None,
+    staleness: list[int],
+    filled: int,
+) -> dict[str, Any]:
+    rewards = np.concatenate([g.rewards for g in groups])
+    lengths = [len(s["response_ids"]) for s in samples]
+    truncated = sum(c["finish_reason"] == "length" for g in groups for c in g.completions)
+    record: dict[str, Any] = {
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()),
+        "accuracy": None,
+        "response_length_mean": float(np.mean(lengths)),
+        "truncated_fraction": truncated / len(samples),
+        "kl": stats["kl"],
+        "entropy": stats["entropy"],
+        "policy_loss": stats["policy_loss"],
+        "clip_fraction": stats["clip_fraction"],
+        "mismatch_kl": stats["mismatch_kl"],
+        "mismatch_max_gap": stats["mismatch_max_gap"],
+        "corrected_fraction": stats["corrected_fraction"],
+        "grad_norm": stats["grad_norm"],
+        "learning_rate": stats["learning_rate"],
+        "response_tokens": stats["response_tokens"],
+        "staleness_mean": float(np.mean(staleness)),
+        "staleness_max": int(max(staleness)),
+        "prompts_skipped_too_long": controller.skipped_too_long,
+        "rollout_restarts": controller.rollouts.restarts,
+    }
+    if controller.spec.algorithm.dynamic_sampling:
+        record["dynamic_sampling_filled"] = filled
+    for name in groups[0].terms or {}:
+        values = np.concatenate([np.asarray(g.terms[name], dtype=np.float64) for g in groups if g.terms])
+        record[f"reward/{name}"] = float(values.mean())
+        record[f"reward_errors/{name}"] = int(controller.reward_errors.get(name, 0))
+    if accuracy_key is not None and f"reward/{accuracy_key}" in record:
+        record["accuracy"] = record[f"reward/{accuracy_key}"]
+    return record
+
+
+def _evaluate(controller: Controller, rows: list[Row], step: int) -> dict[str, Any]:
+    """Held-out prompts at the current weights: `eval_reward_mean`, `eval_accuracy` (greedy unless configured)."""
+    evaluation = controller.spec.evaluation
+    if not rows:
+        return {}
+    sampling = Sampling.from_spec(
+        controller.spec.rollout, evaluation.samples_per_prompt, controller.max_tokens, greedy=evaluation.greedy
+    ).to_wire()
+    prompts: list[tuple[int, list[int]]] = []
+    for i, row in enumerate(rows):
+        text = render_prompt(controller.task, row, controller.tokenizer)
+        ids = controller.tokenizer(text)["input_ids"]
+        if len(ids) <= controller.task.max_prompt_length:
+            prompts.append((i, ids))
+    replicas = max(1, len(controller.rollouts.links))
+    size = max(1, math.ceil(len(prompts) / replicas))
+    for i in range(0, len(prompts), size):
+        part = prompts[i : i + size]
+        controller.rollouts.submit([ids for _, ids in part], sampling, step, ("eval", [r for r, _ in part]))
+    results: list[ChunkResult] = []
+    while sum(len(r.chunk.prompts) for r in results) < len(prompts):
+        for result in controller.rollouts.poll():
+            if isinstance(result.chunk.meta, tuple):
+                results.append(result)
+            else:  # the next step's prompts, generated meanwhile (async)
+                controller._accept(result, step)
+    groups = [
+        Group(row, ids, completions, r.version)
+        for r in results
+        for row, ids, completions in zip(r.chunk.meta[1], r.chunk.prompts, r.completions, strict=True)
+    ]
+    saved_rows, controller.rows = controller.rows, rows
+    try:
+        controller.score(groups)
+    finally:
+        controller.rows = saved_rows
+    rewards = np.concatenate([g.rewards for g in groups])
+    out: dict[str, Any] = {"eval_reward_mean": float(rewards.mean()), "eval_prompts": len(groups)}
+    key = accuracy_term(controller.spec)
+    if key is not None:
+        out["eval_accuracy"] = float(np.mean(np.concatenate([g.terms[key] for g in groups])))
+    return out

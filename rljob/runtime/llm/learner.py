@@ -1,0 +1,300 @@
+"""The GRPO-family update every actor rank runs on one batch of scored samples.
+
+Each rank receives the whole batch (from rank 0), shuffles it with the shared seed, cuts it into
+`algorithm.minibatches` minibatches and takes its equal shard of each, in micro-batches of
+`trainer.microBatchSize`. Losses are normalised by the GLOBAL token or sequence count of the minibatch
+(all-reduced over micro-batches and ranks), and gradients are summed over ranks, so the update is the same
+for 1 or 4 micro-batches and 1 or 2 ranks, up to float summation order.
+
+Per-token tensors live on the [sequences, positions - 1] grid of next-token predictions; a mask marks the
+response positions. Log-probabilities are those of softmax(logits / temperature): what the rollout engine
+reports for the tokens it sampled.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from rljob.algorithms.losses import (
+    entropy_bonus,
+    kl_estimate,
+    loss_normalizer,
+    masked_mean,
+    off_policy_weights,
+    policy_loss_for,
+)
+from rljob.api.spec import AlgorithmSpec, TrainerSpec
+from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_rate
+
+Sample = dict[str, Any]
+"""One scored completion: `prompt_ids`, `response_ids`, `rollout_logprobs` (lists), `advantage`,
+`reward` and `version` (the policy version that generated it)."""
+
+
+class BatchShapeError(ValueError):
+    """The batch cannot be split as configured; the message names the settings."""
+
+
+@dataclass
+class MicroBatch:
+    input_ids: Tensor
+    attention_mask: Tensor
+    response_mask: Tensor
+    """[B, S-1]: 1 where position t predicts a response token."""
+    targets: Tensor
+    advantages: Tensor
+    rollout_logprobs: Tensor
+
+    def to(self, device: torch.device) -> MicroBatch:
+        return MicroBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
+
+def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
+    """Right-padded prompt+response rows and per-position tensors aligned with next-token predictions."""
+    lengths = [len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples]
+    width = max(lengths)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(samples), width), dtype=torch.long)
+    response = torch.zeros((len(samples), width - 1))
+    rollout = torch.zeros((len(samples), width - 1))
+    advantages = torch.zeros((len(samples), width - 1))
+    for i, s in enumerate(samples):
+        prompt, answer = s["prompt_ids"], s["response_ids"]
+        p, r = len(prompt), len(answer)
+        ids[i, : p + r] = torch.tensor(list(prompt) + list(answer), dtype=torch.long)
+        attention[i, : p + r] = 1
+        response[i, p - 1 : p - 1 + r] = 1.0  # position t predicts token t + 1
+        rollout[i, p - 1 : p - 1 + r] = torch.tensor(s["rollout_logprobs"], dtype=torch.float32)
+        advantages[i, p - 1 : p - 1 + r] = float(s["advantage"])
+    return MicroBatch(ids, attention, response, ids[:, 1:].clone(), advantages, rollout)
+
+
+def token_logprobs(
+    model: nn.Module, batch: MicroBatch, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """log p(target) per position under softmax(logits / T), and the entropy of that distribution."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+    if temperature > 0:
+        logits = logits / temperature
+    log_probs = torch.log_softmax(logits, dim=-1)
+    chosen = log_probs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1) if with_entropy else None
+    return chosen, entropy
+
+
+class LLMLearner:
+    """Owns the policy's training state: optimizer, update counter, the minibatch RNG and the reference."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        algorithm: AlgorithmSpec,
+        trainer: TrainerSpec,
+        *,
+        pad_id: int,
+        temperature: float,
+        max_response_tokens: int,
+        reference: nn.Module | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        self.model = model
+        self.algorithm, self.trainer = algorithm, trainer
+        self.pad_id = pad_id
+        self.temperature = temperature
+        self.max_response_tokens = max_response_tokens
+        self.reference = reference
+        self.rank, self.world_size = rank, world_size
+        self.device = next(model.parameters()).device
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(self.params, trainer)
+        self.policy_loss = policy_loss_for(algorithm.name)
+        self.step = 0
+        self.generator = torch.Generator().manual_seed(trainer.seed)
+        if world_size > 1:  # every rank starts from rank 0's weights, whatever each one loaded
+            for tensor in model.state_dict().values():
+                dist.broadcast(tensor, 0)
+
+    def shard(self, samples: list[Sample]) -> list[list[Sample]]:
+        """This rank's share of each minibatch (a seeded shuffle first, the same on every rank)."""
+        minibatches = self.algorithm.minibatches
+        if len(samples) % (minibatches * self.world_size):
+            raise BatchShapeError(
+                f"{len(samples)} samples per step (trainer.batchSize x algorithm.groupSize) must split into "
+                f"algorithm.minibatches ({minibatches}) x actor ranks ({self.world_size}) equal parts"
+            )
+        order = torch.randperm(len(samples), generator=self.generator).tolist()
+        size = len(samples) // minibatches
+        per_rank = size // self.world_size
+        return [
+            [samples[i] for i in order[m * size + self.rank * per_rank : m * size + (self.rank + 1) * per_rank]]
+            for m in range(minibatches)
+        ]
+
+    def _micro(self, samples: list[Sample]) -> list[MicroBatch]:
+        size = self.trainer.micro_batch_size or len(samples)
+        return [collate(samples[i : i + size], self.pad_id).to(self.device) for i in range(0, len(samples), size)]
+
+    def _all_reduce(self, values: Tensor) -> Tensor:
+        if self.world_size > 1:
+            values = values.to(self.device)
+            dist.all_reduce(values)
+        return values.cpu()
+
+    def update(self, samples: list[Sample]) -> dict[str, float]:
+        """One step: `algorithm.epochs` passes over the minibatches; returns token-weighted statistics."""
+        algo = self.algorithm
+        lr = learning_rate_at(self.step, self.trainer)
+        set_learning_rate(self.optimizer, lr)
+        shards = self.shard(samples)
+        micro = [self._micro(shard) for shard in shards]
+        reuse = algo.epochs > 1 or algo.minibatches > 1
+        old: list[list[Tensor]] = []
+        sums = torch.zeros(8, dtype=torch.float64)
+        # [tokens, mismatch k3 sum, mismatch max gap, entropy sum, kl sum, clip sum, loss sum, corrected sum]
+        self.model.train()
+        with torch.no_grad():  # the data's own policy and the reference, once per step
+            for batches in micro:
+                old.append([])
+                for mb in batches:
+                    logprobs, entropy = token_logprobs(self.model, mb, self.temperature, with_entropy=True)
+                    assert entropy is not None
+                    old[-1].append(logprobs)
+                    mask = mb.response_mask
+                    gap = (logprobs - mb.rollout_logprobs) * mask
+                    sums[0] += float(mask.sum())
+                    sums[1] += float(((gap.exp() - 1.0 - gap) * mask).sum())
+                    sums[2] = max(float(sums[2]), float(gap.abs().max()) if mask.any() else 0.0)
+                    sums[3] += float((entropy * mask).sum())
+        refs = self._reference_logprobs(micro) if algo.kl_coef > 0 else None
+        for _ in range(algo.epochs):
+            for m, batches in enumerate(micro):
+                local = sum(loss_normalizer(mb.response_mask, algo.loss_aggregation) for mb in batches)
+                normalizer = float(self._all_reduce(torch.tensor([local], dtype=torch.float64))[0])
+                if normalizer <= 0:
+                    continue
+                self.optimizer.zero_grad(set_to_none=True)
+                for j, mb in enumerate(batches):
+                    stats = self._backward(mb, old[m][j], None if refs is None else refs[m][j], normalizer, reuse)
+                    for k, v in stats.items():
+                        sums[k] += v
+                self._sync_gradients()
+                if self.trainer.grad_clip is not None:
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.trainer.grad_clip))
+                else:
+                    grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params])))
+                self.optimizer.step()
+        self.step += 1
+        totals = self._all_reduce(sums.clone())
+        totals[2] = self._max_over_ranks(float(sums[2]))
+        tokens = max(float(totals[0]), 1.0)
+        passes = algo.epochs
+        return {
+            "policy_loss": float(totals[6]) / (passes * algo.minibatches),
+            "entropy": float(totals[3]) / tokens,
+            "kl": float(totals[4]) / (tokens * passes) if algo.kl_coef > 0 else 0.0,
+            "clip_fraction": float(totals[5]) / (tokens * passes),
+            "mismatch_kl": float(totals[1]) / tokens,
+            "mismatch_max_gap": float(totals[2]),
+            "corrected_fraction": float(totals[7]) / (tokens * passes),
+            "grad_norm": grad_norm,
+            "learning_rate": lr,
+            "response_tokens": tokens,
+        }
+
+    def _backward(
+        self, mb: MicroBatch, old: Tensor, ref: Tensor | None, normalizer: float, reuse: bool
+    ) -> dict[int, float]:
+        algo = self.algorithm
+        mask = mb.response_mask
+        logprobs, entropy = token_logprobs(self.model, mb, self.temperature, with_entropy=algo.entropy_coef > 0)
+        old_logprobs = old if reuse else logprobs.detach()
+        correction = algo.off_policy
+        weights = None
+        corrected = 0.0
+        if correction.type != "none":
+            weights, cstats = off_policy_weights(
+                old_logprobs, mb.rollout_logprobs, correction.type, correction.low, correction.high, mask
+            )
+            corrected = float(cstats["corrected_fraction"]) * float(mask.sum())
+        common = {"mask": mask, "aggregation": algo.loss_aggregation, "normalizer": normalizer}
+        norm_length = self.max_response_tokens if algo.loss_aggregation == "seq-mean-token-sum-norm" else None
+        loss, stats = self.policy_loss(
+            logprobs,
+            old_logprobs,
+            mb.advantages,
+            algo.clip_ratio_low,
+            algo.clip_ratio_high,
+            dual_clip=algo.dual_clip,
+            correction_weights=weights,
+            norm_length=norm_length,
+            **common,
+        )
+        kl_sum = 0.0
+        if ref is not None:
+            kl = kl_estimate(logprobs, ref, algo.kl_estimator)
+            loss = loss + algo.kl_coef * entropy_bonus(kl, norm_length=norm_length, **common)
+            kl_sum = float((kl.detach() * mask).sum())
+        if entropy is not None:
+            loss = loss - algo.entropy_coef * entropy_bonus(entropy, norm_length=norm_length, **common)
+        loss.backward()
+        tokens = float(mask.sum())
+        return {4: kl_sum, 5: float(stats["clip_fraction"]) * tokens, 6: float(loss.detach()), 7: corrected}
+
+    @torch.no_grad()
+    def _reference_logprobs(self, micro: list[list[MicroBatch]]) -> list[list[Tensor]]:
+        assert self.reference is not None
+        self.reference.eval()
+        return [[token_logprobs(self.reference, mb, self.temperature, False)[0] for mb in b] for b in micro]
+
+    def _sync_gradients(self) -> None:
+        """Sum gradients over ranks: each rank's loss is already divided by the global count."""
+        if self.world_size == 1:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        offset = 0
+        for p, g in zip(self.params, grads, strict=True):
+            n = g.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
+
+    def _max_over_ranks(self, value: float) -> float:
+        if self.world_size == 1:
+            return value
+        t = torch.tensor([value], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        self.generator.set_state(state["generator"])
+
+    def leave_group(self) -> None:
+        """Final barrier, then drop the group now (not at interpreter exit, where gloo threads die in any order)."""
+        if self.world_size > 1 and dist.is_initialized():
+            dist.barrier()
+            gc.collect()
+            dist.destroy_process_group()
+
+
+def masked_token_mean(values: Tensor, mask: Tensor) -> float:
+    return float(masked_mean(values, mask)) if mask.any() else math.nan

@@ -1,0 +1,210 @@
+"""Actor rank 0's view of the servers it feeds: rollout replicas (generation) and reward replicas (scoring).
+
+`RolloutPool` hands chunks of prompts to the least-loaded rollout replica, collects what they finished, and
+re-sends the chunks of a replica that died or restarted (noticed by its new incarnation tag) to the others:
+no chunk is lost and none is counted twice. Weights go to every replica whose version is behind.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from rljob.runtime.transport import RequestClient, RequestTimeout, TransportError
+from rljob.runtime.weight_sync import WeightPublisher
+
+log = logging.getLogger("rljob.actor")
+SYNC_REPLY_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Chunk:
+    """Prompts sent together to one replica; `meta` is the caller's (e.g. which rows and which group)."""
+
+    id: int
+    prompts: list[list[int]]
+    sampling: dict[str, Any]
+    min_version: int
+    meta: Any = None
+
+
+@dataclass
+class ChunkResult:
+    chunk: Chunk
+    version: int
+    completions: list[list[dict[str, Any]]]
+    seconds: float
+    replica: int
+
+
+@dataclass
+class RolloutLink:
+    replica: int
+    client: RequestClient
+    tag: str = ""
+    version: int = -1
+    restarts: int = 0
+    inflight: dict[int, Chunk] = field(default_factory=dict)
+
+
+class RolloutPool:
+    def __init__(self, endpoints: list[str], publisher: WeightPublisher, actor_tag: str) -> None:
+        self.links = [RolloutLink(i, RequestClient(e, timeout=2.0, retries=1)) for i, e in enumerate(endpoints)]
+        self.publisher = publisher
+        self.actor_tag = actor_tag
+        self._ids = itertools.count(1)
+        self.orphans: list[Chunk] = []
+        """Chunks of a replica that went away, waiting for a live one."""
+
+    def close(self) -> None:
+        self.publisher.close()
+        for link in self.links:
+            link.client.close()
+
+    @property
+    def restarts(self) -> int:
+        return sum(link.restarts for link in self.links)
+
+    def _check(self, link: RolloutLink) -> bool:
+        """Refresh the replica's incarnation; False when it does not answer. A new one loses its chunks."""
+        try:
+            reply = link.client.call("status")
+        except TransportError:
+            self._lose(link, "not answering")
+            return False
+        if reply["tag"] != link.tag:
+            if link.tag:
+                link.restarts += 1
+                self._lose(link, "restarted")
+            link.tag, link.version = reply["tag"], -1
+            self.publisher.forget(link.replica)
+        return True
+
+    def _lose(self, link: RolloutLink, why: str) -> None:
+        if link.inflight:
+            log.warning("rollout %d %s: re-sending its %d chunk(s) elsewhere", link.replica, why, len(link.inflight))
+        self.orphans.extend(link.inflight.values())
+        link.inflight.clear()
+        link.version = -1
+
+    def sync(self, version: int, model: torch.nn.Module) -> float:
+        """Send weights `version` to every live replica that lacks them; seconds spent."""
+        started = time.perf_counter()
+        for link in self.links:
+            if link.version == version:
+                continue
+            if not link.tag and not self._check(link):
+                continue
+            key = self.publisher.group_key(link.replica, link.tag)
+            request = link.client.send(
+                "sync_weights", {"version": version, "key": key, "actor_tag": self.actor_tag, "rollout_tag": link.tag}
+            )
+            try:
+                self.publisher.publish(link.replica, key, version, model)
+                link.client.receive(request, timeout=SYNC_REPLY_TIMEOUT_S, retries=0)
+                link.version = version
+            except (RuntimeError, TransportError) as exc:  # gone mid-sync, or restarted: check it, sync later
+                log.warning("weight sync to rollout %d failed (%s)", link.replica, exc)
+                self.publisher.forget(link.replica)
+                self._check(link)
+        return time.perf_counter() - started
+
+    def submit(self, prompts: list[list[int]], sampling: dict[str, Any], min_version: int, meta: Any) -> None:
+        self.orphans.append(Chunk(next(self._ids), prompts, sampling, min_version, meta))
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self.orphans:
+            live = [link for link in self.links if link.tag and link.version >= 0]
+            if not live:
+                return
+            link = min(live, key=lambda x: (len(x.inflight), x.replica))
+            chunk = self.orphans.pop(0)
+            payload = {
+                "id": chunk.id,
+                "prompts": chunk.prompts,
+                "sampling": chunk.sampling,
+                "min_version": chunk.min_version,
+                "actor_tag": self.actor_tag,
+            }
+            try:
+                reply = link.client.call("generate", payload)
+            except TransportError:
+                self.orphans.insert(0, chunk)
+                self._check(link)
+                continue
+            if reply["tag"] != link.tag or not reply["accepted"]:
+                self.orphans.insert(0, chunk)
+                self._check(link)
+                if link.version < 0:
+                    continue
+                return  # accepted nothing though current: try again on the next poll
+            link.inflight[chunk.id] = chunk
+
+    def poll(self) -> list[ChunkResult]:
+        """Finished chunks from every replica with work (waiting briefly); re-dispatches lost ones."""
+        self._dispatch()
+        busy = [link for link in self.links if link.inflight]
+        requests = []
+        for link in busy:
+            requests.append((link, link.client.send("results", {"actor_tag": self.actor_tag})))
+        finished: list[ChunkResult] = []
+        for link, request in requests:
+            try:
+                reply = link.client.receive(request)
+            except RequestTimeout:
+                self._check(link)
+                continue
+            if reply["tag"] != link.tag:
+                self._check(link)
+                continue
+            for result in reply["results"]:
+                chunk = link.inflight.pop(int(result["id"]), None)
+                if chunk is not None:
+                    finished.append(
+                        ChunkResult(
+                            chunk, int(result["version"]), result["completions"], result["seconds"], link.replica
+                        )
+                    )
+        if not busy:
+            time.sleep(0.05)
+        return finished
+
+    def pending(self) -> int:
+        return len(self.orphans) + sum(len(link.inflight) for link in self.links)
+
+
+class RewardPool:
+    """Scores samples on the reward replicas: the batch is split evenly and scored in parallel."""
+
+    def __init__(self, endpoints: list[str], timeout: float) -> None:
+        self.clients = [RequestClient(e, timeout=timeout, retries=2) for e in endpoints]
+
+    def score(self, samples: list[dict[str, Any]]) -> tuple[np.ndarray, dict[str, list[float]], dict[str, int]]:
+        parts = np.array_split(np.arange(len(samples)), len(self.clients))
+        started = [
+            (client, client.send("score", {"samples": [samples[i] for i in part]}))
+            for client, part in zip(self.clients, parts, strict=True)
+            if len(part)
+        ]
+        rewards: list[np.ndarray] = []
+        terms: dict[str, list[float]] = {}
+        errors: dict[str, int] = {}
+        for client, request in started:
+            reply = client.receive(request)
+            rewards.append(np.asarray(reply["rewards"], dtype=np.float64))
+            for name, values in reply["terms"].items():
+                terms.setdefault(name, []).extend(values)
+            for name, count in reply["errors"].items():
+                errors[name] = errors.get(name, 0) + int(count)
+        return np.concatenate(rewards) if rewards else np.zeros(0), terms, errors
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()

@@ -1,0 +1,40 @@
+"""What every llm role process builds first: its device, the job's rows and the starting policy."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from rljob.runtime.llm.data import DatasetError, Row, load_rows
+from rljob.runtime.llm.policy import ModelSourceError, load_policy
+from rljob.runtime.roles.common import FatalConfigError, RoleContext
+
+
+def role_device(gpus_per_replica: int) -> torch.device:
+    """This process's GPU when the role was given GPUs and one is visible, else the CPU."""
+    if gpus_per_replica > 0 and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def job_rows(context: RoleContext) -> list[Row]:
+    """The dataset's rows; a dataset that cannot be read is a configuration error (exit 78)."""
+    spec = context.job.spec
+    assert spec.task.llm is not None
+    try:
+        return load_rows(spec.task.llm, seed=spec.trainer.seed)
+    except DatasetError as exc:
+        raise FatalConfigError(str(exc)) from None
+
+
+def load_job_policy(context: RoleContext, device: torch.device, rows: list[Row] | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) as every process of the job builds them: the same starting weights everywhere."""
+    spec = context.job.spec
+    assert spec.task.llm is not None
+    rows = job_rows(context) if rows is None else rows
+    try:
+        return load_policy(spec.model, spec.task.llm, rows, spec.trainer.seed, device, spec.trainer.precision)
+    except ModelSourceError as exc:
+        raise FatalConfigError(str(exc)) from None
