@@ -21,7 +21,8 @@ Failure policy (spec.failurePolicy, applied through `rljob.launch.failure_policy
   in a row are counted in `status.replicaFailures` (charged once per failed pod uid, so replays count
   nothing twice) and past maxReplacements the job fails (BackoffLimitExceeded). The count is forgotten
   once a replacement stays Ready for the policy's stable time (10 minutes) or exits 0.
-- a task type this rljob version cannot train (llm) -> Failed / UnsupportedTask before any pod exists.
+- a job this rljob version cannot train (an llm job on the vllm engine or with code_exec rewards) ->
+  Failed / UnsupportedTask before any pod exists.
 - actor replica 0 exits 0 -> Succeeded; pods still running are deleted (finished ones stay for logs).
 - a spec edit that changes what pods run (anything but rollout replicas, suspend, failurePolicy,
   activeDeadlineSeconds and ttlSecondsAfterFinished) -> controlled restart of every pod, not charged.
@@ -81,15 +82,24 @@ def _store(record: ReplicaRecord, failures: ReplicaFailures) -> None:
 
 
 def unsupported_task(job: RLJob) -> str | None:
-    """Why this rljob version cannot train the job's task (its role processes would exit 1), or None.
+    """Why this rljob version cannot train the job (its role processes would refuse it), or None.
 
-    Checked by the reconciler, not the builders: `rljob render` still prints an llm job's manifests."""
-    if job.spec.task.type == "llm":
+    Checked by the reconciler, not the builders: `rljob render` still prints such a job's manifests."""
+    spec = job.spec
+    if spec.task.type != "llm":
+        return None
+    if spec.rollout.engine not in (None, "hf"):
         return (
-            "spec.task.type: llm training is not part of this rljob version yet (gym tasks only); "
-            "`rljob render` shows the pods it would create. Set spec.task.type: gym with a spec.task.gym "
-            "section to train here"
+            f"spec.rollout.engine: the {spec.rollout.engine} engine is not part of this rljob version yet; "
+            "set spec.rollout.engine: hf (Hugging Face generate; `rljob render` shows the pods either way)"
         )
+    for i, fn in enumerate(spec.reward.functions):
+        if fn.builtin == "code_exec":
+            return (
+                f"spec.reward.functions[{i}].builtin: code_exec needs the sandboxed code-execution runtime, "
+                "which is not part of this rljob version yet; use exact_match, math_verify, format, "
+                "length_penalty or a module"
+            )
     return None
 
 

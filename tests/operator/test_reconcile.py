@@ -33,11 +33,12 @@ def job(**spec: Any):
     return validate_job(data)
 
 
-def arithmetic_job(rollout_replicas: int = 1):
+def arithmetic_job(rollout_replicas: int = 1, engine: str = "hf"):
     """The tiny GRPO arithmetic example (1 actor, rollout and reward pod): an llm task."""
     data = load_job_file(LLM_EXAMPLE).model_dump(mode="json", by_alias=True, exclude_none=True)
     data["metadata"] = {"name": "ar", "namespace": "ns", "uid": "u-2", "generation": 1}
     data["spec"]["roles"]["rollout"]["replicas"] = rollout_replicas
+    data["spec"]["rollout"]["engine"] = engine
     return validate_job(data)
 
 
@@ -202,13 +203,19 @@ def test_a_spec_change_restart_starts_the_replicas_with_a_clean_record() -> None
     assert result.status.phase == "Restarting" and result.status.replica_failures == {}
 
 
-def test_an_llm_job_fails_as_unsupported_before_any_pod_exists() -> None:
-    llm = arithmetic_job()
+def test_an_llm_job_on_the_hf_engine_gets_its_actor_rollout_and_reward_pods() -> None:
+    result = plan(observe(RLJobStatus(), [], the_job=arithmetic_job()))
+    assert sorted(result.create) == ["ar-actor-0", "ar-reward-0", "ar-rollout-0"]
+    assert result.status.phase != "Failed"
+
+
+def test_an_llm_job_on_an_engine_this_version_lacks_fails_as_unsupported_before_any_pod_exists() -> None:
+    llm = arithmetic_job(engine="vllm")
     result = plan(observe(RLJobStatus(), [], the_job=llm))
     failed = next(c for c in result.status.conditions if c.type == "Failed")
     assert result.status.phase == "Failed" and failed.reason == "UnsupportedTask"
-    assert failed.message.startswith("spec.task.type: llm training is not part of this rljob version yet")
-    assert "`rljob render`" in failed.message and "spec.task.type: gym" in failed.message
+    assert failed.message.startswith("spec.rollout.engine: the vllm engine is not part of this rljob version yet")
+    assert "set spec.rollout.engine: hf" in failed.message
     assert result.create == [] and [e.reason for e in result.events] == ["UnsupportedTask"]
     # Replays change nothing; an edit of the spec (a new generation) gets another check.
     assert plan(observe(result.status, [], the_job=llm)).events == []
@@ -216,12 +223,12 @@ def test_an_llm_job_fails_as_unsupported_before_any_pod_exists() -> None:
     assert edited.status.phase == "Pending" and sorted(edited.create) == sorted(ALL)
 
 
-def test_llm_rollouts_scale_in_place_when_unsupported_tasks_are_allowed() -> None:
-    """What the operator would do with a running llm job: new rollout replicas only, actors untouched."""
+def test_llm_rollouts_scale_in_place() -> None:
+    """A running llm job's rollout count changes: new rollout replicas only, actors untouched."""
     scaled = arithmetic_job(rollout_replicas=3)
     names = ["ar-actor-0", "ar-rollout-0", "ar-reward-0"]
     running = [replace(pod(n), uid=f"uid-{n}") for n in names]
-    result = plan(observe(RLJobStatus(phase="Running"), running, the_job=scaled, allow_unsupported_tasks=True))
+    result = plan(observe(RLJobStatus(phase="Running"), running, the_job=scaled))
     assert sorted(result.create) == ["ar-rollout-1", "ar-rollout-2"] and result.delete == []
     assert result.status.phase == "Running"
 

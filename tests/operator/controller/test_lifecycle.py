@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import aiohttp
 import kmock
 import yaml
@@ -86,10 +84,9 @@ async def _scale_rollouts(kube: KubernetesApiEmulator, job: str, replicas: int) 
 async def test_scaling_rollout_adds_and_removes_rollout_pods_without_touching_actors(
     kube: KubernetesApiEmulator, cluster: Cluster
 ) -> None:
-    """Rollouts of an llm job are interchangeable servers, so their count changes in place. This version
-    fails llm jobs (UnsupportedTask) before any pod exists, so the test lets the operator deploy one."""
+    """Rollouts of an llm job are interchangeable servers, so their count changes in place."""
     llm_pods = {"ar-actor-0", "ar-rollout-0", "ar-reward-0"}
-    async with operator_running(kube, config=replace(FAST, allow_unsupported_tasks=True)):
+    async with operator_running(kube, config=FAST):
         cluster.create_job(arithmetic_job())
         await eventually(lambda: set(cluster.pods("ar")) == llm_pods)
         cluster.run_all("ar")
