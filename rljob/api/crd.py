@@ -22,6 +22,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Accuracy", "type": "number", "jsonPath": ".status.progress.accuracy", "priority": 1},
     {"name": "Total", "type": "integer", "jsonPath": ".status.progress.totalSteps", "priority": 1},
     {"name": "Actors", "type": "integer", "jsonPath": ".status.roles.actor.ready", "priority": 1},
     {"name": "Rollouts", "type": "integer", "jsonPath": ".status.roles.rollout.ready", "priority": 1},

@@ -57,6 +57,8 @@ class Progress(StatusModel):
     step: int = 0
     total_steps: int = 0
     reward_mean: float | None = None
+    accuracy: float | None = None
+    """llm jobs: share of the step's samples the correctness reward scored right."""
     updated_at: str | None = None
 
 

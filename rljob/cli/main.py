@@ -95,10 +95,12 @@ def validate(
 
 
 def _note_unsupported(job: RLJob) -> None:
-    if job.spec.task.type == "llm":
+    from rljob.operator.reconcile import unsupported_task
+
+    why = unsupported_task(job)
+    if why is not None:
         typer.secho(
-            f"note: {job.name}: this rljob version trains gym tasks only; `rljob run` and the operator "
-            "refuse llm jobs until the LLM runtime lands (the manifest itself is valid)",
+            f"note: {job.name}: the manifest is valid, but this rljob version cannot train it yet: {why}",
             fg=typer.colors.YELLOW,
             err=True,
         )

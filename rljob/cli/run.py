@@ -72,6 +72,25 @@ def last_episodes_mean(metrics_path: Path, episodes: int = 20) -> float | None:
     return sum(tail) / len(tail) if tail else None
 
 
+def accuracy_summary(metrics_path: Path, window: int = 10) -> str | None:
+    """llm jobs: mean accuracy of the first and last `window` steps, and the last held-out accuracy."""
+    if not metrics_path.exists():
+        return None
+    from rljob.runtime.metrics import read_metrics
+
+    records = read_metrics(metrics_path)
+    values = [r["accuracy"] for r in records if r.get("accuracy") is not None]
+    if not values:
+        return None
+    first, last = values[:window], values[-window:]
+    before, after = sum(first) / len(first), sum(last) / len(last)
+    text = f"accuracy {before:.3f} (first {len(first)} steps) -> {after:.3f} (last {len(last)})"
+    held_out = [r["eval_accuracy"] for r in records if r.get("eval_accuracy") is not None]
+    if held_out:
+        text += f"; held-out accuracy {held_out[0]:.3f} -> {held_out[-1]:.3f}"
+    return text
+
+
 def run(
     file: Annotated[Path, typer.Argument(help="RLJob manifest (YAML).", dir_okay=False)],
     out: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/<job>-<timestamp>).")] = None,
@@ -116,7 +135,7 @@ def run(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("return {task.fields[ret]}"),
+        TextColumn("{task.fields[score]}"),
         TextColumn("{task.fields[rate]} steps/s"),
         TimeElapsedColumn(),
         TextColumn("ETA"),
@@ -124,7 +143,8 @@ def run(
         console=console,
         transient=False,
     )
-    task = progress.add_task(job.name, total=total, ret="-", rate="-")
+    score_name = "return" if job.spec.task.type == "gym" else "reward"
+    task = progress.add_task(job.name, total=total, score=f"{score_name} -", rate="-")
     state = {"last": 0.0, "first_step": None, "first_time": 0.0}
 
     def tick() -> None:
@@ -141,12 +161,12 @@ def run(
         elapsed = now - state["first_time"]
         rate = (step - state["first_step"]) / elapsed if elapsed > 0 else 0.0
         reward = report.get("rewardMean")
-        progress.update(
-            task,
-            completed=step,
-            ret=f"{reward:.1f}" if reward is not None else "-",
-            rate=f"{rate:.1f}",
+        score = (
+            f"{score_name} {reward:.{1 if score_name == 'return' else 3}f}" if reward is not None else f"{score_name} -"
         )
+        if report.get("accuracy") is not None:
+            score += f" accuracy {report['accuracy']:.3f}"
+        progress.update(task, completed=step, score=score, rate=f"{rate:.1f}")
 
     console.print(f"[bold]rljob run[/] {escape(str(file))} -> {escape(str(run_dir))}")
     with progress:
@@ -170,6 +190,12 @@ def run(
         console.print(f"[bold red]failed[/]: {escape(result.reason)}")
     if reached is not None:
         console.print(f"mean return over the last 20 episodes: [bold]{reached:.1f}[/]")
+    learned = accuracy_summary(metrics_path)
+    if learned is not None:
+        console.print(learned)
+    model_dir = run_dir / "model"
+    if model_dir.exists():
+        console.print(f"model:   {escape(str(model_dir))} (Hugging Face format)")
     if result.actor_restarts or result.replica_restarts:
         console.print(f"restarts: actor group {result.actor_restarts}, replicas {result.replica_restarts}")
     console.print(f"metrics: {escape(str(metrics_path))}")

@@ -18,7 +18,7 @@ from rljob.api.status import Progress
 
 logger = logging.getLogger(__name__)
 
-PROGRESS_KEYS = ("step", "totalSteps", "rewardMean", "updatedAt")
+PROGRESS_KEYS = ("step", "totalSteps", "rewardMean", "accuracy", "updatedAt")
 
 ProgressUrl = Callable[[dict[str, Any], int], "str | None"]
 
@@ -54,7 +54,7 @@ class ProgressReader:
                 data = await response.json(content_type=None)
             if not isinstance(data, dict):
                 return None
-            # The contract's four keys; anything else an actor adds later is not status material.
+            # The contract's keys (accuracy only from llm jobs); anything else is not status material.
             known = {k: data[k] for k in PROGRESS_KEYS if k in data}
             return Progress.model_validate(known, by_alias=True)
         except (aiohttp.ClientError, TimeoutError, ValueError, ValidationError) as exc:

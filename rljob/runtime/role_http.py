@@ -31,15 +31,20 @@ class Progress:
     step: int
     total_steps: int
     reward_mean: float | None = None
+    accuracy: float | None = None
+    """llm jobs: share of samples the correctness reward (exact_match, math_verify) scores right."""
     updated_at: str = field(default_factory=rfc3339_now)
 
     def to_json(self) -> dict[str, object]:
-        return {
+        data: dict[str, object] = {
             "step": self.step,
             "totalSteps": self.total_steps,
             "rewardMean": self.reward_mean,
             "updatedAt": self.updated_at,
         }
+        if self.accuracy is not None:
+            data["accuracy"] = self.accuracy
+        return data
 
 
 class ProgressTracker:
@@ -49,11 +54,14 @@ class ProgressTracker:
         self._lock = threading.Lock()
         self._progress = Progress(step=step, total_steps=total_steps)
 
-    def update(self, step: int, reward_mean: float | None) -> None:
+    def update(self, step: int, reward_mean: float | None, accuracy: float | None = None) -> None:
         with self._lock:
             # A step without finished episodes keeps the last known reward rather than blanking it.
             reward = reward_mean if reward_mean is not None else self._progress.reward_mean
-            self._progress = Progress(step=step, total_steps=self._progress.total_steps, reward_mean=reward)
+            accuracy = accuracy if accuracy is not None else self._progress.accuracy
+            self._progress = Progress(
+                step=step, total_steps=self._progress.total_steps, reward_mean=reward, accuracy=accuracy
+            )
 
     def snapshot(self) -> Progress:
         with self._lock:

@@ -38,7 +38,7 @@ def test_task_dependent_defaults_are_filled():
     llm = load_job_file(Path("examples/grpo-tiny-arithmetic.yaml"))
     assert llm.spec.roles.env.replicas == 0 and llm.spec.roles.reward.replicas == 1
     assert llm.spec.model.builtin.architecture == "tiny-qwen2"
-    assert llm.spec.rollout.max_tokens == 8
+    assert llm.spec.rollout.max_tokens == llm.spec.task.llm.max_response_length == 2
 
 
 @pytest.mark.parametrize(("name", "expected"), [("dapo", True), ("grpo", False), ("gspo", False)])

@@ -59,7 +59,7 @@ def test_render_prints_the_resolved_job_with_defaults_filled():
     assert result.exit_code == 0, result.output
     job = next(d for d in yaml.safe_load_all(result.stdout) if d and d.get("kind") == "RLJob")
     assert job["spec"]["algorithm"]["groupSize"] == 8
-    assert job["spec"]["rollout"]["maxTokens"] == 8
+    assert job["spec"]["rollout"]["maxTokens"] == job["spec"]["task"]["llm"]["maxResponseLength"]
     assert job["spec"]["checkpoint"]["resume"] == "auto"
     assert "status" not in job
 
@@ -103,10 +103,12 @@ def test_validate_reports_what_only_the_pod_builders_see(tmp_path: Path):
     assert "spec.logging.prometheusPort" in result.output
 
 
-def test_validate_says_llm_jobs_do_not_run_in_this_version():
-    result = runner.invoke(app, ["validate", str(REPO / "examples" / "grpo-tiny-arithmetic.yaml")])
-    assert result.exit_code == 0
-    assert "trains gym tasks only" in result.output
+def test_validate_says_which_llm_jobs_this_version_cannot_train():
+    runnable = runner.invoke(app, ["validate", str(REPO / "examples" / "grpo-tiny-arithmetic.yaml")])
+    assert runnable.exit_code == 0 and "note:" not in runnable.output
+    vllm = runner.invoke(app, ["validate", str(REPO / "examples" / "grpo-qwen-math-h100.yaml")])
+    assert vllm.exit_code == 0
+    assert "cannot train it yet: spec.rollout.engine: the vllm engine" in vllm.output
 
 
 def test_validate_on_a_directory_says_to_pass_the_files(tmp_path: Path):

@@ -376,7 +376,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
                 record.update(_evaluate(controller, eval_rows, learner.step))
             line = run_metrics.log(learner.step, record) if run_metrics else {"step": learner.step, **record}
             health.metrics.observe(line)
-            tracker.update(learner.step, record["reward_mean"])
+            tracker.update(learner.step, record["reward_mean"], record["accuracy"])
             if learner.step % 10 == 0 or learner.step == total or learner.step == 1:
                 context.log.info(
                     "step %d/%d reward %.3f accuracy %s",

@@ -5,7 +5,8 @@ Sources (`spec.task.llm.dataset`, exactly one):
   (files whose name starts with the split, e.g. `train-0.parquet`, when there are any; otherwise all);
 - `name`: a dataset on the Hugging Face hub through `datasets` (offline from its cache when
   `HF_DATASETS_OFFLINE=1`/`HF_HUB_OFFLINE=1`);
-- `builtin: arithmetic`: `"a+b="` -> `"a+b"` for single digits, generated from the seed: nothing to read.
+- `builtin: arithmetic`: `"a+b="` -> the sum, operands in 0..`maxOperand`, generated from the seed: nothing
+  to read.
 
 Every error names the field to change (`DatasetError`), before any process starts.
 """
@@ -122,7 +123,7 @@ def load_rows(task: LLMTask, seed: int = 0, base_dir: Path | None = None) -> lis
     """Every row of the configured split, checked to carry the prompt and answer keys."""
     dataset = task.dataset
     if dataset.builtin == "arithmetic":
-        rows = arithmetic_rows(dataset.size, seed)
+        rows = arithmetic_rows(dataset.size, seed, dataset.max_operand)
     elif dataset.path is not None:
         rows = [r for f in _files(resolve_path(dataset.path, base_dir), dataset.split) for r in _read_file(f)]
     elif dataset.name is not None:

@@ -69,7 +69,9 @@ def build_char_tokenizer(texts: list[str]) -> Any:
 
 def tokenizer_texts(task: LLMTask, rows: list[dict[str, Any]]) -> list[str]:
     """Every text the model reads or writes: the rows, the template around them, the chat markup if used."""
-    texts = [task.prompt_template.replace("{prompt}", ""), task.system_prompt or "", "\n"]
+    texts = [task.prompt_template.replace("{prompt}", ""), task.system_prompt or ""]
+    if task.system_prompt is not None:
+        texts.append("\n")  # the line break after the system prompt
     if task.apply_chat_template:
         texts.append(_CHAT_TEXT)
     for row in rows:
