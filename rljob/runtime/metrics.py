@@ -32,6 +32,12 @@ LENGTH_MEAN = "length_mean"
 EPISODES = "episodes"
 REWARD_MEAN = "reward_mean"
 """Mean sequence reward of this step's samples (llm)."""
+ACCURACY = "accuracy"
+"""Share of this step's samples the correctness reward (exact_match, math_verify) scored right (llm)."""
+EVAL_ACCURACY = "eval_accuracy"
+"""The same on held-out prompts (llm, every evaluation.interval steps)."""
+SAMPLES = "samples"
+"""Generated responses trained on so far (llm)."""
 POLICY_LOSS = "policy_loss"
 VALUE_LOSS = "value_loss"
 ENTROPY = "entropy"
@@ -157,12 +163,14 @@ def plot_curve(records: list[dict[str, Any]], path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), constrained_layout=True)
-    for key, label in ((RETURN_MEAN, "mean episodic return"), (REWARD_MEAN, "mean reward")):
-        points = [(r.get(ENV_STEPS, r[STEP]), r[key]) for r in records if r.get(key) is not None]
+    x_key = SAMPLES if any(SAMPLES in r for r in records) else ENV_STEPS
+    curves = ((RETURN_MEAN, "mean episodic return"), (REWARD_MEAN, "mean reward"), (ACCURACY, "accuracy"))
+    for key, label in (*curves, (EVAL_ACCURACY, "held-out accuracy")):
+        points = [(r.get(x_key, r[STEP]), r[key]) for r in records if r.get(key) is not None]
         if points:
             xs, ys = zip(*points, strict=True)
-            top.plot(xs, ys, label=label)
-    top.set_xlabel("env steps" if any(ENV_STEPS in r for r in records) else "step")
+            top.plot(xs, ys, label=label, marker="o" if key == EVAL_ACCURACY else None)
+    top.set_xlabel({SAMPLES: "samples", ENV_STEPS: "env steps"}[x_key] if any(x_key in r for r in records) else "step")
     top.set_title("learning curve")
     top.grid(alpha=0.3)
     if top.lines:
@@ -189,6 +197,8 @@ _GAUGES: dict[str, tuple[str, str]] = {
     RETURN_MEAN: ("rljob_episodic_return", "Mean episodic return of the episodes finished in the last step."),
     LENGTH_MEAN: ("rljob_episodic_length", "Mean episode length of the episodes finished in the last step."),
     REWARD_MEAN: ("rljob_reward_mean", "Mean sample reward of the last step."),
+    ACCURACY: ("rljob_accuracy", "Share of the last step's samples scored right by the correctness reward (llm)."),
+    EVAL_ACCURACY: ("rljob_eval_accuracy", "Accuracy on held-out prompts at the last evaluation (llm)."),
     POLICY_LOSS: ("rljob_policy_loss", "Policy (surrogate) loss of the last step."),
     VALUE_LOSS: ("rljob_value_loss", "Value loss of the last step."),
     ENTROPY: ("rljob_policy_entropy", "Mean policy entropy of the last step."),

@@ -33,7 +33,7 @@ from rljob.runtime.checkpoint import (
 from rljob.runtime.llm.data import PromptStream, Row, render_prompt, split_off
 from rljob.runtime.llm.engine import Sampling
 from rljob.runtime.llm.learner import LLMLearner, Sample
-from rljob.runtime.llm.policy import export_hf
+from rljob.runtime.llm.policy import ModelSourceError, export_hf, load_policy
 from rljob.runtime.llm.pool import ChunkResult, RewardPool, RolloutPool
 from rljob.runtime.llm.setup import job_rows, load_job_policy, role_device
 from rljob.runtime.metrics import RunMetrics, phase_key
@@ -271,7 +271,16 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         train_rows, eval_rows = split_off(all_rows, evaluation.size, spec.trainer.seed)
     reference = None
     if spec.algorithm.kl_coef > 0:
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
+        ref = spec.model.reference
+        if ref is None or ref.source == "initial":
+            reference = copy.deepcopy(model)
+        else:
+            ref_model = spec.model.model_copy(update={"source": ref.source, "path": ref.path, "hub_id": ref.hub_id})
+            try:
+                reference, _ = load_policy(ref_model, task, all_rows, spec.trainer.seed, device, spec.trainer.precision)
+            except ModelSourceError as exc:
+                raise FatalConfigError(str(exc).replace("spec.model.", "spec.model.reference.")) from None
+        reference.eval().requires_grad_(False)
     learner = LLMLearner(
         model,
         spec.algorithm,
