@@ -174,8 +174,10 @@ class Controller:
         if overlong is not None:
             lengths = torch.tensor([s["response_tokens"] for s in samples], dtype=torch.float64)
             rewards = rewards + overlong_penalty(lengths, self.max_tokens, overlong.buffer, overlong.penalty).numpy()
-        for i, g in enumerate(groups):
-            part = slice(i * self.group_size, (i + 1) * self.group_size)
+        start = 0
+        for g in groups:  # evaluation groups hold evaluation.samplesPerPrompt completions, not groupSize
+            part = slice(start, start + len(g.completions))
+            start = part.stop
             g.rewards = rewards[part]
             g.terms = {name: values[part] for name, values in terms.items()}
         self.reward_errors = errors
