@@ -36,7 +36,7 @@ from rljob.runtime.llm.learner import LLMLearner, Sample
 from rljob.runtime.llm.policy import ModelSourceError, export_hf, load_policy
 from rljob.runtime.llm.pool import ChunkResult, RewardPool, RolloutPool
 from rljob.runtime.llm.setup import job_rows, load_job_policy, role_device
-from rljob.runtime.metrics import RunMetrics, phase_key
+from rljob.runtime.metrics import RunMetrics, keep_records_until, phase_key
 from rljob.runtime.role_http import ProgressTracker
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
 from rljob.runtime.transport import process_tag
@@ -174,8 +174,10 @@ class Controller:
         if overlong is not None:
             lengths = torch.tensor([s["response_tokens"] for s in samples], dtype=torch.float64)
             rewards = rewards + overlong_penalty(lengths, self.max_tokens, overlong.buffer, overlong.penalty).numpy()
-        for i, g in enumerate(groups):
-            part = slice(i * self.group_size, (i + 1) * self.group_size)
+        start = 0
+        for g in groups:  # evaluation groups hold evaluation.samplesPerPrompt completions, not groupSize
+            part = slice(start, start + len(g.completions))
+            start = part.stop
             g.rewards = rewards[part]
             g.terms = {name: values[part] for name, values in terms.items()}
         self.reward_errors = errors
@@ -322,7 +324,11 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     accuracy_key = accuracy_term(spec)
     tracker = ProgressTracker(total_steps=total, step=learner.step)
     health.server.set_progress_provider(tracker.snapshot)
-    run_metrics = RunMetrics(identity.run_dir, spec.logging.tensorboard) if identity.run_dir else None
+    run_metrics = None
+    if identity.run_dir:
+        # After a resume the steps past the checkpoint are redone: their old records go, wall time continues.
+        previous_wall = keep_records_until(Path(identity.run_dir) / "metrics.jsonl", learner.step)
+        run_metrics = RunMetrics(identity.run_dir, spec.logging.tensorboard, start_time=time.time() - previous_wall)
     health.ready()
     context.log.info(
         "training %d steps from step %d: %d prompts x %d samples per step, %d actor rank(s), %d rollout(s)",

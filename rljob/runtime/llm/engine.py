@@ -107,13 +107,18 @@ class HFEngine:
         for i, p in enumerate(prompts):  # left padding: every prompt ends where generation starts
             ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             mask[i, width - len(p) :] = 1
+        copies = 1
+        if sampling.greedy and sampling.n > 1:
+            # transformers refuses num_return_sequences > 1 without sampling: repeat the prompts instead.
+            ids, mask = ids.repeat_interleave(sampling.n, dim=0), mask.repeat_interleave(sampling.n, dim=0)
+            copies = sampling.n
         config = GenerationConfig(
             max_new_tokens=sampling.max_tokens,
             do_sample=not sampling.greedy,
             temperature=sampling.temperature if not sampling.greedy else None,
             top_p=sampling.top_p if not sampling.greedy else None,
             top_k=(sampling.top_k or 0) if not sampling.greedy else None,
-            num_return_sequences=sampling.n,
+            num_return_sequences=sampling.n // copies,
             pad_token_id=self.pad_id,
             eos_token_id=sorted(self.eos_ids),
             stop_strings=list(sampling.stop) or None,

@@ -42,17 +42,35 @@ def _dtype(model: ModelSpec, precision: str, device: torch.device) -> torch.dtyp
     return torch.float32  # CPU kernels are fp32-first; bf16 on CPU is slower here and less exact
 
 
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
+    r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+"""Qwen2's pre-tokenizer split (transformers' Qwen2Tokenizer): the char tokenizer splits text exactly as it does."""
+
+
 def build_char_tokenizer(texts: list[str]) -> Any:
-    """A character-level fast tokenizer whose vocabulary is every character of `texts` (sorted: deterministic)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    """A character-level fast tokenizer whose vocabulary is every character of `texts` (sorted: deterministic).
+
+    It is Qwen2's byte-level BPE with single-byte tokens and no merges, because `AutoTokenizer` loads any
+    directory whose config says `qwen2` as a `Qwen2Tokenizer`, rebuilt from the vocabulary and merges alone:
+    a tokenizer of another kind (WordLevel, say) would come back tokenizing differently from the exported
+    model's (and vLLM's) point of view. ASCII characters are one token each; a character outside ASCII is
+    one token per UTF-8 byte. Characters that no text holds have no token (Qwen2's BPE has no unknown token).
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    chars = sorted(set("".join(texts)))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    chars = sorted({c for text in texts for piece, _ in byte_level.pre_tokenize_str(text) for c in piece})
     specials = [SPECIAL_TOKENS[k] for k in ("pad", "bos", "eos", "unk")]
     vocab = {token: i for i, token in enumerate([*specials, *chars])}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL_TOKENS["unk"]))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], continuing_subword_prefix="", end_of_word_suffix=""))
+    core.normalizer = normalizers.NFC()
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False), byte_level]
+    )
+    core.decoder = decoders.ByteLevel()
     bos = SPECIAL_TOKENS["bos"]
     core.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
     tokenizer = PreTrainedTokenizerFast(

@@ -1,0 +1,182 @@
+"""The GRPO-family update: the same step whatever the micro-batch split or rank count; KL, off-policy, shapes."""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from rljob.api.spec import AlgorithmSpec, BuiltinNetwork, ModelSpec, OffPolicyCorrection, TrainerSpec
+from rljob.runtime.llm.learner import BatchShapeError, LLMLearner, collate, token_logprobs
+from rljob.runtime.llm.policy import build_char_tokenizer, build_tiny_qwen2
+
+TOKENIZER = build_char_tokenizer(["0123456789+=-*/ abcdefgh"])
+VOCAB = len(TOKENIZER)
+FIRST_TOKEN = 4  # after <pad> <s> </s> <unk>
+TINY = ModelSpec(source="builtin", builtin=BuiltinNetwork(architecture="tiny-qwen2", hidden_size=32, num_layers=1))
+SAMPLES = 16
+MAX_RESPONSE = 7
+STAT_KEYS = ("policy_loss", "entropy", "kl", "clip_fraction", "mismatch_kl", "mismatch_max_gap", "grad_norm")
+
+
+def make_model() -> torch.nn.Module:
+    return build_tiny_qwen2(TINY, TOKENIZER, max_length=32, seed=0)
+
+
+def make_samples(seed: int, count: int = SAMPLES) -> list[dict]:
+    """Random prompts and responses of ragged lengths, advantages and (made-up) rollout logprobs."""
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for _ in range(count):
+        prompt_len = int(torch.randint(2, 7, (1,), generator=g))
+        response_len = int(torch.randint(1, MAX_RESPONSE + 1, (1,), generator=g))
+        tokens = torch.randint(FIRST_TOKEN, VOCAB, (prompt_len + response_len,), generator=g).tolist()
+        samples.append(
+            {
+                "prompt_ids": [TOKENIZER.bos_token_id, *tokens[:prompt_len]],
+                "response_ids": tokens[prompt_len:],
+                "rollout_logprobs": (-3.0 + 0.3 * torch.randn(response_len, generator=g)).tolist(),
+                "advantage": float(torch.randn(1, generator=g)),
+                "reward": 0.0,
+                "version": 0,
+            }
+        )
+    return samples
+
+
+def make_learner(
+    algorithm: AlgorithmSpec,
+    micro_batch_size: int | None = None,
+    rank: int = 0,
+    world: int = 1,
+    reference: torch.nn.Module | None = None,
+    model: torch.nn.Module | None = None,
+) -> LLMLearner:
+    # Plain SGD: parameters then differ exactly as gradients do. Adam would hide a gradient scaled by a wrong
+    # normalizer (its step is scale-free) and blow float noise on zero-gradient parameters (a key bias) up to lr.
+    trainer = TrainerSpec(
+        steps=10, optimizer="sgd", learning_rate=0.05, micro_batch_size=micro_batch_size, seed=3, grad_clip=None
+    )
+    return LLMLearner(
+        make_model() if model is None else model,
+        algorithm,
+        trainer,
+        pad_id=TOKENIZER.pad_token_id,
+        temperature=0.9,
+        max_response_tokens=MAX_RESPONSE,
+        reference=reference,
+        rank=rank,
+        world_size=world,
+    )
+
+
+def flat_params(learner: LLMLearner) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in learner.model.parameters()])
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("name", ["grpo", "gspo", "cispo"])
+def test_micro_batch_size_does_not_change_the_update(name, aggregation):
+    algorithm = AlgorithmSpec(name=name, loss_aggregation=aggregation, minibatches=2, epochs=2, clip_ratio_high=0.28)
+    whole, quarters = make_learner(algorithm), make_learner(algorithm, micro_batch_size=SAMPLES // 2 // 4)
+    assert torch.equal(flat_params(whole), flat_params(quarters))
+    for seed in (0, 1):  # a second step starts from moved weights and a moved optimizer
+        stats_whole, stats_quarters = whole.update(make_samples(seed)), quarters.update(make_samples(seed))
+        for key in STAT_KEYS:
+            assert stats_quarters[key] == pytest.approx(stats_whole[key], rel=1e-5, abs=1e-6), key
+        assert stats_whole["response_tokens"] == stats_quarters["response_tokens"]
+    moved = flat_params(whole) - flat_params(make_model())
+    assert float(moved.abs().max()) > 1e-4  # the update did something
+    assert torch.allclose(flat_params(quarters), flat_params(whole), atol=1e-6)
+
+
+RANK_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, torch, torch.distributed as dist
+    sys.path.insert(0, sys.argv[4])
+    from test_learner import TWO_RANK_ALGORITHM, flat_params, make_learner, make_samples
+    rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    torch.manual_seed(100 + rank)  # ranks must not depend on their own RNG: rank 0's weights are broadcast
+    learner = make_learner(TWO_RANK_ALGORITHM, micro_batch_size=2, rank=rank, world=2)
+    stats = [learner.update(make_samples(seed)) for seed in (0, 1)]
+    if rank == 0:
+        json.dump({"stats": stats, "params": flat_params(learner).tolist()}, open(out, "w"))
+    learner.leave_group()
+    """
+)
+TWO_RANK_ALGORITHM = AlgorithmSpec(name="grpo", loss_aggregation="token-mean", minibatches=2, clip_ratio_high=0.28)
+
+
+def test_two_ranks_update_like_one(tmp_path):
+    single = make_learner(TWO_RANK_ALGORITHM)
+    stats = [single.update(make_samples(seed)) for seed in (0, 1)]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "rank0.json"
+    here = str(Path(__file__).parent)
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(rank), str(port), str(out), here]) for rank in (0, 1)
+    ]
+    assert [p.wait(timeout=120) for p in ranks] == [0, 0]
+    distributed = json.loads(out.read_text())
+    # Each rank trains on half of every minibatch; losses divide by the global count and gradients are summed.
+    assert torch.allclose(torch.tensor(distributed["params"]), flat_params(single), atol=1e-6)
+    for mine, theirs in zip(stats, distributed["stats"], strict=True):
+        for key in STAT_KEYS:
+            assert theirs[key] == pytest.approx(mine[key], rel=1e-5, abs=1e-6), key
+
+
+def test_kl_to_the_reference_is_zero_at_the_start_and_then_pulls_the_update():
+    with_kl = AlgorithmSpec(name="grpo", kl_coef=0.5)
+    model = make_model()
+    learner = make_learner(with_kl, model=model, reference=copy.deepcopy(model).requires_grad_(False))
+    without = make_learner(AlgorithmSpec(name="grpo"))
+    first = learner.update(make_samples(0))
+    assert first["kl"] == pytest.approx(0.0, abs=1e-9)  # the policy is its reference before the first step
+    assert without.update(make_samples(0))["kl"] == 0.0
+    # The k3 gradient vanishes at the reference, so the first steps agree; after that the KL term pulls.
+    assert torch.allclose(flat_params(learner), flat_params(without), atol=1e-7)
+    second = learner.update(make_samples(1))
+    without.update(make_samples(1))
+    assert second["kl"] > 0.0
+    assert not torch.allclose(flat_params(learner), flat_params(without), atol=1e-7)
+
+
+def test_tis_corrects_tokens_whose_rollout_logprobs_are_far_off():
+    algorithm = AlgorithmSpec(name="grpo", off_policy=OffPolicyCorrection(type="tis", high=2.0))
+    samples = make_samples(0)
+    model = make_model()
+    with torch.no_grad():
+        trainer, _ = token_logprobs(model, collate(samples, TOKENIZER.pad_token_id), 0.9, with_entropy=False)
+    batch = collate(samples, TOKENIZER.pad_token_id)
+    for i, sample in enumerate(samples):
+        start = len(sample["prompt_ids"]) - 1
+        sample["rollout_logprobs"] = trainer[i, start : start + len(sample["response_ids"])].tolist()
+    assert batch.response_mask.sum() == sum(len(s["response_ids"]) for s in samples)
+    close = make_learner(algorithm, model=copy.deepcopy(model)).update(samples)
+    assert close["corrected_fraction"] == 0.0
+    assert close["mismatch_max_gap"] < 1e-5
+    far_samples = [{**s, "rollout_logprobs": [lp - 3.0 for lp in s["rollout_logprobs"]]} for s in samples]
+    far = make_learner(algorithm, model=copy.deepcopy(model)).update(far_samples)
+    assert far["corrected_fraction"] == pytest.approx(1.0)  # every ratio is e^3 > offPolicy.high
+    assert far["mismatch_max_gap"] == pytest.approx(3.0, abs=1e-4)
+    assert far["mismatch_kl"] > 1.0
+
+
+def test_a_batch_that_cannot_split_names_algorithm_minibatches():
+    learner = make_learner(AlgorithmSpec(name="grpo", minibatches=2))
+    with pytest.raises(BatchShapeError, match=r"algorithm\.minibatches \(2\) x actor ranks \(1\)"):
+        learner.update(make_samples(0, count=15))
+    learner.world_size = 3  # 16 samples over 2 minibatches x 3 ranks
+    with pytest.raises(BatchShapeError, match=r"algorithm\.minibatches"):
+        learner.shard(make_samples(0))
