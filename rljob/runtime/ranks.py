@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from rljob.runtime.identity import EXIT_FATAL_CONFIG, RoleIdentity
 
@@ -197,3 +197,18 @@ def nccl_usage_problem(exc: BaseException) -> str | None:
     if "nccl" in lowered and ("invalid usage" in lowered or "ncclinvalidusage" in lowered):
         return lines[0] if lines else "NCCL invalid usage"
     return None
+
+
+def join_actor_group(identity: RoleIdentity, device: Any, timeout_minutes: float) -> None:
+    """Join the actor ranks' torch.distributed group (NCCL between GPUs, gloo on CPU); rank 0 hosts it."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        init_method=f"tcp://{identity.master_addr}:{identity.master_port}",
+        rank=identity.rank,
+        world_size=identity.world_size,
+        timeout=datetime.timedelta(minutes=timeout_minutes),
+    )

@@ -12,7 +12,6 @@ so no step is skipped or done twice.
 
 from __future__ import annotations
 
-import datetime
 import math
 import os
 import time
@@ -52,14 +51,14 @@ from rljob.runtime.metrics import (
     keep_records_until,
     phase_key,
 )
-from rljob.runtime.ranks import nccl_usage_problem
+from rljob.runtime.ranks import join_actor_group, nccl_usage_problem
 from rljob.runtime.retry import retry
 from rljob.runtime.role_http import ProgressTracker
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
 from rljob.runtime.transport import RequestClient, RequestTimeout, TransportError, process_tag
 from rljob.runtime.weight_sync import WeightPublisher
 
-GROUP_TIMEOUT = datetime.timedelta(minutes=5)
+GROUP_TIMEOUT_MINUTES = 5
 ROLLOUT_WAIT_S = 300.0
 """How long rank 0 waits for a silent rollout replica (being replaced, say) before it fails."""
 ENV_WAIT_S = 600.0
@@ -280,13 +279,7 @@ def run_actor(context: RoleContext) -> int:
     try:
         device = _device(context)
         if world > 1:
-            dist.init_process_group(
-                "nccl" if device.type == "cuda" else "gloo",
-                init_method=f"tcp://{identity.master_addr}:{identity.master_port}",
-                rank=rank,
-                world_size=world,
-                timeout=GROUP_TIMEOUT,
-            )
+            join_actor_group(identity, device, GROUP_TIMEOUT_MINUTES)
             context.log.info(
                 "rank %d of %d (local rank %d of %d) on %s",
                 rank,

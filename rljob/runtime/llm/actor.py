@@ -11,7 +11,6 @@ trains, so generation overlaps training; every group is checked against k before
 from __future__ import annotations
 
 import copy
-import datetime
 import math
 import time
 from dataclasses import dataclass
@@ -37,12 +36,13 @@ from rljob.runtime.llm.policy import ModelSourceError, export_hf, load_policy
 from rljob.runtime.llm.pool import ChunkResult, RewardPool, RolloutPool
 from rljob.runtime.llm.setup import job_rows, load_job_policy, role_device
 from rljob.runtime.metrics import RunMetrics, keep_records_until, phase_key
+from rljob.runtime.ranks import join_actor_group
 from rljob.runtime.role_http import ProgressTracker
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
 from rljob.runtime.transport import process_tag
 from rljob.runtime.weight_sync import WeightPublisher
 
-GROUP_TIMEOUT = datetime.timedelta(minutes=10)
+GROUP_TIMEOUT_MINUTES = 10
 CORRECTNESS_FUNCTIONS = ("exact_match", "math_verify", "code_exec")
 
 
@@ -234,13 +234,7 @@ def run_actor(context: RoleContext) -> int:
     rank, world = identity.rank, identity.world_size
     device = role_device(spec.roles.actor.gpus_per_replica)
     if world > 1:
-        dist.init_process_group(
-            "nccl" if device.type == "cuda" else "gloo",
-            init_method=f"tcp://{identity.master_addr}:{identity.master_port}",
-            rank=rank,
-            world_size=world,
-            timeout=GROUP_TIMEOUT,
-        )
+        join_actor_group(identity, device, GROUP_TIMEOUT_MINUTES)
     from rljob.runtime.roles.health import RoleHealth
 
     # The replica's health and metrics endpoint (its pod's readiness probe) is served by its local rank 0.
