@@ -16,7 +16,7 @@ def role(
     name: Annotated[str, typer.Argument(help="actor, rollout, env or reward", metavar="ROLE")],
 ) -> None:
     """Run one role process. Identity and peers come from RLJOB_* variables (set by `rljob run` or the operator)."""
-    from rljob.launch.parent_death import die_with_launcher
+    from rljob.runtime.parent_death import die_with_launcher
 
     die_with_launcher()  # first: a local launcher SIGKILLed from here on still takes this process with it
     if name not in ROLES:

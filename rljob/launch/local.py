@@ -38,7 +38,6 @@ import yaml
 from rljob.api import ROLE_NAMES, RLJob
 from rljob.api.rules import check
 from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
-from rljob.launch.parent_death import LAUNCHER_PID_ENV
 from rljob.runtime.identity import (
     EXIT_FATAL_CONFIG,
     RoleIdentity,
@@ -46,6 +45,7 @@ from rljob.runtime.identity import (
     local_identities,
     ports_needed,
 )
+from rljob.runtime.parent_death import LAUNCHER_PID_ENV
 
 STOP_GRACE_S = 10.0
 LOG_TAIL = 30

@@ -15,7 +15,6 @@ GPU) from a failure a restart could get past.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -26,18 +25,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO
 
 from rljob.runtime.identity import EXIT_FATAL_CONFIG, RoleIdentity
+from rljob.runtime.parent_death import LAUNCHER_PID_ENV
 
 RANK_STOP_GRACE_S = 10.0
 """How long the ranks left after a failure (or a stop request) get to exit before they are killed."""
-
-
-def _die_with_parent() -> None:
-    """In a rank, before exec: SIGKILL when the replica's process dies, whatever killed it (Linux)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def rank_command(role: str) -> list[str]:
@@ -68,11 +59,11 @@ class RankGroup:
             rank = identity.for_rank(local_rank)
             process = subprocess.Popen(
                 list(command),
-                env={**base_env, **rank.to_env(), "PYTHONUNBUFFERED": "1"},
+                # Each rank asks to die with this process first thing (see parent_death): fork-safe.
+                env={**base_env, **rank.to_env(), "PYTHONUNBUFFERED": "1", LAUNCHER_PID_ENV: str(os.getpid())},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
             )
             self.processes.append(process)
             reader = threading.Thread(target=self._pump, args=(rank.rank, process), daemon=True)

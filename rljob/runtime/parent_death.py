@@ -14,7 +14,8 @@ import signal
 from collections.abc import Mapping
 
 LAUNCHER_PID_ENV = "RLJOB_LAUNCHER_PID"
-"""Set by the local launcher for its role processes; absent in pods, whose lifetime the kubelet owns."""
+"""Set by the local launcher for its role processes, and by an actor replica for the ranks it starts (also in
+pods); absent for a pod's own process, whose lifetime the kubelet owns."""
 _PR_SET_PDEATHSIG = 1
 
 
