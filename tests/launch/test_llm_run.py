@@ -149,12 +149,13 @@ def test_bad_llm_input_is_refused_before_any_role_starts(repo, tmp_path, start_r
 
 @pytest.mark.slow
 def test_a_killed_rollout_is_replaced_and_the_run_reaches_its_steps(repo, start_run):
-    run = start_run(repo / EXAMPLE, "--set=spec.trainer.steps=10", "--set=spec.checkpoint.interval=0", *SHORT)
+    run = start_run(repo / EXAMPLE, "--set=spec.trainer.steps=30", "--set=spec.checkpoint.interval=0", *SHORT)
     run.wait_for_step(3)
     run.kill("rollout", 0)
+    assert run.metrics()[-1]["step"] < 30  # killed mid-run: the steps left need the replacement
     output = run.finish()
     assert run.process.returncode == 0, output
     assert "rollout-0 exited with code -9: replacing it" in output
     records = run.metrics()
-    assert_every_step_once(records, 10)
+    assert_every_step_once(records, 30)
     assert records[-1]["rollout_restarts"] > 0
