@@ -21,6 +21,8 @@ from rljob.runtime.weight_sync import WeightPublisher
 
 log = logging.getLogger("rljob.actor")
 SYNC_REPLY_TIMEOUT_S = 60.0
+REVIVE_INTERVAL_S = 1.0
+"""How often, while chunks wait for a replica, the replicas without weights are asked whether they are back."""
 
 
 @dataclass
@@ -61,6 +63,9 @@ class RolloutPool:
         self._ids = itertools.count(1)
         self.orphans: list[Chunk] = []
         """Chunks of a replica that went away, waiting for a live one."""
+        self._weights: tuple[int, torch.nn.Module] | None = None
+        """The latest (version, model) synced: what a replica that comes back gets."""
+        self._next_revive = 0.0
 
     def close(self) -> None:
         self.publisher.close()
@@ -96,24 +101,43 @@ class RolloutPool:
     def sync(self, version: int, model: torch.nn.Module) -> float:
         """Send weights `version` to every live replica that lacks them; seconds spent."""
         started = time.perf_counter()
+        self._weights = (version, model)
         for link in self.links:
             if link.version == version:
                 continue
-            if not link.tag and not self._check(link):
+            # A replica never reached, or lost, answers a status request first: a dead one costs no sync timeout.
+            if (not link.tag or link.version < 0) and not self._check(link):
                 continue
-            key = self.publisher.group_key(link.replica, link.tag)
-            request = link.client.send(
-                "sync_weights", {"version": version, "key": key, "actor_tag": self.actor_tag, "rollout_tag": link.tag}
-            )
-            try:
-                self.publisher.publish(link.replica, key, version, model)
-                link.client.receive(request, timeout=SYNC_REPLY_TIMEOUT_S, retries=0)
-                link.version = version
-            except (RuntimeError, TransportError) as exc:  # gone mid-sync, or restarted: check it, sync later
-                log.warning("weight sync to rollout %d failed (%s)", link.replica, exc)
-                self.publisher.forget(link.replica)
-                self._check(link)
+            self._sync_link(link, version, model)
         return time.perf_counter() - started
+
+    def _sync_link(self, link: RolloutLink, version: int, model: torch.nn.Module) -> None:
+        key = self.publisher.group_key(link.replica, link.tag)
+        request = link.client.send(
+            "sync_weights", {"version": version, "key": key, "actor_tag": self.actor_tag, "rollout_tag": link.tag}
+        )
+        try:
+            self.publisher.publish(link.replica, key, version, model)
+            link.client.receive(request, timeout=SYNC_REPLY_TIMEOUT_S, retries=0)
+            link.version = version
+        except (RuntimeError, TransportError) as exc:  # gone mid-sync, or restarted: check it, sync later
+            log.warning("weight sync to rollout %d failed (%s)", link.replica, exc)
+            self.publisher.forget(link.replica)
+            self._check(link)
+
+    def _revive(self) -> None:
+        """Give the latest weights to replicas that lost theirs (restarted, or gone and back) and answer now.
+
+        Chunks only go to replicas holding weights; without this, chunks orphaned mid-step by the only
+        replica would wait for the next `sync`, which comes after the step they belong to: never.
+        """
+        if self._weights is None or time.monotonic() < self._next_revive:
+            return
+        self._next_revive = time.monotonic() + REVIVE_INTERVAL_S
+        version, model = self._weights
+        for link in self.links:
+            if link.version < 0 and self._check(link):
+                self._sync_link(link, version, model)
 
     def submit(self, prompts: list[list[int]], sampling: dict[str, Any], min_version: int, meta: Any) -> None:
         self.orphans.append(Chunk(next(self._ids), prompts, sampling, min_version, meta))
@@ -150,6 +174,9 @@ class RolloutPool:
     def poll(self) -> list[ChunkResult]:
         """Finished chunks from every replica with work (waiting briefly); re-dispatches lost ones."""
         self._dispatch()
+        if self.orphans:  # no replica can take them: see whether one came back
+            self._revive()
+            self._dispatch()
         busy = [link for link in self.links if link.inflight]
         requests = []
         for link in busy:

@@ -1,0 +1,161 @@
+"""`rljob run` of an llm job end to end: the tiny arithmetic GRPO example, resume, bad input, a killed rollout."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import yaml
+
+from rljob.runtime.checkpoint import CheckpointManager
+
+EXAMPLE = "examples/grpo-tiny-arithmetic.yaml"
+BATCH = 16
+SHORT = (
+    f"--set=spec.trainer.batchSize={BATCH}",
+    "--set=spec.logging.tensorboard=false",
+    "--quiet",
+)
+PER_STEP_KEYS = (
+    "step",
+    "wall_time",
+    "reward_mean",
+    "accuracy",
+    "response_length_mean",
+    "kl",
+    "entropy",
+    "mismatch_kl",
+    "staleness_max",
+    "tokens_per_s",
+    "time_generate_s",
+    "time_reward_s",
+    "time_train_s",
+    "time_sync_s",
+    "reward/exact_match",
+    "rollout_restarts",
+)
+
+
+def assert_every_step_once(records: list[dict], steps: int) -> None:
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert [r["samples"] for r in records] == [BATCH * 8 * s for s in range(1, steps + 1)]  # groupSize 8
+
+
+@pytest.mark.slow
+def test_grpo_tiny_arithmetic_trains_evaluates_and_exports(repo, start_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run = start_run(
+        repo / EXAMPLE,
+        "--set=spec.trainer.steps=8",
+        "--set=spec.evaluation.interval=4",
+        "--set=spec.evaluation.size=32",
+        "--set=spec.checkpoint.interval=4",
+        *SHORT,
+    )
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    assert "reached trainer.steps (8)" in output
+    records = run.metrics()
+    assert_every_step_once(records, 8)
+    for record in records:
+        for key in PER_STEP_KEYS:
+            assert record.get(key) is not None, (record["step"], key)
+        assert ("eval_accuracy" in record) == (record["step"] in (4, 8)), record["step"]
+        assert record["staleness_max"] == 0 and record["rollout_restarts"] == 0
+        assert 0.0 <= record["accuracy"] <= 1.0 and record["accuracy"] == record["reward/exact_match"]
+        assert 1.0 <= record["response_length_mean"] <= 8.0
+        assert record["mismatch_kl"] < 1e-6  # the hf engine samples from the distribution the trainer recomputes
+    assert [r["eval_prompts"] for r in records if "eval_prompts" in r] == [32, 32]
+    assert [p.name for _, p in CheckpointManager(run.out / "checkpoints").checkpoints()] == [
+        "step-00000004",
+        "step-00000008",
+    ]
+    model = AutoModelForCausalLM.from_pretrained(run.out / "model").eval()
+    tokenizer = AutoTokenizer.from_pretrained(run.out / "model")
+    ids = tokenizer("3+4=", return_tensors="pt")["input_ids"]
+    assert tokenizer.decode(ids[0], skip_special_tokens=True) == "3+4="
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert logits.shape == (1, ids.shape[1], model.config.vocab_size) and torch.isfinite(logits).all()
+    assert not run.roles()
+
+
+def stream_positions(out) -> dict[int, dict]:
+    manager = CheckpointManager(out / "checkpoints", keep=10)
+    return {step: manager.load(path)[1]["stream"] for step, path in manager.checkpoints()}
+
+
+@pytest.mark.slow
+def test_a_rerun_resumes_from_the_checkpoint_and_continues_the_prompt_stream(repo, start_run):
+    settings = ("--set=spec.checkpoint.interval=2", "--set=spec.checkpoint.keep=10", *SHORT)
+    first = start_run(repo / EXAMPLE, "--set=spec.trainer.steps=4", *settings, name="resumed")
+    output = first.finish()
+    assert first.process.returncode == 0, output
+    assert_every_step_once(first.metrics(), 4)
+
+    again = start_run(repo / EXAMPLE, "--set=spec.trainer.steps=6", *settings, name="resumed")
+    output = again.finish()
+    assert again.process.returncode == 0, output
+    log = (again.out / "logs" / "actor-0.log").read_text()
+    assert "step-00000004 (step 4)" in log, log
+    assert_every_step_once(again.metrics(), 6)  # steps 5 and 6 added, none repeated
+    # The stream state saved with each step has taken exactly batchSize prompts per step, across the rerun.
+    assert stream_positions(again.out) == {step: {"epoch": 0, "position": BATCH * step} for step in (2, 4, 6)}
+
+    # Steps recorded after the latest checkpoint (as when the actor dies before it saves) are redone once.
+    latest = CheckpointManager(again.out / "checkpoints", keep=10).checkpoints()[-1][1]
+    shutil.rmtree(latest)
+    redo = start_run(repo / EXAMPLE, "--set=spec.trainer.steps=6", *settings, name="resumed")
+    output = redo.finish()
+    assert redo.process.returncode == 0, output
+    assert "step-00000004 (step 4)" in (redo.out / "logs" / "actor-0.log").read_text()
+    assert_every_step_once(redo.metrics(), 6)
+    assert stream_positions(redo.out)[6] == {"epoch": 0, "position": BATCH * 6}
+
+
+def write_job(repo, tmp_path, **dataset) -> str:
+    job = yaml.safe_load((repo / EXAMPLE).read_text())
+    job["spec"]["task"]["llm"]["dataset"] = dataset
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("dataset", "field"),
+    [
+        ({"path": "no/such/train.jsonl"}, "spec.task.llm.dataset.path: "),
+        ({"path": "ROWS", "promptKey": "prompt"}, "spec.task.llm.dataset.promptKey: "),
+    ],
+    ids=["missing-path", "absent-prompt-key"],
+)
+def test_bad_llm_input_is_refused_before_any_role_starts(repo, tmp_path, start_run, dataset, field):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("\n".join(json.dumps({"question": f"{i}+1=", "answer": str(i + 1)}) for i in range(8)))
+    if dataset["path"] == "ROWS":
+        dataset = {**dataset, "path": str(rows)}
+    run = start_run(write_job(repo, tmp_path, **dataset), "--set=spec.trainer.steps=2", "--quiet")
+    output = run.finish(timeout=120)
+    assert run.process.returncode != 0
+    assert field in output, output
+    assert "Traceback" not in output, output
+    assert not (run.out / "logs").exists() or not list((run.out / "logs").iterdir())  # no role process started
+    assert not run.roles()
+
+
+@pytest.mark.slow
+def test_a_killed_rollout_is_replaced_and_the_run_reaches_its_steps(repo, start_run):
+    run = start_run(repo / EXAMPLE, "--set=spec.trainer.steps=30", "--set=spec.checkpoint.interval=0", *SHORT)
+    run.wait_for_step(3)
+    run.kill("rollout", 0)
+    assert run.metrics()[-1]["step"] < 30  # killed mid-run: the steps left need the replacement
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    assert "rollout-0 exited with code -9: replacing it" in output
+    records = run.metrics()
+    assert_every_step_once(records, 30)
+    assert records[-1]["rollout_restarts"] > 0
