@@ -279,8 +279,11 @@ def _check_call(function: RewardFn, spec: RewardFunction) -> str | None:
         signature = inspect.signature(function)
     except (TypeError, ValueError):  # some builtins and C functions have none: find out at the first call
         return None
+    reserved = [name for name in SAMPLE_FIELDS if name in spec.args]
+    if reserved:
+        return f"{', '.join(reserved)} come from the sample, not from args: rename them in {spec.module}"
     try:
-        signature.bind("", "", {}, **spec.args)
+        signature.bind("", "", {}, **dict.fromkeys(_sample_fields(function)), **spec.args)
     except TypeError as exc:
         return f"{spec.module} cannot be called as fn(prompt, response, row, **args): {exc}"
     return None
@@ -372,11 +375,11 @@ class RewardScorer:
 
     def score(self, samples: list[RewardInput]) -> ScoredBatch:
         calls = [_Call(t, s) for s in range(len(samples)) for t in range(len(self._terms))]
-        for call in calls:
-            self._queue.put((call, samples[call.sample]))
         with self._condition:
-            self._pending = len(calls)
-            while self._pending:
+            self._pending = len(calls)  # before any call is queued: workers count it down
+            for call in calls:
+                self._queue.put((call, samples[call.sample]))
+            while True:
                 now = time.monotonic()
                 for call in [c for c in self._running if now - (c.started or now) >= self.timeout]:
                     call.abandoned = True
@@ -385,6 +388,8 @@ class RewardScorer:
                     self._running.discard(call)
                     self._abandoned_threads += 1
                     self._start_worker()  # keep maxConcurrency threads serving the queue
+                if not self._pending:
+                    break
                 started = [c.started for c in self._running if c.started is not None]
                 self._condition.wait(min(started) + self.timeout - now if started else None)
         rewards = [0.0] * len(samples)
