@@ -13,9 +13,10 @@ the role's working directory) or `package.module:fn` (importable by the reward r
 The reward of a sample is the weighted sum of its terms. A call that raises, runs past
 `spec.reward.sandbox.timeoutSeconds`, or returns something other than a finite number scores 0 and
 counts one error under the function's name; it never stops the job. Calls run on
-`sandbox.maxConcurrency` threads. A call past its timeout is abandoned, not killed (Python cannot stop
-a thread): its thread is replaced and keeps running until the function returns. Isolating user code in
-its own process, with `sandbox.memoryMb` and `sandbox.network` enforced, arrives with the sandboxed
+`sandbox.maxConcurrency` threads, so a function that keeps state must guard it with a lock. A call
+past its timeout is abandoned, not killed (Python cannot stop a thread): its thread is replaced and
+keeps running until the function returns. Isolating user code in its own process, with
+`sandbox.memoryMb` and `sandbox.network` enforced, arrives with the sandboxed
 code-execution runtime (`code_exec`).
 
 Builtins:

@@ -375,11 +375,13 @@ def reward_role(tmp_path, extra_functions: list[dict] | None = None) -> tuple[st
     return identity.endpoints["reward"][0], {**os.environ, **identity.to_env(), "PYTHONPATH": python_path}
 
 
-def test_reward_role_scores_samples_over_the_transport(tmp_path):
-    endpoint, env = reward_role(tmp_path)
+def test_reward_role_scores_samples_over_the_transport_and_warns_once_per_failing_function(tmp_path):
+    (tmp_path / "rewards.py").write_text(USER_REWARDS)
+    endpoint, env = reward_role(tmp_path, [{"module": "rewards.py:explodes", "weight": 0.0}])
     role = subprocess.Popen(
         [sys.executable, "-m", "rljob.cli.main", "role", "reward"],
         env=env,
+        cwd=tmp_path,  # where rewards.py is found
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -387,16 +389,24 @@ def test_reward_role_scores_samples_over_the_transport(tmp_path):
     client = RequestClient(endpoint, timeout=2.0, retries=60)  # the role takes a few seconds to start
     try:
         assert "tag" in client.call("status")
-        reply = client.call("score", {"samples": [sample("19"), sample("The answer is 19."), sample("20")]})
+        samples = [sample("19"), sample("The answer is 19."), sample("20"), sample("boom")]
+        reply = client.call("score", {"samples": samples})
         assert reply["rewards"].dtype == np.float32
-        assert reply["rewards"].tolist() == pytest.approx([1.1, 1.0, 0.1])
-        assert reply["terms"] == {"exact_match": [1.0, 1.0, 0.0], "format": [1.0, 0.0, 1.0]}
-        assert reply["errors"] == {"exact_match": 0, "format": 0}
+        assert reply["rewards"].tolist() == pytest.approx([1.1, 1.0, 0.1, 0.0])
+        assert reply["terms"] == {
+            "exact_match": [1.0, 1.0, 0.0, 0.0],
+            "format": [1.0, 0.0, 1.0, 0.0],
+            "explodes": [1.0, 1.0, 1.0, 0.0],
+        }
+        assert reply["errors"] == {"exact_match": 0, "format": 0, "explodes": 1}
+        assert client.call("score", {"samples": [sample("boom")]})["errors"]["explodes"] == 1
     finally:
         client.close()
         role.send_signal(signal.SIGTERM)
         output = role.communicate(timeout=60)[0]
     assert role.returncode == 0, output
+    assert output.count("reward function explodes failed") == 1, output
+    assert "RuntimeError: boom happened" in output
 
 
 def test_reward_role_with_a_missing_user_module_exits_with_the_fatal_config_code(tmp_path):
@@ -414,3 +424,19 @@ def test_reward_role_with_a_missing_user_module_exits_with_the_fatal_config_code
     assert "spec.reward.functions[2].module: file my_rewards.py does not exist" in output
     assert str(tmp_path) in output
     assert "Traceback" not in output
+
+
+def test_reward_role_refuses_a_gym_job(tmp_path):
+    config = REPO / "examples" / "cartpole-ppo.yaml"
+    replicas = {"actor": 1, "rollout": 1, "env": 1, "reward": 1}
+    identities = local_identities("gym", replicas, str(config), free_ports(ports_needed(replicas)))
+    identity = next(i for i in identities if i.role == "reward")
+    result = subprocess.run(
+        [sys.executable, "-m", "rljob.cli.main", "role", "reward"],
+        env={**os.environ, **identity.to_env()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "gym tasks (task.type gym) get rewards from their env" in result.stderr
