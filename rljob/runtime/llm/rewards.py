@@ -13,9 +13,10 @@ the role's working directory) or `package.module:fn` (importable by the reward r
 The reward of a sample is the weighted sum of its terms. A call that raises, runs past
 `spec.reward.sandbox.timeoutSeconds`, or returns something other than a finite number scores 0 and
 counts one error under the function's name; it never stops the job. Calls run on
-`sandbox.maxConcurrency` threads. A call past its timeout is abandoned, not killed (Python cannot stop
-a thread): its thread is replaced and keeps running until the function returns. Isolating user code in
-its own process, with `sandbox.memoryMb` and `sandbox.network` enforced, arrives with the sandboxed
+`sandbox.maxConcurrency` threads, so a function that keeps state must guard it with a lock. A call
+past its timeout is abandoned, not killed (Python cannot stop a thread): its thread is replaced and
+keeps running until the function returns. Isolating user code in its own process, with
+`sandbox.memoryMb` and `sandbox.network` enforced, arrives with the sandboxed
 code-execution runtime (`code_exec`).
 
 Builtins:
@@ -279,8 +280,11 @@ def _check_call(function: RewardFn, spec: RewardFunction) -> str | None:
         signature = inspect.signature(function)
     except (TypeError, ValueError):  # some builtins and C functions have none: find out at the first call
         return None
+    reserved = [name for name in SAMPLE_FIELDS if name in spec.args]
+    if reserved:
+        return f"{', '.join(reserved)} come from the sample, not from args: rename them in {spec.module}"
     try:
-        signature.bind("", "", {}, **spec.args)
+        signature.bind("", "", {}, **dict.fromkeys(_sample_fields(function)), **spec.args)
     except TypeError as exc:
         return f"{spec.module} cannot be called as fn(prompt, response, row, **args): {exc}"
     return None
@@ -372,11 +376,11 @@ class RewardScorer:
 
     def score(self, samples: list[RewardInput]) -> ScoredBatch:
         calls = [_Call(t, s) for s in range(len(samples)) for t in range(len(self._terms))]
-        for call in calls:
-            self._queue.put((call, samples[call.sample]))
         with self._condition:
-            self._pending = len(calls)
-            while self._pending:
+            self._pending = len(calls)  # before any call is queued: workers count it down
+            for call in calls:
+                self._queue.put((call, samples[call.sample]))
+            while True:
                 now = time.monotonic()
                 for call in [c for c in self._running if now - (c.started or now) >= self.timeout]:
                     call.abandoned = True
@@ -385,6 +389,8 @@ class RewardScorer:
                     self._running.discard(call)
                     self._abandoned_threads += 1
                     self._start_worker()  # keep maxConcurrency threads serving the queue
+                if not self._pending:
+                    break
                 started = [c.started for c in self._running if c.started is not None]
                 self._condition.wait(min(started) + self.timeout - now if started else None)
         rewards = [0.0] * len(samples)
