@@ -362,9 +362,13 @@ def test_scoring_runs_max_concurrency_calls_at_once(tmp_path, scorers):
 
 
 def reward_role(tmp_path, extra_functions: list[dict] | None = None) -> tuple[str, dict[str, str]]:
-    """Endpoint and environment of a reward role for examples/grpo-tiny-arithmetic.yaml."""
+    """Endpoint and environment of a reward role for examples/grpo-tiny-arithmetic.yaml with known rewards."""
     job = yaml.safe_load((REPO / "examples" / "grpo-tiny-arithmetic.yaml").read_text())
-    job["spec"]["reward"]["functions"] += extra_functions or []
+    job["spec"]["reward"]["functions"] = [
+        {"builtin": "exact_match", "weight": 1.0},
+        {"builtin": "format", "weight": 0.1, "args": {"pattern": "^-?[0-9]+$"}},
+        *(extra_functions or []),
+    ]
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(job))
     replicas = {"actor": 1, "rollout": 1, "env": 0, "reward": 1}
@@ -438,5 +442,7 @@ def test_reward_role_refuses_a_gym_job(tmp_path):
         text=True,
         timeout=120,
     )
-    assert result.returncode == 1, result.stderr
-    assert "gym tasks (task.type gym) get rewards from their env" in result.stderr
+    assert result.returncode == EXIT_FATAL_CONFIG, result.stderr  # a configuration error: never retried
+    assert "task.type gym jobs run the roles actor, env, rollout; set spec.roles.reward.replicas to 0" in (
+        result.stderr
+    )
