@@ -70,7 +70,6 @@ class GenerationEngine(Protocol):
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[list[Completion]]:
         """`n` completions for each prompt, in prompt order."""
-        ...
 
 
 def sampling_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:

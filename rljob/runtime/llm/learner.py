@@ -14,7 +14,6 @@ reports for the tokens it sampled.
 from __future__ import annotations
 
 import gc
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +25,6 @@ from rljob.algorithms.losses import (
     entropy_bonus,
     kl_estimate,
     loss_normalizer,
-    masked_mean,
     off_policy_weights,
     policy_loss_for,
 )
@@ -294,7 +292,3 @@ class LLMLearner:
             dist.barrier()
             gc.collect()
             dist.destroy_process_group()
-
-
-def masked_token_mean(values: Tensor, mask: Tensor) -> float:
-    return float(masked_mean(values, mask)) if mask.any() else math.nan
