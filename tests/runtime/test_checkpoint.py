@@ -212,14 +212,14 @@ def test_state_that_could_not_be_loaded_safely_is_rejected_at_save_time(tmp_path
 # filesystem step (fsync, rename, delete), until a save gets through: every point is tried.
 _KILL_AT_EACH_POINT = textwrap.dedent(
     """
-    import json, os, shutil, signal, sys
+    import json, os, sys
     import torch
     from rljob.runtime.checkpoint import CheckpointManager
+    from tests.crash_points import kill_at_each_point
 
     base, keep, setup, damage, step, copy = sys.argv[1:7]
-    statuses, n = [], 0
-    while True:
-        n += 1
+
+    def prepare(n):
         directory = os.path.join(base, f"kill-{n}")
         manager = CheckpointManager(directory, keep=int(keep))
         for s in json.loads(setup):
@@ -227,29 +227,12 @@ _KILL_AT_EACH_POINT = textwrap.dedent(
         if damage != "none":
             with open(os.path.join(directory, f"step-{int(damage):08d}", "state.pt"), "r+b") as f:
                 f.truncate(50)
-        pid = os.fork()
-        if pid == 0:
-            calls = 0
+        return manager
 
-            def deadly(real):
-                def call(*args, **kwargs):
-                    global calls
-                    calls += 1
-                    if calls == n:
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    return real(*args, **kwargs)
+    def save(manager):
+        manager.save(int(step), {"step": int(step), "copy": copy, "weights": torch.full((4,), float(step))})
 
-                return call
-
-            os.fsync, os.replace, os.rename = deadly(os.fsync), deadly(os.replace), deadly(os.rename)
-            shutil.rmtree = deadly(shutil.rmtree)
-            manager.save(int(step), {"step": int(step), "copy": copy, "weights": torch.full((4,), float(step))})
-            os._exit(0)
-        _, status = os.waitpid(pid, 0)
-        statuses.append(status)
-        if status == 0:
-            break
-    print(json.dumps(statuses))
+    print(json.dumps(kill_at_each_point(prepare, save, also_rmtree=True)))
     """
 )
 

@@ -48,38 +48,19 @@ def test_a_rewrite_that_fails_midway_leaves_the_old_records(tmp_path):
 
 _KILL_AT_EACH_POINT = textwrap.dedent(
     """
-    import json, os, shutil, signal, sys
+    import json, os, shutil, sys
     from rljob.runtime.metrics import keep_records_until
+    from tests.crash_points import kill_at_each_point
 
     source, base = sys.argv[1:3]
-    statuses, n = [], 0
-    while True:
-        n += 1
+
+    def prepare(n):
         os.makedirs(os.path.join(base, f"kill-{n}"))
         path = os.path.join(base, f"kill-{n}", "metrics.jsonl")
         shutil.copyfile(source, path)
-        pid = os.fork()
-        if pid == 0:
-            calls = 0
+        return path
 
-            def deadly(real):
-                def call(*args, **kwargs):
-                    global calls
-                    calls += 1
-                    if calls == n:
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    return real(*args, **kwargs)
-
-                return call
-
-            os.fsync, os.replace, os.rename = deadly(os.fsync), deadly(os.replace), deadly(os.rename)
-            keep_records_until(path, 4)
-            os._exit(0)
-        _, status = os.waitpid(pid, 0)
-        statuses.append(status)
-        if status == 0:
-            break
-    print(json.dumps(statuses))
+    print(json.dumps(kill_at_each_point(prepare, lambda path: keep_records_until(path, 4))))
     """
 )
 
