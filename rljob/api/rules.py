@@ -44,6 +44,9 @@ def resolve_defaults(job: RLJob) -> RLJob:
         spec.roles.reward.replicas = 0 if gym else 1
     if spec.algorithm.dynamic_sampling is None:
         spec.algorithm.dynamic_sampling = spec.algorithm.name == "dapo"
+    if spec.rollout.vllm.tensor_parallel_size is None:
+        # One engine per rollout pod spans all of the pod's GPUs.
+        spec.rollout.vllm.tensor_parallel_size = max(1, spec.roles.rollout.gpus_per_replica)
     return job
 
 
@@ -326,7 +329,7 @@ def _check_roles(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
             )
     rollout = spec.roles.rollout
     tp = spec.rollout.vllm.tensor_parallel_size
-    if spec.rollout.engine == "vllm" and rollout.gpus_per_replica and tp > rollout.gpus_per_replica:
+    if spec.rollout.engine == "vllm" and rollout.gpus_per_replica and tp is not None and tp > rollout.gpus_per_replica:
         yield (
             "rollout.vllm.tensorParallelSize",
             f"must be <= roles.rollout.gpusPerReplica {rollout.gpus_per_replica} (got {tp})",

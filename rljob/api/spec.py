@@ -295,7 +295,8 @@ class VLLMSpec(SpecModel):
 
     gpu_memory_utilization: float = Field(default=0.85, gt=0.0, le=1.0)
     """Share of GPU memory for the engine (on CPU builds: share of host memory for the KV cache)."""
-    tensor_parallel_size: int = Field(default=1, ge=1)
+    tensor_parallel_size: int | None = Field(default=None, ge=1)
+    """GPUs one engine shards the model over; default: the rollout's gpusPerReplica (1 without GPUs)."""
     enforce_eager: bool = False
     max_model_len: int | None = Field(default=None, ge=1)
 

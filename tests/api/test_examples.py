@@ -67,3 +67,12 @@ def test_readme_example_is_a_valid_job(repo: Path):
     block = next(b.split("\n", 1)[1] for b in readme.split("```")[1:] if b.startswith("yaml") and "kind: RLJob" in b)
     job = validate_job(yaml.safe_load(block))
     assert job.name == "cartpole-ppo"
+
+
+@pytest.mark.parametrize(("gpus", "explicit", "expected"), [(0, None, 1), (4, None, 4), (4, 2, 2)])
+def test_vllm_tensor_parallel_size_defaults_to_the_rollout_pods_gpus(gpus: int, explicit: int | None, expected: int):
+    manifest = yaml.safe_load(Path("examples/grpo-tiny-arithmetic.yaml").read_text())
+    manifest["spec"]["roles"]["rollout"]["gpusPerReplica"] = gpus
+    if explicit is not None:
+        manifest["spec"]["rollout"].setdefault("vllm", {})["tensorParallelSize"] = explicit
+    assert validate_job(manifest).spec.rollout.vllm.tensor_parallel_size == expected
