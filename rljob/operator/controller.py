@@ -28,6 +28,7 @@ from rljob.api.status import TERMINAL_PHASES, Progress, RLJobStatus
 from rljob.operator.client import ApiError, KubeClient
 from rljob.operator.manifests import build_children
 from rljob.operator.manifests.config import restart_relevant
+from rljob.operator.manifests.members import build_rollout_members
 from rljob.operator.metrics import OperatorMetrics
 from rljob.operator.naming import CONFIG_KEY, LABEL_ROLE
 from rljob.operator.peering import PeeringGate
@@ -140,6 +141,8 @@ class JobWorker:
         self.task: asyncio.Task[None] | None = None
         self.built: tuple[Any, Any] | None = None
         self.rejections: set[str] = set()
+        self.members_written: list[int] | None = None
+        """The rollout membership last written (llm jobs): unchanged, it is not written again."""
 
     @property
     def phase(self) -> str:
@@ -251,6 +254,9 @@ class JobWorker:
             )
         if active:
             self.synced_generation = generation
+        if job is not None and result.rollout_members is not None:
+            # Before the pods are touched: a rollout deleted now has left the membership the actor reads.
+            await self.write_members(job, result.rollout_members)
         await self.act(result, pods, desired_pods)
         return self.next_delay(result)
 
@@ -301,6 +307,22 @@ class JobWorker:
                 if patch:
                     sync.patches.append((existing, {"spec": patch}))
         return sync
+
+    async def write_members(self, job: RLJob, members: list[int]) -> None:
+        """Keep the job's rollout membership ConfigMap equal to `members` (created when absent)."""
+        if members == self.members_written:
+            return
+        ctl = self.controller
+        manifest = build_rollout_members(job, members)
+        try:
+            await ctl.client.create(self.key[0], manifest)
+        except ApiError as exc:
+            if not exc.exists:
+                raise
+            await ctl.client.patch(
+                "v1", "ConfigMap", self.key[0], manifest["metadata"]["name"], {"data": manifest["data"]}
+            )
+        self.members_written = list(members)
 
     async def pull_progress(self, job: RLJob, raws: list[Raw]) -> Progress | None:
         ctl = self.controller

@@ -26,6 +26,11 @@ def config_map_name(job: RLJob) -> str:
     return f"{job.name}-config"
 
 
+def rollout_members_name(job: RLJob) -> str:
+    """The ConfigMap listing an llm job's ready rollout replicas (rljob/operator/manifests/members.py)."""
+    return f"{job.name}-rollouts"
+
+
 def service_name(job: RLJob) -> str:
     """The headless Service is named after the job: pods are `<pod>.<job>` in DNS (`pod_dns_name`)."""
     return job.name

@@ -55,7 +55,8 @@ OPERATOR_API_ACCESS: tuple[ApiAccess, ...] = (
         "configmaps",
         ("get", "create", "patch"),
         "namespaced",
-        "resolved job config, created if absent, read back and patched when the spec changes",
+        "resolved job config, created if absent, read back and patched when the spec changes; llm rollout "
+        "membership, patched as rollouts become Ready or are scaled away",
     ),
     ApiAccess("", "events", ("create",), "namespaced", "an Event on every transition"),
     ApiAccess(

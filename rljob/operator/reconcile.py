@@ -26,6 +26,11 @@ Failure policy (spec.failurePolicy, applied through `rljob.launch.failure_policy
 - actor replica 0 exits 0 -> Succeeded; pods still running are deleted (finished ones stay for logs).
 - a spec edit that changes what pods run (anything but rollout replicas, suspend, failurePolicy,
   activeDeadlineSeconds and ttlSecondsAfterFinished) -> controlled restart of every pod, not charged.
+- llm rollout replicas edited (`kubectl scale`) -> missing rollout pods are created, those past the new count
+  (the highest indices) deleted; actor and reward pods are untouched and nothing counts as a restart. The
+  plan's `rollout_members` (the Ready rollout pods that stay) is what the actor feeds: the controller
+  writes it to the membership ConfigMap (rljob/operator/manifests/members.py). A gym job's rollout count is
+  part of its config hash: a new count is a controlled restart, as above.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from typing import Any, Literal
 from rljob.api import ROLE_NAMES, InvalidRLJob, RLJob
 from rljob.api.status import TERMINAL_PHASES, Progress, ReplicaFailures, RLJobStatus
 from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
+from rljob.operator.manifests.members import elastic_rollouts
 from rljob.operator.naming import ANNOTATION_CONFIG_HASH as CONFIG_HASH
 from rljob.operator.podstate import PodState
 from rljob.operator.status import (
@@ -152,6 +158,9 @@ class Plan:
     replaced: list[tuple[str, str]] = field(default_factory=list)
     """(role, why) of every pod deleted to be replaced: for metrics."""
     restart_counted: bool = False
+    rollout_members: list[int] | None = None
+    """llm jobs that run: the rollout replicas (indices) the actor may feed now, Ready and not being deleted.
+    None where there is no membership to keep (gym jobs, finished jobs)."""
 
 
 class _Planner:
@@ -588,6 +597,16 @@ class _Planner:
         if obs.job is not None and not self.status.progress.total_steps:
             self.status.progress.total_steps = obs.job.spec.trainer.steps
         self.status.observed_generation = obs.generation
+        if obs.job is not None and elastic_rollouts(obs.job) and self.status.phase not in TERMINAL_PHASES:
+            self.plan.rollout_members = sorted(
+                p.replica
+                for p in self.live
+                if p.role == "rollout"
+                and p.ready
+                and not p.finished
+                and p.name in obs.desired_pods
+                and p.name not in self.plan.delete
+            )
         return self.plan
 
 

@@ -56,6 +56,9 @@ class RoleIdentity:
     metrics_port: int
     run_dir: str = ""
     """Local runs: the run's output directory; empty in pods (metrics go to stdout and /metrics)."""
+    rollout_members_file: str = ""
+    """Actor of an llm job in a pod: the file listing the current rollout replicas, kept by the operator
+    (rljob/runtime/llm/membership.py). Empty: the rollouts are `endpoints["rollout"]`, fixed."""
     extra: dict[str, str] = field(default_factory=dict)
     ranks_per_replica: int = 1
     """Actor: torch.distributed ranks in each replica, one per GPU (`actor_ranks_per_replica`); 1 otherwise."""
@@ -115,6 +118,8 @@ class RoleIdentity:
                 env["LOCAL_RANK"] = str(self.local_rank)
         if self.run_dir:
             env["RLJOB_RUN_DIR"] = self.run_dir
+        if self.rollout_members_file:
+            env["RLJOB_ROLLOUT_MEMBERS_FILE"] = self.rollout_members_file
         env.update(self.extra)
         return env
 
@@ -164,6 +169,7 @@ class RoleIdentity:
             sync_port=need_int("RLJOB_SYNC_PORT"),
             metrics_port=need_int("RLJOB_METRICS_PORT"),
             run_dir=env.get("RLJOB_RUN_DIR", ""),
+            rollout_members_file=env.get("RLJOB_ROLLOUT_MEMBERS_FILE", ""),
             ranks_per_replica=ranks_per_replica,
             local_rank=local_rank,
         )

@@ -18,8 +18,10 @@ from rljob.operator.manifests import (
     config_hash,
     role_image,
 )
+from rljob.operator.manifests.members import build_rollout_members
 from rljob.operator.settings import OperatorSettings
 from rljob.runtime.identity import CONFIG_PATH_IN_POD, RoleIdentity, pod_dns_name, pod_identity
+from rljob.runtime.llm.membership import parse_members
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
 
@@ -206,6 +208,42 @@ def test_config_map_holds_the_resolved_job_where_roles_read_it(example_documents
     assert volume["configMap"]["name"] == config["metadata"]["name"]
     (mount,) = [m for m in container(pod)["volumeMounts"] if m["name"] == volume["name"]]
     assert posixpath.join(mount["mountPath"], key) == CONFIG_PATH_IN_POD and mount["readOnly"]
+
+
+def test_llm_actor_pods_read_the_rollout_membership_the_operator_keeps(
+    example_documents, job_from, settings, validate_manifest
+):
+    job = job_from(example_documents["grpo-tiny-arithmetic"], spec__roles__rollout__replicas=3)
+    members = build_rollout_members(job, [0, 2])
+    validate_manifest(members)
+    (key,) = members["data"]
+    assert parse_members(members["data"][key]) == {
+        0: "grpo-tiny-arithmetic-rollout-0.grpo-tiny-arithmetic:29600",
+        2: "grpo-tiny-arithmetic-rollout-2.grpo-tiny-arithmetic:29600",
+    }
+    actor = build_pod(job, settings, "actor", 0)
+    (volume,) = [
+        v for v in actor["spec"]["volumes"] if v.get("configMap", {}).get("name") == members["metadata"]["name"]
+    ]
+    assert volume["configMap"]["optional"] is True  # an actor pod never waits for it
+    (mount,) = [m for m in container(actor)["volumeMounts"] if m["name"] == volume["name"]]
+    env = {e["name"]: e.get("value") for e in container(actor)["env"]}
+    assert env["RLJOB_ROLLOUT_MEMBERS_FILE"] == posixpath.join(mount["mountPath"], key)
+    for role in ("rollout", "reward"):
+        assert not any(v["name"] == volume["name"] for v in build_pod(job, settings, role, 0)["spec"]["volumes"])
+    clash = job_from(
+        example_documents["grpo-tiny-arithmetic"],
+        spec__roles__actor__volumes=[{"name": "mine", "emptyDir": {}}],
+        spec__roles__actor__volumeMounts=[{"name": "mine", "mountPath": mount["mountPath"]}],
+    )
+    with pytest.raises(InvalidRLJob) as caught:
+        build_children(clash, settings)
+    assert [p.path for p in caught.value.problems] == ["spec.roles.actor.volumeMounts[0].mountPath"]
+    assert "holds the rollout membership" in caught.value.problems[0].message
+    gym = job_from(example_documents["cartpole-ppo"])
+    assert "RLJOB_ROLLOUT_MEMBERS_FILE" not in {
+        e["name"] for e in container(build_pod(gym, settings, "actor", 0))["env"]
+    }
 
 
 def test_config_hash_ignores_server_metadata_and_follows_the_spec(example_documents, job_from):
@@ -439,6 +477,13 @@ def test_no_gang_means_no_group_and_the_chosen_scheduler(example_documents, job_
             },
             "spec.roles.env.volumeMounts[0].mountPath",
             "mount the volume elsewhere",
+        ),
+        (
+            {
+                "spec__roles__actor__env": [{"name": "RLJOB_ROLLOUT_MEMBERS_FILE", "value": "/x"}],
+            },
+            "spec.roles.actor.env[0].name",
+            "remove it from env",
         ),
         (
             {

@@ -233,6 +233,37 @@ def test_llm_rollouts_scale_in_place() -> None:
     assert result.status.phase == "Running"
 
 
+def running_llm_pods(rollouts: int) -> list[PodState]:
+    names = ["ar-actor-0", "ar-reward-0"] + [f"ar-rollout-{i}" for i in range(rollouts)]
+    return [replace(pod(n), uid=f"uid-{n}") for n in names]
+
+
+def test_llm_rollouts_scaled_from_2_to_3_get_one_new_rollout_pod_and_nothing_else() -> None:
+    result = plan(observe(RLJobStatus(phase="Running"), running_llm_pods(2), the_job=arithmetic_job(3)))
+    assert result.create == ["ar-rollout-2"] and result.delete == []
+    assert result.status.phase == "Running" and result.status.restarts == 0 and not result.restart_counted
+    assert result.rollout_members == [0, 1]  # the new one joins once Ready
+    ready = plan(observe(result.status, [*running_llm_pods(3)], the_job=arithmetic_job(3)))
+    assert ready.create == [] and ready.delete == [] and ready.rollout_members == [0, 1, 2]
+
+
+def test_llm_rollouts_scaled_from_3_to_1_lose_the_two_highest_replicas_and_nothing_else() -> None:
+    result = plan(observe(RLJobStatus(phase="Running"), running_llm_pods(3), the_job=arithmetic_job(1)))
+    assert sorted(result.delete) == ["ar-rollout-1", "ar-rollout-2"] and result.create == []
+    assert result.status.phase == "Running" and result.status.restarts == 0 and not result.restart_counted
+    assert [e.reason for e in result.events] == []
+    assert result.rollout_members == [0]  # the deleted ones have left the membership already
+
+
+def test_the_rollout_membership_lists_ready_rollouts_only_and_only_for_llm_jobs() -> None:
+    pods = [p for p in running_llm_pods(3) if p.name != "ar-rollout-1"]
+    pods += [replace(pod("ar-rollout-1", ready=False), uid="uid-r1")]
+    assert plan(observe(RLJobStatus(phase="Running"), pods, the_job=arithmetic_job(3))).rollout_members == [0, 2]
+    assert plan(observe(RLJobStatus(phase="Running"), [pod(n) for n in ALL])).rollout_members is None  # gym
+    done = RLJobStatus(phase="Succeeded")
+    assert plan(observe(done, running_llm_pods(3), the_job=arithmetic_job(3))).rollout_members is None
+
+
 def test_fail_job_policy_fails_on_the_first_rollout_failure() -> None:
     the_job = job(failurePolicy={"rollout": "FailJob"})
     pods = [pod(n) for n in ALL if n != "cp-rollout-0"] + [pod("cp-rollout-0", "Failed", False)]

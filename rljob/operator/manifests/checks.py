@@ -9,6 +9,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 
 from rljob.api import ROLE_NAMES, InvalidRLJob, Problem, RLJob
 from rljob.runtime.identity import CONFIG_PATH_IN_POD, DATA_PORT, MASTER_PORT, SYNC_PORT, pod_identity
@@ -16,8 +17,11 @@ from rljob.runtime.identity import CONFIG_PATH_IN_POD, DATA_PORT, MASTER_PORT, S
 CONFIG_VOLUME = "rljob-config"
 CHECKPOINT_VOLUME = "rljob-checkpoints"
 SHM_VOLUME = "rljob-dshm"
-RESERVED_VOLUMES = (CONFIG_VOLUME, CHECKPOINT_VOLUME, SHM_VOLUME)
+MEMBERS_VOLUME = "rljob-rollouts"
+RESERVED_VOLUMES = (CONFIG_VOLUME, CHECKPOINT_VOLUME, SHM_VOLUME, MEMBERS_VOLUME)
 CONFIG_DIR_IN_POD = posixpath.dirname(CONFIG_PATH_IN_POD)
+MEMBERS_DIR_IN_POD = "/etc/rljob-rollouts"
+"""Where llm actor pods mount the rollout membership ConfigMap (a directory mount: the kubelet refreshes it)."""
 DEFAULT_CHECKPOINT_DIR_IN_POD = "/checkpoints"
 
 # Kubernetes label values: at most 63 characters, alphanumerics with '-', '_' or '.' inside.
@@ -27,7 +31,7 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 def reserved_env_names() -> frozenset[str]:
     """Variables the operator sets from the pod's identity; a role's `env` must not override them."""
     identity = pod_identity("job", "ns", "actor", 0, {r: 1 for r in ROLE_NAMES}, 9090)
-    return frozenset(identity.to_env())
+    return frozenset(replace(identity, rollout_members_file=MEMBERS_DIR_IN_POD).to_env())
 
 
 def checkpoint_dir_in_pod(job: RLJob) -> str:
@@ -88,6 +92,11 @@ def _problems(job: RLJob) -> Iterator[Problem]:
                 yield Problem(
                     f"{base}.volumeMounts[{i}].mountPath",
                     f"{CONFIG_DIR_IN_POD} holds the job config in every pod: mount the volume elsewhere",
+                )
+            if role == "actor" and spec.task.type == "llm" and path == MEMBERS_DIR_IN_POD:
+                yield Problem(
+                    f"{base}.volumeMounts[{i}].mountPath",
+                    f"{MEMBERS_DIR_IN_POD} holds the rollout membership in llm actor pods: mount the volume elsewhere",
                 )
             if role == "actor" and spec.checkpoint.volume_claim and path == posixpath.normpath(ckpt_dir):
                 yield Problem(

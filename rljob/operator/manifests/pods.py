@@ -8,7 +8,7 @@ the N ranks itself (`rljob.runtime.ranks`), each with its RANK and LOCAL_RANK, o
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rljob.api import ROLE_NAMES, InvalidRLJob, RLJob, RoleName
@@ -23,6 +23,7 @@ from rljob.operator.manifests.checks import (
 )
 from rljob.operator.manifests.config import config_hash
 from rljob.operator.manifests.gang import PodGangMetadata, pod_gang_metadata, replica_counts
+from rljob.operator.manifests.members import MEMBERS_FILE_IN_POD, elastic_rollouts, members_volume
 from rljob.operator.manifests.placement import GPU_RESOURCE, PlacementProblem, role_affinity, role_tolerations
 from rljob.operator.naming import (
     ANNOTATION_CONFIG_HASH,
@@ -163,6 +164,9 @@ def _container(
         metrics_port,
         actor_ranks_per_replica=actor_ranks_per_replica(job),
     )
+    if role == "actor" and elastic_rollouts(job):
+        # The rollouts of the environment are those at creation; the membership file follows scaling.
+        identity = replace(identity, rollout_members_file=MEMBERS_FILE_IN_POD)
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in identity.to_env().items()]
     env += [var.model_dump(mode="json", by_alias=True, exclude_none=True) for var in rs.env]
     if not job.metadata.namespace:
@@ -226,6 +230,10 @@ def _volumes(
     volumes += [v.model_dump(mode="json", by_alias=True, exclude_none=True) for v in rs.volumes]
     mounts += [m.model_dump(mode="json", by_alias=True, exclude_none=True) for m in rs.volume_mounts]
     user_paths = [posixpath.normpath(m.mount_path) for m in rs.volume_mounts]
+    if role == "actor" and elastic_rollouts(job):
+        volume, mount = members_volume(job)
+        volumes.append(volume)
+        mounts.append(mount)
     if role == "actor":
         checkpoint = _checkpoint_volume(job, user_paths)
         if checkpoint is not None:

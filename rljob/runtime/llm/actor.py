@@ -32,6 +32,7 @@ from rljob.runtime.checkpoint import (
 from rljob.runtime.llm.data import PromptStream, Row, render_prompt, split_off
 from rljob.runtime.llm.engine import Sampling
 from rljob.runtime.llm.learner import LLMLearner, Sample
+from rljob.runtime.llm.membership import RolloutMembership
 from rljob.runtime.llm.policy import ModelSourceError, export_hf, load_policy
 from rljob.runtime.llm.pool import ChunkResult, RewardPool, RolloutPool
 from rljob.runtime.llm.setup import job_rows, load_job_policy, role_device
@@ -79,7 +80,8 @@ class Controller:
             self.tag,
             spec.rollout.weight_sync.bucket_size_mb,
         )
-        self.rollouts = RolloutPool(identity.endpoints["rollout"], publisher, self.tag)
+        membership = RolloutMembership(identity.endpoints["rollout"], identity.rollout_members_file)
+        self.rollouts = RolloutPool(membership, publisher, self.tag)
         self.rewards = RewardPool(identity.endpoints["reward"], timeout=spec.reward.sandbox.timeout_seconds + 30)
         self.stream = PromptStream(len(rows), spec.trainer.seed)
         self.skipped_too_long = 0

@@ -3,6 +3,10 @@
 `RolloutPool` hands chunks of prompts to the least-loaded rollout replica, collects what they finished, and
 re-sends the chunks of a replica that died or restarted (noticed by its new incarnation tag) to the others:
 no chunk is lost and none is counted twice. Weights go to every replica whose version is behind.
+
+The replicas are those of a `RolloutMembership` (rljob/runtime/llm/membership.py), looked at between polls:
+a replica that joins gets the latest weights before any chunk is sent to it (chunks only go to replicas
+holding weights), and the chunks in flight on a replica that leaves are re-sent to the others.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rljob.runtime.llm.membership import RolloutMembership
 from rljob.runtime.transport import RequestClient, RequestTimeout, TransportError
 from rljob.runtime.weight_sync import WeightPublisher
 
@@ -48,6 +53,7 @@ class ChunkResult:
 @dataclass
 class RolloutLink:
     replica: int
+    endpoint: str
     client: RequestClient
     tag: str = ""
     version: int = -1
@@ -56,16 +62,21 @@ class RolloutLink:
 
 
 class RolloutPool:
-    def __init__(self, endpoints: list[str], publisher: WeightPublisher, actor_tag: str) -> None:
-        self.links = [RolloutLink(i, RequestClient(e, timeout=2.0, retries=1)) for i, e in enumerate(endpoints)]
+    def __init__(self, membership: RolloutMembership | list[str], publisher: WeightPublisher, actor_tag: str) -> None:
+        self.membership = membership if isinstance(membership, RolloutMembership) else RolloutMembership(membership)
+        self.links: list[RolloutLink] = []
+        """The current members, by replica index."""
         self.publisher = publisher
         self.actor_tag = actor_tag
         self._ids = itertools.count(1)
         self.orphans: list[Chunk] = []
         """Chunks of a replica that went away, waiting for a live one."""
         self._weights: tuple[int, torch.nn.Module] | None = None
-        """The latest (version, model) synced: what a replica that comes back gets."""
+        """The latest (version, model) synced: what a replica that comes back, or joins, gets."""
         self._next_revive = 0.0
+        self._retired_restarts = 0
+        """Restarts of replicas that left the membership: `restarts` never goes down."""
+        self.refresh()
 
     def close(self) -> None:
         self.publisher.close()
@@ -74,7 +85,41 @@ class RolloutPool:
 
     @property
     def restarts(self) -> int:
-        return sum(link.restarts for link in self.links)
+        return self._retired_restarts + sum(link.restarts for link in self.links)
+
+    def refresh(self) -> None:
+        """Follow the membership: joiners get the latest weights now, leavers' chunks in flight are re-sent."""
+        members = self.membership.changed()
+        if members is None:
+            return
+        kept = []
+        for link in self.links:
+            if members.get(link.replica) == link.endpoint:
+                kept.append(link)
+            else:
+                self._retire(link)
+        known = {link.replica for link in kept}
+        joined = [
+            RolloutLink(replica, endpoint, RequestClient(endpoint, timeout=2.0, retries=1))
+            for replica, endpoint in sorted(members.items())
+            if replica not in known
+        ]
+        self.links = sorted(kept + joined, key=lambda link: link.replica)
+        for link in joined:
+            if self._weights is None:
+                continue  # before the first sync: the first `sync` reaches it like every other replica
+            log.info(
+                "rollout %d (%s) joined: sending it weights version %d", link.replica, link.endpoint, self._weights[0]
+            )
+            if self._check(link):
+                self._sync_link(link, *self._weights)
+
+    def _retire(self, link: RolloutLink) -> None:
+        log.info("rollout %d (%s) left the rollout membership", link.replica, link.endpoint)
+        self._lose(link, "left")
+        self._retired_restarts += link.restarts
+        link.client.close()
+        self.publisher.forget(link.replica)
 
     def _check(self, link: RolloutLink) -> bool:
         """Refresh the replica's incarnation; False when it does not answer. A new one loses its chunks."""
@@ -102,6 +147,7 @@ class RolloutPool:
         """Send weights `version` to every live replica that lacks them; seconds spent."""
         started = time.perf_counter()
         self._weights = (version, model)
+        self.refresh()
         for link in self.links:
             if link.version == version:
                 continue
@@ -173,6 +219,7 @@ class RolloutPool:
 
     def poll(self) -> list[ChunkResult]:
         """Finished chunks from every replica with work (waiting briefly); re-dispatches lost ones."""
+        self.refresh()
         self._dispatch()
         if self.orphans:  # no replica can take them: see whether one came back
             self._revive()

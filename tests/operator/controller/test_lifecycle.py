@@ -9,6 +9,7 @@ import yarl
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from rljob.runtime.llm.membership import parse_members
 from tests.operator.controller.conftest import (
     CARTPOLE_PODS,
     CONFIGMAPS,
@@ -81,28 +82,48 @@ async def _scale_rollouts(kube: KubernetesApiEmulator, job: str, replicas: int) 
         assert response.status == 200
 
 
+def _rollout_members(kube: KubernetesApiEmulator, job: str) -> dict[int, str] | None:
+    """The rollout membership the operator publishes to the job's actor pods, if written."""
+    members = kube.read_object(CONFIGMAPS, NS, f"{job}-rollouts")
+    return parse_members(members["data"]["rollouts.json"]) if members else None
+
+
 async def test_scaling_rollout_adds_and_removes_rollout_pods_without_touching_actors(
     kube: KubernetesApiEmulator, cluster: Cluster
 ) -> None:
-    """Rollouts of an llm job are interchangeable servers, so their count changes in place."""
+    """Rollouts of an llm job are interchangeable servers, so their count changes in place, and the actor
+    learns the Ready ones from the membership ConfigMap mounted into its pod."""
     llm_pods = {"ar-actor-0", "ar-rollout-0", "ar-reward-0"}
     async with operator_running(kube, config=FAST):
         cluster.create_job(arithmetic_job())
         await eventually(lambda: set(cluster.pods("ar")) == llm_pods)
+        actor_pod = cluster.pods("ar")["ar-actor-0"]["spec"]
+        env = {e["name"]: e.get("value") for e in actor_pod["containers"][0]["env"]}
+        assert env["RLJOB_ROLLOUT_MEMBERS_FILE"] == "/etc/rljob-rollouts/rollouts.json"
+        assert {"name": "rljob-rollouts", "configMap": {"name": "ar-rollouts", "optional": True}} in actor_pod[
+            "volumes"
+        ]
+        await eventually(lambda: _rollout_members(kube, "ar") == {}, what="nothing ready yet")
         cluster.run_all("ar")
         await eventually(lambda: cluster.phase("ar") == "Running")
+        await eventually(lambda: _rollout_members(kube, "ar") == {0: "ar-rollout-0.ar:29600"}, what="rollout 0 in")
         actor = cluster.uid("ar-actor-0")
         await _scale_rollouts(kube, "ar", 3)
         await eventually(lambda: {"ar-rollout-1", "ar-rollout-2"} <= set(cluster.pods("ar")), what="scaled up")
+        assert _rollout_members(kube, "ar") == {0: "ar-rollout-0.ar:29600"}  # not Ready yet: not fed yet
         cluster.run("ar-rollout-1")
         cluster.run("ar-rollout-2")
         await eventually(lambda: cluster.status("ar")["roles"]["rollout"] == {"desired": 3, "ready": 3, "failed": 0})
+        await eventually(lambda: sorted(_rollout_members(kube, "ar") or {}) == [0, 1, 2], what="rollouts 1, 2 in")
+        assert _rollout_members(kube, "ar")[2] == "ar-rollout-2.ar:29600"
         config = kube.read_object(CONFIGMAPS, NS, "ar-config")["data"]["job.yaml"]
         assert yaml.safe_load(config)["spec"]["roles"]["rollout"]["replicas"] == 3
         cluster.patch_job("ar", {"spec": {"roles": {"rollout": {"replicas": 1}}}})
         await eventually(lambda: set(cluster.pods("ar")) == llm_pods, what="scaled down")
+        assert _rollout_members(kube, "ar") == {0: "ar-rollout-0.ar:29600"}
         assert cluster.uid("ar-actor-0") == actor and cluster.phase("ar") == "Running"
         assert cluster.status("ar")["restarts"] == 0
+        assert "SpecChanged" not in cluster.reasons("ar")
 
 
 async def test_scaling_rollout_of_a_gym_job_is_a_controlled_restart(
