@@ -89,7 +89,11 @@ class RolloutMembership:
             return None
         self._signature = signature
         try:
-            return parse_members(text)
+            members = parse_members(text)
+            # An llm job always has rollout replicas: none listed means none is Ready yet (job start), and
+            # the identity's endpoints are worth trying meanwhile rather than waiting for the kubelet's
+            # next refresh of the mounted file (up to a minute).
+            return members or self.static
         except MembershipError as exc:
             # Keep feeding the replicas known so far; the next write of the file is read again.
             log.warning("rollout membership file %s ignored, keeping %d replica(s): %s", self.path, len(self), exc)

@@ -69,6 +69,15 @@ def test_without_a_file_the_members_are_the_identity_endpoints_once() -> None:
     assert membership.changed() is None
 
 
+def test_an_empty_document_means_none_ready_yet_and_the_identity_endpoints_are_tried(tmp_path: Path) -> None:
+    path = tmp_path / "rollouts.json"
+    write_members(path, {})  # the operator's document before any rollout pod is Ready
+    membership = RolloutMembership(["static:1", "static:2"], str(path), check_interval_s=0)
+    assert membership.changed() == {0: "static:1", 1: "static:2"}
+    write_members(path, {1: "r-1:1"})
+    assert membership.changed() == {1: "r-1:1"}
+
+
 def test_the_file_is_followed_and_a_bad_write_keeps_the_members_known(tmp_path: Path, caplog) -> None:
     path = tmp_path / "rollouts.json"
     membership = RolloutMembership(["static:1"], str(path), check_interval_s=0)
