@@ -286,3 +286,33 @@ def parse_tests(tests: Any) -> dict[str, Any]:
         "tests must be Python asserts (a string or a list of strings) or a list of {input, output} pairs "
         f"(got {type(tests).__name__})"
     )
+
+
+# --- what this platform can enforce --------------------------------------------------------------
+
+
+def check_sandbox(spec: SandboxSpec, isolation: Isolation = "auto") -> list[tuple[str, str]]:
+    """(field path, message) for every sandbox limit this machine cannot enforce, found by a probe run."""
+    if not sys.platform.startswith("linux"):
+        return [
+            (
+                "spec.reward.sandbox",
+                f"code_exec needs Linux to confine runs (rlimits, namespaces, /proc); this is {sys.platform}: "
+                "run the reward role on Linux (a pod does) or drop code_exec",
+            )
+        ]
+    # The probe computes a little and opens nothing: only a sandbox that cannot confine itself fails it.
+    probe = Sandbox(SandboxLimits.from_spec(spec), 1, isolation).run(
+        "total = sum(range(1000))", parse_tests("assert total == 499500")
+    )
+    if probe.passed == 1 and probe.error is None:
+        return []
+    problem = probe.error or probe.crash or "the probe's test failed"
+    if "memory" in problem.lower() or "MemoryError" in probe.output_tail:
+        return [
+            (
+                "spec.reward.sandbox.memoryMb",
+                f"{spec.memory_mb} MiB is too little for the sandboxed interpreter ({problem}); raise it",
+            )
+        ]
+    return [("spec.reward.sandbox", f"this machine cannot confine code_exec runs: a probe run failed ({problem})")]

@@ -226,7 +226,7 @@ def _drop_capabilities():
 # --- the untrusted code --------------------------------------------------------------------------
 
 
-def install_guard(request, violations):
+def install_guard(request, violations, spawned):
     """An audit hook: refuses sockets (unless network) and writes outside the working directory, noting each."""
     workdir = os.path.realpath(request["workdir"])
     network = request["network"]
@@ -272,12 +272,20 @@ def install_guard(request, violations):
             for path in args[:2]:
                 if isinstance(path, (str, bytes, os.PathLike)) and outside(path):
                     note(f"{event} outside the working directory refused ({path})")
+        elif event in SPAWN_EVENTS:
+            spawned.append(event)
         elif event in net_events and not network:
             family = getattr(args[0], "family", None)
             if family is not None and family != getattr(__import__("socket"), "AF_UNIX", -1):
                 note(f"network access refused ({event} {args[1]!r}; spec.reward.sandbox.network is false)")
 
     sys.addaudithook(hook)
+
+
+LIMIT_ERRORS = (MemoryError, BlockingIOError)
+"""What the rlimits make the code raise (out of address space; fork refused at the process limit): they end the
+run as a counted sandbox error, not as the code's own wrong answer."""
+SPAWN_EVENTS = {"os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "subprocess.Popen", "os.exec"}
 
 
 def _same_output(got, expected):
@@ -306,14 +314,14 @@ def run_tests(request, violations):
             exec(program, scope)
             for setup in tests["setup"]:
                 exec(compile(setup, "tests.py", "exec"), scope)
-        except MemoryError:
+        except LIMIT_ERRORS:
             raise
         except BaseException as exc:  # the code's own failure: every test fails
             return 0, len(tests["asserts"]), f"{type(exc).__name__}: {exc}"
         for check in tests["asserts"]:
             try:
                 exec(compile(check, "tests.py", "exec"), scope)
-            except MemoryError:
+            except LIMIT_ERRORS:
                 raise
             except BaseException as exc:
                 crash = crash or f"{type(exc).__name__}: {exc}"
@@ -330,7 +338,7 @@ def run_tests(request, violations):
             except SystemExit as exc:
                 ok = exc.code in (None, 0)
             output = sys.stdout.getvalue()
-        except MemoryError:
+        except LIMIT_ERRORS:
             raise
         except BaseException as exc:
             ok, output = False, ""
@@ -351,7 +359,8 @@ def runner(request, namespaced, supervisor_pid, result_fd):
         report["uid"] = confine(request, namespaced, supervisor_pid)
         os.chdir(request["workdir"])
         sys.dont_write_bytecode = True
-        install_guard(request, report["violations"])
+        spawned = []
+        install_guard(request, report["violations"], spawned)
         try:
             passed, total, crash = run_tests(request, report["violations"])
             report.update(passed=passed, total=total, crash=crash)
@@ -359,6 +368,12 @@ def runner(request, namespaced, supervisor_pid, result_fd):
             report["violations"].append(
                 f"out of memory (spec.reward.sandbox.memoryMb: {request['limits']['memory_mb']})"
             )
+        except BlockingIOError as exc:
+            if spawned:
+                limit = request["limits"]["processes"]
+                report["violations"].append(f"process limit reached ({limit} processes per run): {exc}")
+            else:  # a non-blocking call of the code's own: its failure, not the sandbox's
+                report.update(passed=0, total=1, crash=f"BlockingIOError: {exc}")
     except BaseException as exc:
         if os.getpid() == pid:
             report["setup_error"] = f"{type(exc).__name__}: {exc}"
