@@ -219,25 +219,25 @@ def kill_group(group: int) -> None:
 
 
 def kill_run(supervisor_pid: int) -> None:
-    """SIGKILL every process of a live run: its process group, and every descendant of its supervisor (which
-    escaped descendants are reparented to, as a subreaper), descendants first, until none is left."""
+    """SIGKILL every process of a live run, whatever it ignores: every descendant of its supervisor (which
+    escaped descendants are reparented to, as a subreaper) until none is left, then its process group and the
+    supervisor. The supervisor is stopped first so that it cannot exit and orphan what is left meanwhile."""
     import psutil
 
-    kill_group(supervisor_pid)
     try:
         supervisor = psutil.Process(supervisor_pid)
+        supervisor.suspend()
     except psutil.NoSuchProcess:
+        kill_group(supervisor_pid)
         return
     for _ in range(100):  # a fork bomb under its process limit cannot outrun this for long
-        try:
-            left = supervisor.children(recursive=True)
-        except psutil.NoSuchProcess:
-            return
+        left = supervisor.children(recursive=True)
         if not left:
             break
         for process in left:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
+    kill_group(supervisor_pid)
     with contextlib.suppress(psutil.NoSuchProcess):
         supervisor.kill()
 
@@ -245,7 +245,7 @@ def kill_run(supervisor_pid: int) -> None:
 # --- tests of a row ------------------------------------------------------------------------------
 
 
-class TestsFormatError(ValueError):
+class UnrunnableTestsError(ValueError):
     """A row's tests in a shape code_exec cannot run."""
 
 
@@ -271,18 +271,18 @@ def parse_tests(tests: Any) -> dict[str, Any]:
         try:
             module = ast.parse(tests)
         except SyntaxError as exc:
-            raise TestsFormatError(f"the tests are not valid Python ({exc.msg}, line {exc.lineno})") from None
+            raise UnrunnableTestsError(f"the tests are not valid Python ({exc.msg}, line {exc.lineno})") from None
         asserts = [ast.get_source_segment(tests, node) or "" for node in module.body if isinstance(node, ast.Assert)]
         setup = [ast.get_source_segment(tests, n) or "" for n in module.body if not isinstance(n, ast.Assert)]
         if not asserts:
-            raise TestsFormatError("the tests hold no assert statement")
+            raise UnrunnableTestsError("the tests hold no assert statement")
         return {"kind": "asserts", "setup": setup, "asserts": asserts}
     if isinstance(tests, list) and tests:
         if all(isinstance(t, str) for t in tests):
             return {"kind": "asserts", "setup": [], "asserts": list(tests)}
         if all(isinstance(t, dict) and "input" in t and "output" in t for t in tests):
             return {"kind": "io", "cases": [{"input": str(t["input"]), "output": str(t["output"])} for t in tests]}
-    raise TestsFormatError(
+    raise UnrunnableTestsError(
         "tests must be Python asserts (a string or a list of strings) or a list of {input, output} pairs "
         f"(got {type(tests).__name__})"
     )

@@ -62,7 +62,7 @@ from rljob.runtime.sandbox import (
     Sandbox,
     SandboxError,
     SandboxLimits,
-    TestsFormatError,
+    UnrunnableTestsError,
     check_sandbox,
     parse_tests,
 )
@@ -361,7 +361,7 @@ def check_reward_columns(reward: RewardSpec, rows: list[dict[str, Any]]) -> list
                 break
             try:
                 parse_tests(row[column])
-            except TestsFormatError as exc:
+            except UnrunnableTestsError as exc:
                 problems.append((at, f"row {number}: {exc}"))
                 break
     return problems
