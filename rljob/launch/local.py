@@ -79,7 +79,7 @@ def check_llm(job: RLJob) -> None:
     """Read the dataset, find the model and load the reward functions before any process starts."""
     from rljob.runtime.llm.data import DatasetError, load_rows
     from rljob.runtime.llm.policy import ModelSourceError, check_model_source
-    from rljob.runtime.llm.rewards import check_reward_spec
+    from rljob.runtime.llm.rewards import check_reward_columns, check_reward_spec
 
     spec = job.spec
     assert spec.task.llm is not None
@@ -97,11 +97,11 @@ def check_llm(job: RLJob) -> None:
             "holds the whole model)"
         )
     try:
-        load_rows(spec.task.llm, seed=spec.trainer.seed)
+        rows = load_rows(spec.task.llm, seed=spec.trainer.seed)
         check_model_source(spec.model)
     except (DatasetError, ModelSourceError) as exc:
         raise LaunchError(str(exc)) from None
-    problems = check_reward_spec(spec.reward, Path.cwd())
+    problems = check_reward_spec(spec.reward, Path.cwd()) + check_reward_columns(spec.reward, rows)
     if problems:
         raise LaunchError("\n".join(f"{field}: {message}" for field, message in problems))
 

@@ -351,11 +351,23 @@ def test_pods_run_as_non_root_with_no_privilege_escalation(example_documents, jo
     for pod in pods_by_name(build_children(job_from(example_documents["cartpole-ppo"]), settings)).values():
         security = pod["spec"]["securityContext"]
         assert security["runAsNonRoot"] is True and security["runAsUser"] >= 1
-        assert container(pod)["securityContext"] == {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-        }
+        assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert container(pod)["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container(pod)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
         assert pod["spec"]["automountServiceAccountToken"] is False
+
+
+def test_reward_and_env_pods_have_a_read_only_root_and_a_writable_tmp(example_documents, job_from, settings):
+    llm = job_from(example_documents["grpo-tiny-code"])
+    gym = job_from(example_documents["cartpole-ppo"])
+    for job, role in ((llm, "reward"), (gym, "env")):
+        pod = build_pod(job, settings, role, 0)
+        assert container(pod)["securityContext"]["readOnlyRootFilesystem"] is True
+        assert {"name": "rljob-tmp", "mountPath": "/tmp"} in container(pod)["volumeMounts"]
+        assert {"name": "rljob-tmp", "emptyDir": {}} in pod["spec"]["volumes"]
+        assert {"name": "HOME", "value": "/tmp"} in container(pod)["env"]
+    # The trainer keeps a writable root for its libraries' caches.
+    assert "readOnlyRootFilesystem" not in container(build_pod(llm, settings, "actor", 0))["securityContext"]
 
 
 def test_pods_run_the_role_entrypoint_never_restart_and_report_readiness(example_documents, job_from, settings):

@@ -18,7 +18,8 @@ CONFIG_VOLUME = "rljob-config"
 CHECKPOINT_VOLUME = "rljob-checkpoints"
 SHM_VOLUME = "rljob-dshm"
 MEMBERS_VOLUME = "rljob-rollouts"
-RESERVED_VOLUMES = (CONFIG_VOLUME, CHECKPOINT_VOLUME, SHM_VOLUME, MEMBERS_VOLUME)
+TMP_VOLUME = "rljob-tmp"
+RESERVED_VOLUMES = (CONFIG_VOLUME, CHECKPOINT_VOLUME, SHM_VOLUME, MEMBERS_VOLUME, TMP_VOLUME)
 CONFIG_DIR_IN_POD = posixpath.dirname(CONFIG_PATH_IN_POD)
 MEMBERS_DIR_IN_POD = "/etc/rljob-rollouts"
 """Where llm actor pods mount the rollout membership ConfigMap (a directory mount: the kubelet refreshes it)."""

@@ -18,6 +18,7 @@ from rljob.operator.manifests.checks import (
     CONFIG_DIR_IN_POD,
     CONFIG_VOLUME,
     SHM_VOLUME,
+    TMP_VOLUME,
     checkpoint_dir_in_pod,
     ensure_buildable,
 )
@@ -40,6 +41,9 @@ from rljob.runtime.identity import DATA_PORT, MASTER_PORT, SYNC_PORT, actor_rank
 CONTAINER_NAME = "main"
 """The container of every role pod; `kubectl logs <pod>` needs no `-c`."""
 HEALTH_PATH = "/healthz"
+READ_ONLY_ROOT_ROLES: tuple[RoleName, ...] = ("env", "reward")
+"""Roles that run untrusted code (code_exec sandboxes, tool environments): their root filesystem is read-only and
+only /tmp (an emptyDir) is writable. The actor and rollout keep a writable root for library caches."""
 
 
 def role_image(job: RLJob, role: RoleName, settings: OperatorSettings) -> str:
@@ -202,6 +206,10 @@ def _container(
         },
         "volumeMounts": mounts,
     }
+    if role in READ_ONLY_ROOT_ROLES:
+        container["securityContext"]["readOnlyRootFilesystem"] = True
+        if not any(e["name"] == "HOME" for e in env):
+            env.append({"name": "HOME", "value": "/tmp"})  # caches and config files of libraries land in /tmp
     resources = _resources(rs)
     if resources:
         container["resources"] = resources
@@ -239,6 +247,10 @@ def _volumes(
         if checkpoint is not None:
             volumes.append(checkpoint)
             mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_dir_in_pod(job)})
+    if role in READ_ONLY_ROOT_ROLES and "/tmp" not in user_paths:
+        # The only writable place of a read-only root: sandbox working directories, library caches.
+        volumes.append({"name": TMP_VOLUME, "emptyDir": {}})
+        mounts.append({"name": TMP_VOLUME, "mountPath": "/tmp"})
     if settings.gpu_shared_memory and rs.gpus_per_replica > 0 and "/dev/shm" not in user_paths:
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})

@@ -15,9 +15,8 @@ The reward of a sample is the weighted sum of its terms. A call that raises, run
 counts one error under the function's name; it never stops the job. Calls run on
 `sandbox.maxConcurrency` threads, so a function that keeps state must guard it with a lock. A call
 past its timeout is abandoned, not killed (Python cannot stop a thread): its thread is replaced and
-keeps running until the function returns. Isolating user code in its own process, with
-`sandbox.memoryMb` and `sandbox.network` enforced, arrives with the sandboxed
-code-execution runtime (`code_exec`).
+keeps running until the function returns. User functions run in the reward role's own process (see
+docs/sandbox.md for why); the code of `code_exec` runs in the sandbox (`rljob.runtime.sandbox`).
 
 Builtins:
 - `exact_match`: 1.0 when the final answer of the response equals `row[answer_key]`, after `final_answer`
@@ -26,6 +25,11 @@ Builtins:
   ("\\frac{1}{2}" == "0.5").
 - `format`: 1.0 when the stripped response fully matches the regex `pattern` (`search: true`: when the
   pattern occurs anywhere in the response).
+- `code_exec`: runs the code of the response (its last fenced ``` block, else the whole text) in the sandbox
+  against the row's tests (the column named by `tests`, default "tests": Python asserts, or a list of
+  {input, output} pairs for a program reading stdin) and scores the fraction that pass. A run the sandbox
+  had to stop (time, memory, processes) or that broke a rule (network, writes outside its directory) scores
+  0 and counts as an error; a wrong or crashing program just scores what passed.
 - `length_penalty`: without `max_tokens`, -1.0 for a response cut at the length limit (finish_reason
   "length"), else 0. With `max_tokens`, DAPO's soft overlong penalty on `response_tokens`: 0 up to
   `max_tokens - buffer_tokens`, then linear down to -1.0 at `max_tokens`, -1.0 beyond.
@@ -52,16 +56,25 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from rljob.api.spec import RewardFunction, RewardSpec
+from rljob.runtime.sandbox import (
+    STARTUP_ALLOWANCE_SECONDS,
+    Isolation,
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+    UnrunnableTestsError,
+    check_sandbox,
+    parse_tests,
+)
 
 RewardFn = Callable[..., float]
 
 SAMPLE_FIELDS = ("finish_reason", "response_tokens")
 """Keyword arguments a function receives when its signature asks for them."""
 
-CODE_EXEC_REFUSED = (
-    "code_exec needs the sandboxed code-execution runtime, which is not part of this version: "
-    "use exact_match, math_verify, format, length_penalty or a module"
-)
+CODE_EXEC_TIMEOUT_MARGIN = 5.0
+"""Seconds the scorer waits for a code_exec call beyond the sandbox's own wall clock, which kills the run
+first: the scorer's abandonment is only a backstop."""
 
 
 class RewardInput(TypedDict):
@@ -147,11 +160,41 @@ def length_penalty(
     return -min(1.0, (response_tokens - free) / max(buffer_tokens, 1))
 
 
+_FENCED = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.S)
+
+
+def extract_code(response: str) -> str:
+    """The last fenced block of the response (an unclosed last fence runs to the end), else the whole text."""
+    blocks = _FENCED.findall(response)
+    return blocks[-1] if blocks else response
+
+
+class CodeExec:
+    """The `code_exec` builtin bound to the job's sandbox."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
+
+    def __call__(self, prompt: str, response: str, row: dict[str, Any], *, tests: str = "tests") -> float:
+        if tests not in row:
+            raise KeyError(f"the dataset row has no tests column {tests!r} (columns: {', '.join(map(str, row))})")
+        run = self.sandbox.run(extract_code(response), parse_tests(row[tests]))
+        if run.error is not None:
+            raise SandboxError(run.error)
+        return run.score
+
+
+def code_exec(prompt: str, response: str, row: dict[str, Any], *, tests: str = "tests") -> float:
+    """`code_exec` with the default sandbox limits (the scorer binds the job's `spec.reward.sandbox`)."""
+    return CodeExec(Sandbox(SandboxLimits()))(prompt, response, row, tests=tests)
+
+
 BUILTINS: dict[str, RewardFn] = {
     "exact_match": exact_match,
     "math_verify": math_verify,
     "format": format_match,
     "length_penalty": length_penalty,
+    "code_exec": code_exec,
 }
 
 
@@ -187,6 +230,8 @@ def _check_builtin_args(builtin: str, args: dict[str, Any], at: str) -> list[tup
             problems.append(
                 (f"{at}.buffer_tokens", f"must be an integer from 0 to max_tokens - 1 (got {buffer_tokens!r})")
             )
+    if builtin == "code_exec" and not isinstance(args.get("tests", "tests"), str):
+        problems.append((f"{at}.tests", f"must name the dataset column holding the tests (got {args['tests']!r})"))
     if "answer_key" in args and not isinstance(args["answer_key"], str):
         problems.append((f"{at}.answer_key", f"must be a string (got {args['answer_key']!r})"))
     return problems
@@ -252,8 +297,6 @@ def _resolve(
         callable_: RewardFn | None = None
         if (function.builtin is None) == (function.module is None):
             problems.append((at, "set exactly one of builtin or module"))
-        elif function.builtin == "code_exec":
-            problems.append((f"{at}.builtin", CODE_EXEC_REFUSED))
         elif function.builtin is not None:
             found = _check_builtin_args(function.builtin, function.args, f"{at}.args")
             if function.builtin == "math_verify" and importlib.util.find_spec("math_verify") is None:
@@ -271,6 +314,8 @@ def _resolve(
                     problems.append((f"{at}.args", problem))
                     callable_ = None
         resolved.append((function, callable_))
+    if any(function.builtin == "code_exec" for function in reward.functions):
+        problems += check_sandbox(reward.sandbox)
     return resolved, problems
 
 
@@ -293,6 +338,33 @@ def _check_call(function: RewardFn, spec: RewardFunction) -> str | None:
 def check_reward_spec(reward: RewardSpec, base_dir: Path | None = None) -> list[tuple[str, str]]:
     """(field path, message) for every reward function that cannot be used; empty when all can."""
     return _resolve(reward, base_dir)[1]
+
+
+def check_reward_columns(reward: RewardSpec, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(field path, message) for every dataset column a function reads (code_exec's `tests`) that some row
+    lacks, or whose tests code_exec cannot run."""
+    problems: list[tuple[str, str]] = []
+    for index, function in enumerate(reward.functions):
+        if function.builtin != "code_exec":
+            continue
+        column = function.args.get("tests", "tests")
+        at = f"spec.reward.functions[{index}].args.tests"
+        for number, row in enumerate(rows):
+            if column not in row:
+                problems.append(
+                    (
+                        at,
+                        f"row {number} of the dataset has no column {column!r} (columns: {', '.join(sorted(row))}); "
+                        "name the column that holds each row's tests",
+                    )
+                )
+                break
+            try:
+                parse_tests(row[column])
+            except UnrunnableTestsError as exc:
+                problems.append((at, f"row {number}: {exc}"))
+                break
+    return problems
 
 
 # --- scoring -------------------------------------------------------------------------------------
@@ -330,12 +402,19 @@ class _Term:
     weight: float
     kwargs: dict[str, Any]
     sample_fields: tuple[str, ...]
+    timeout: float
 
 
 class RewardScorer:
     """Scores batches of samples with `spec.reward.functions`; see the module docstring."""
 
-    def __init__(self, reward: RewardSpec, answer_key: str = "answer", base_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        reward: RewardSpec,
+        answer_key: str = "answer",
+        base_dir: Path | None = None,
+        isolation: Isolation = "auto",
+    ) -> None:
         resolved, problems = _resolve(reward, base_dir)
         if problems:
             raise RewardConfigError(
@@ -345,8 +424,13 @@ class RewardScorer:
         self.concurrency = reward.sandbox.max_concurrency
         self._terms: list[_Term] = []
         labels: dict[str, int] = {}
+        sandbox = Sandbox.from_spec(reward.sandbox, isolation)
         for spec, function in resolved:
             assert function is not None  # no problems: every function resolved
+            timeout = self.timeout
+            if spec.builtin == "code_exec":
+                function = CodeExec(sandbox)
+                timeout = self.timeout + STARTUP_ALLOWANCE_SECONDS + CODE_EXEC_TIMEOUT_MARGIN
             label = spec.name or spec.builtin or (spec.module or "").rpartition(":")[2]
             labels[label] = labels.get(label, 0) + 1
             kwargs = dict(spec.args)
@@ -359,6 +443,7 @@ class RewardScorer:
                     weight=spec.weight,
                     kwargs=kwargs,
                     sample_fields=_sample_fields(function),
+                    timeout=timeout,
                 )
             )
         self._condition = threading.Condition()
@@ -382,7 +467,7 @@ class RewardScorer:
                 self._queue.put((call, samples[call.sample]))
             while True:
                 now = time.monotonic()
-                for call in [c for c in self._running if now - (c.started or now) >= self.timeout]:
+                for call in [c for c in self._running if now - (c.started or now) >= self._terms[c.term].timeout]:
                     call.abandoned = True
                     self._pending -= 1
                     call.error = f"no result within sandbox.timeoutSeconds ({self.timeout:g}s); call abandoned"
@@ -391,8 +476,8 @@ class RewardScorer:
                     self._start_worker()  # keep maxConcurrency threads serving the queue
                 if not self._pending:
                     break
-                started = [c.started for c in self._running if c.started is not None]
-                self._condition.wait(min(started) + self.timeout - now if started else None)
+                ends = [c.started + self._terms[c.term].timeout for c in self._running if c.started is not None]
+                self._condition.wait(min(ends) - now if ends else None)
         rewards = [0.0] * len(samples)
         terms = {term.name: [0.0] * len(samples) for term in self._terms}
         errors = {term.name: 0 for term in self._terms}

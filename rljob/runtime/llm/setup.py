@@ -9,6 +9,7 @@ import torch
 
 from rljob.runtime.llm.data import DatasetError, Row, load_rows
 from rljob.runtime.llm.policy import ModelSourceError, load_policy
+from rljob.runtime.llm.rewards import check_reward_columns
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
 
 
@@ -20,13 +21,18 @@ def role_device(gpus_per_replica: int) -> torch.device:
 
 
 def job_rows(context: RoleContext) -> list[Row]:
-    """The dataset's rows; a dataset that cannot be read is a configuration error (exit 78)."""
+    """The dataset's rows; a dataset that cannot be read, or lacks a column a reward function reads, is a
+    configuration error (exit 78)."""
     spec = context.job.spec
     assert spec.task.llm is not None
     try:
-        return load_rows(spec.task.llm, seed=spec.trainer.seed)
+        rows = load_rows(spec.task.llm, seed=spec.trainer.seed)
     except DatasetError as exc:
         raise FatalConfigError(str(exc)) from None
+    problems = check_reward_columns(spec.reward, rows)
+    if problems:
+        raise FatalConfigError("\n".join(f"{field}: {message}" for field, message in problems))
+    return rows
 
 
 def load_job_policy(context: RoleContext, device: torch.device, rows: list[Row] | None = None) -> tuple[Any, Any]:

@@ -17,7 +17,6 @@ from rljob.api.spec import RewardSpec
 from rljob.launch.local import free_ports
 from rljob.runtime.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
 from rljob.runtime.llm.rewards import (
-    CODE_EXEC_REFUSED,
     RewardConfigError,
     RewardInput,
     RewardScorer,
@@ -271,7 +270,8 @@ def test_unusable_user_function_is_an_error_naming_the_field(tmp_path, files, re
 @pytest.mark.parametrize(
     ("function", "field", "message"),
     [
-        ({"builtin": "code_exec"}, "builtin", CODE_EXEC_REFUSED),
+        ({"builtin": "code_exec", "args": {"tests": 3}}, "args.tests", "must name the dataset column"),
+        ({"builtin": "code_exec", "args": {"test": "tests"}}, "args.test", "code_exec does not take 'test'"),
         ({"builtin": "format"}, "args.pattern", "format needs a regex string"),
         ({"builtin": "format", "args": {"pattern": "x("}}, "args.pattern", "'x(' is not a valid regex: missing )"),
         (
@@ -291,12 +291,6 @@ def test_unusable_builtin_is_an_error_naming_the_field(function, field, message)
     problems = check_reward_spec(reward(function))
     assert problems == [(f"spec.reward.functions[0].{field}", problems[0][1])]
     assert message in problems[0][1]
-
-
-def test_code_exec_is_refused_until_the_sandbox_exists():
-    assert CODE_EXEC_REFUSED.startswith("code_exec needs the sandboxed code-execution runtime")
-    with pytest.raises(RewardConfigError, match=re.escape("spec.reward.functions[0].builtin: code_exec needs")):
-        RewardScorer(reward({"builtin": "code_exec"}))
 
 
 # --- failures and concurrency --------------------------------------------------------------------
