@@ -175,21 +175,13 @@ def _fits(need: Mapping[str, float], have: Mapping[str, float]) -> bool:
 
 
 def placement_strategy(bundles: Sequence[Bundle], nodes: Sequence[ClusterNode]) -> str:
-    """STRICT_SPREAD when every bundle asks for the whole GPUs of the nodes it can go to (the actor ranks of a
-    multi-node trainer, one replica per node), else PACK.
+    """PACK, always: one placement group per job has one strategy for all its bundles.
 
-    A placement group has one strategy for all its bundles: STRICT_SPREAD on a job that also has CPU-only env
-    or rollout bundles would give each of those a node of its own. Under PACK, bundles that each take a
-    node's whole GPUs still land on distinct nodes (no node holds two), so nothing is lost.
+    STRICT_SPREAD would put every bundle on a node of its own, CPU-only env, rollout and reward replicas
+    included, and every job has some. Actor replicas that ask for a node's whole GPUs are spread under PACK
+    anyway: no node can hold two of them.
     """
-    if len(bundles) < 2:
-        return "PACK"
-    for bundle in bundles:
-        gpus = bundle.resources.get("GPU", 0.0)
-        hosts = [n for n in nodes if n.matches(bundle.labels) and _fits(bundle.resources, n.total)]
-        if gpus == 0 or not hosts or any(n.total.get("GPU", 0.0) != gpus for n in hosts):
-            return "PACK"
-    return "STRICT_SPREAD"
+    return "PACK"
 
 
 def _field_of(role: str, resource: str) -> str:
