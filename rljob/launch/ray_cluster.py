@@ -283,6 +283,7 @@ class RayRun(Supervisor):
         self.actor_restarts = 0
         self.pg: PlacementGroup | None = None
         self.address = address
+        self.connected_here = not ray.is_initialized()
         connect(address, sum(b.resources.get("CPU", 0.0) for b in self.bundles))
         try:
             nodes = cluster_nodes()
@@ -538,6 +539,6 @@ class RayRun(Supervisor):
             self.pg = None
 
     def disconnect(self) -> None:
-        """Leave the cluster (a throwaway `--ray local` cluster stops with it)."""
-        if ray.is_initialized():
+        """Leave the cluster if this run joined it (a throwaway `--ray local` cluster stops with it)."""
+        if self.connected_here and ray.is_initialized():
             ray.shutdown()

@@ -273,7 +273,8 @@ def check_fits(bundles: Sequence[Bundle], nodes: Sequence[ClusterNode], strategy
     for bundle in bundles:
         for k, v in bundle.resources.items():
             needed[k] = needed.get(k, 0.0) + v
-    for resource, value in sorted(needed.items()):
+    # GPUs first: the scarce resource is the one worth naming.
+    for resource, value in sorted(needed.items(), key=lambda kv: (kv[0] != "GPU", kv[0])):
         total = sum(n.total.get(resource, 0.0) for n in nodes)
         if total + 1e-9 < value:
             roles = sorted({b.role for b in bundles if resource in b.resources})
