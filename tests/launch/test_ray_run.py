@@ -84,38 +84,6 @@ def load(manifest, *sets: str):
     return validate_job(apply_overrides(yaml.safe_load(manifest.read_text()), list(sets)))
 
 
-def test_gpu_product_places_each_role_on_its_node_and_stop_leaves_nothing(cluster, cartpole_manifest, tmp_path):
-    _, node_of = cluster
-    job = load(
-        cartpole_manifest(steps=200, envs=1),
-        "spec.roles.actor.gpusPerReplica=1",
-        "spec.roles.actor.placement.gpuProduct=H100",
-        "spec.roles.rollout.gpusPerReplica=1",
-        "spec.roles.rollout.placement.gpuProduct=A100",
-    )
-    lines: list[tuple[str, str]] = []
-    run = RayRun(job, tmp_path / "out", lambda name, line: lines.append((name, line)), address=cluster[0].address)
-    try:
-        run.start()
-        table = ray.util.placement_group_table(run.pg)
-        assert table["state"] == "CREATED"
-        placed = {b.name: table["bundles_to_node_id"][i] for i, b in enumerate(run.bundles)}
-        assert placed["actor-0"] == node_of["H100"]
-        assert placed["rollout-0"] == node_of["A100"]
-        assert placed["env-0"] not in (node_of["H100"], node_of["A100"])
-        # Given a fake GPU by Ray, the actor trains on the CPU: it reaches its first steps.
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "out" / "metrics.jsonl").exists() and time.monotonic() < deadline:
-            run._refresh()
-            assert all(c.code is None for c in run.children), lines[-30:]
-            time.sleep(0.5)
-        assert (tmp_path / "out" / "metrics.jsonl").exists(), lines[-30:]
-    finally:
-        run.stop()
-    assert any(name == "actor-0" and "step" in line for name, line in lines)
-    assert wait_until_clean() == ([], [])
-
-
 def test_a_job_that_cannot_fit_fails_fast_naming_the_missing_resource(cluster, cartpole_manifest, tmp_path):
     address = cluster[0].address
     job = load(cartpole_manifest(), "spec.roles.actor.gpusPerReplica=1", "spec.roles.actor.placement.gpuProduct=B200")
@@ -161,11 +129,25 @@ def test_cartpole_learns_through_ray_and_survives_a_killed_env_worker_and_a_kill
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_every_ray_actor_and_removes_the_placement_group(cluster, cartpole_manifest, start_run):
-    run = start_run(cartpole_manifest(steps=500), "--ray", cluster[0].address, "--quiet")
+def test_gpu_product_places_each_role_on_its_node_and_ctrl_c_leaves_no_actor_or_placement_group(
+    cluster, cartpole_manifest, start_run
+):
+    address, node_of = cluster[0].address, cluster[1]
+    run = start_run(
+        cartpole_manifest(steps=500),
+        "--ray",
+        address,
+        "--quiet",
+        *("--set", "spec.roles.actor.gpusPerReplica=1", "--set", "spec.roles.actor.placement.gpuProduct=H100"),
+        *("--set", "spec.roles.rollout.gpusPerReplica=1", "--set", "spec.roles.rollout.placement.gpuProduct=A100"),
+    )
+    # Given a fake GPU by Ray, the actor trains on the CPU: it reaches its first step.
     run.wait_for_step(1, timeout=180)
     actors, groups = job_leftovers()
     assert len(actors) == 4 and len(groups) == 1  # actor, rollout, 2 envs in one placement group
+    placed = groups[0]["bundles_to_node_id"]  # bundles in role order: actor-0, rollout-0, env-0, env-1
+    assert placed[0] == node_of["H100"] and placed[1] == node_of["A100"]
+    assert {placed[2], placed[3]}.isdisjoint(node_of.values())
     workers = [psutil.Process(p.ppid()) for p in run.roles()]
     run.process.send_signal(signal.SIGINT)
     output = run.finish(timeout=90)
