@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 CONSTRAINTS := constraints/cpu.txt
-EXTRAS := operator,train,rollout,env,dev
+EXTRAS := operator,train,rollout,env,ray,dev
 STAMP := $(VENV)/.installed
 
 .PHONY: install test lint lint-docker format crds demo bench bench-operator bench-cartpole clean

@@ -11,7 +11,10 @@ from typing import Annotated
 
 import typer
 
-RUN_HELP = "Run an RLJob locally: every role replica as a process on this machine."
+RUN_HELP = (
+    "Run an RLJob locally (every role replica as a process on this machine) or, with --ray, on a Ray cluster "
+    "(every role replica as a Ray actor)."
+)
 
 
 def _load(file: Path, overrides: list[str]):
@@ -99,8 +102,25 @@ def run(
         typer.Option("--set", help="Override a field by YAML key path, e.g. --set spec.trainer.steps=20 (repeatable)."),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="Do not echo role logs (they are still in OUT/logs).")] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="Run on an existing Ray cluster: `auto` (RAY_ADDRESS, else the cluster `ray start` began on this "
+            "machine), host:6379 or ray://host:10001; `local` starts a throwaway cluster on this machine.",
+        ),
+    ] = None,
+    placement_timeout: Annotated[
+        float,
+        typer.Option(
+            "--placement-timeout",
+            metavar="SECONDS",
+            help="With --ray: how long a job that fits the cluster waits for its resources to be free.",
+        ),
+    ] = 120.0,
 ) -> None:
-    """Run an RLJob locally: every role replica as a process on this machine."""
+    """Run an RLJob locally or on a Ray cluster (--ray)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.progress import (
@@ -126,7 +146,11 @@ def run(
         console.print(f"[{colour}]{escape(name):>10}[/] | {escape(line)}", highlight=False, soft_wrap=True)
 
     try:
-        local = LocalRun(job, run_dir.resolve(), sink)
+        local = (
+            LocalRun(job, run_dir.resolve(), sink)
+            if ray_address is None
+            else _ray_run(job, run_dir.resolve(), sink, ray_address, placement_timeout)
+        )
     except LaunchError as exc:
         typer.secho(str(exc), fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
@@ -168,19 +192,25 @@ def run(
             score += f" accuracy {report['accuracy']:.3f}"
         progress.update(task, completed=step, score=score, rate=f"{rate:.1f}")
 
-    console.print(f"[bold]rljob run[/] {escape(str(file))} -> {escape(str(run_dir))}")
-    with progress:
-        try:
-            local.start()
-        except LaunchError as exc:
-            local.stop()
-            typer.secho(str(exc), fg=typer.colors.RED, err=True)
-            raise typer.Exit(1) from None
-        except BaseException:
-            local.stop()  # Ctrl-C (or a failed spawn) while starting: take down what did start
-            raise
-        result = local.supervise(on_tick=tick)
-        tick()
+    where = "" if ray_address is None else f" on Ray ({ray_address})"
+    console.print(f"[bold]rljob run[/] {escape(str(file))} -> {escape(str(run_dir))}{escape(where)}")
+    try:
+        with progress:
+            try:
+                local.start()
+            except LaunchError as exc:
+                local.stop()
+                typer.secho(str(exc), fg=typer.colors.RED, err=True)
+                raise typer.Exit(1) from None
+            except BaseException:
+                local.stop()  # Ctrl-C (or a failed spawn) while starting: take down what did start
+                raise
+            result = local.supervise(on_tick=tick)
+            tick()
+    finally:
+        disconnect = getattr(local, "disconnect", None)
+        if disconnect is not None:
+            disconnect()
     metrics_path = run_dir / "metrics.jsonl"
     reached = last_episodes_mean(metrics_path)
     if result.exit_code == 0:
@@ -205,6 +235,19 @@ def run(
     console.print(f"tensorboard: tensorboard --logdir {escape(str(run_dir / 'tb'))}")
     console.print(f"logs:    {escape(str(run_dir / 'logs'))}")
     raise typer.Exit(result.exit_code)
+
+
+def _ray_run(job, run_dir: Path, sink, address: str, placement_timeout: float):
+    """The Ray launcher, or a clear error when the `ray` extra is not installed."""
+    from rljob.launch.local import LaunchError
+
+    try:
+        from rljob.launch.ray_cluster import RayRun
+    except ImportError as exc:
+        raise LaunchError(
+            f"--ray {address}: Ray is not installed here ({exc}); install it with `pip install 'rljob[ray]'`"
+        ) from None
+    return RayRun(job, run_dir, sink, address=address, placement_timeout_s=placement_timeout)
 
 
 def register(app: typer.Typer) -> None:

@@ -28,35 +28,28 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-
-import yaml
 
 from rljob.api import ROLE_NAMES, RLJob
 from rljob.api.rules import check
-from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
+from rljob.launch.failure_policy import FailurePolicy
+from rljob.launch.supervisor import Child, LaunchError, LogSink, RunResult, Supervisor
 from rljob.runtime.identity import (
-    EXIT_FATAL_CONFIG,
-    RoleIdentity,
     actor_ranks_per_replica,
     local_identities,
     ports_needed,
 )
 from rljob.runtime.parent_death import LAUNCHER_PID_ENV
 
+__all__ = ["Child", "LaunchError", "LocalChild", "LocalRun", "LogSink", "RunResult"]
+
 STOP_GRACE_S = 10.0
-LOG_TAIL = 30
 
 TEST_RANKS_PER_REPLICA_ENV = "RLJOB_TEST_RANKS_PER_REPLICA"
 """Test hook, not a user setting: ranks per actor replica for a local run in place of `gpusPerReplica`, so
 tests on a machine without GPUs run several CPU (gloo) ranks per replica through the path GPU ranks take."""
-
-
-class LaunchError(RuntimeError):
-    """The job cannot run locally as configured; the message names the field."""
 
 
 def check_local(job: RLJob) -> None:
@@ -238,39 +231,13 @@ def free_ports(count: int) -> list[int]:
 
 
 @dataclass
-class Child:
-    identity: RoleIdentity
-    log_path: Path
+class LocalChild(Child):
     process: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL))
     reader: threading.Thread | None = None
-    started_at: float = 0.0
-    """`time.monotonic()` when this incarnation started: it has run healthy since then."""
-    failures: ReplicaRecord = field(default_factory=ReplicaRecord)
-    """Failures in a row of this (non-actor) replica, as the failure policy counts them."""
-    replace_at: float | None = None
-    """While the replica waits out its back-off: when its replacement is due (`time.monotonic()`)."""
-
-    @property
-    def name(self) -> str:
-        return f"{self.identity.role}-{self.identity.replica}"
 
 
-@dataclass
-class RunResult:
-    exit_code: int
-    reason: str
-    actor_restarts: int = 0
-    replica_restarts: dict[str, int] = field(default_factory=dict)
-
-
-LogSink = Callable[[str, str], None]
-"""(child name, line) for every line a child prints."""
-
-
-class LocalRun:
-    """Starts, supervises and stops the processes of one job."""
+class LocalRun(Supervisor):
+    """Starts, supervises and stops the processes of one job on this machine."""
 
     def __init__(
         self,
@@ -306,7 +273,9 @@ class LocalRun:
             for i in identities
         ]
         prepare_run_dir(run_dir)
-        self.children = [Child(i, run_dir / "logs" / f"{i.role}-{i.replica}.log") for i in identities]
+        self.children: list[LocalChild] = [
+            LocalChild(i, run_dir / "logs" / f"{i.role}-{i.replica}.log") for i in identities
+        ]
         self.actor_restarts = 0
 
     @property
@@ -314,19 +283,7 @@ class LocalRun:
         actor0 = next(c for c in self.children if c.identity.role == "actor" and c.identity.replica == 0)
         return f"http://127.0.0.1:{actor0.identity.metrics_port}/progress"
 
-    def child(self, role: str, replica: int) -> Child:
-        return next(c for c in self.children if c.identity.role == role and c.identity.replica == replica)
-
-    def write_config(self) -> None:
-        resolved = self.job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
-        try:
-            self.config_path.write_text(yaml.safe_dump(resolved, sort_keys=False, width=100), encoding="utf-8")
-        except OSError as exc:
-            raise LaunchError(
-                f"--out {self.run_dir}: cannot write {self.config_path} ({exc.strerror or exc})"
-            ) from None
-
-    def _spawn(self, child: Child) -> None:
+    def _start_child(self, child: LocalChild) -> None:  # type: ignore[override]
         env = {
             **os.environ,
             **child.identity.to_env(),
@@ -345,7 +302,7 @@ class LocalRun:
         child.reader = threading.Thread(target=self._pump, args=(child, child.process), daemon=True)
         child.reader.start()
 
-    def _pump(self, child: Child, process: subprocess.Popen[bytes]) -> None:
+    def _pump(self, child: LocalChild, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None
         with child.log_path.open("ab") as log:
             for raw in process.stdout:
@@ -355,25 +312,12 @@ class LocalRun:
                 child.tail.append(line)
                 self.log_sink(child.name, line)
 
-    def start(self) -> None:
-        self.write_config()
-        # Servers first (env, rollout), then the actors that connect to them; order is not required
-        # (every client waits for its peers) but it makes the first log lines easier to read.
-        for role in ("env", "rollout", "reward", "actor"):
-            for child in self.children:
-                if child.identity.role == role:
-                    self._launch(child)
-
-    def _launch(self, child: Child) -> None:
-        self._spawn(child)
-        child.started_at = time.monotonic()
-
-    def _signal(self, child: Child, sig: signal.Signals) -> None:
+    def _signal(self, child: LocalChild, sig: signal.Signals) -> None:
         if child.process is not None and child.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.process.pid, sig)
 
-    def _stop_children(self, children: list[Child]) -> None:
+    def _stop_children(self, children: list[LocalChild]) -> None:  # type: ignore[override]
         for child in children:
             self._signal(child, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
@@ -389,129 +333,14 @@ class LocalRun:
             if child.reader is not None:
                 child.reader.join(timeout=2)
 
-    def stop(self) -> None:
-        # Actors first: they drive the loop; then the servers they talk to.
-        order = {"actor": 0, "rollout": 1, "reward": 2, "env": 3}
-        self._stop_children(sorted(self.children, key=lambda c: order[c.identity.role]))
-
-    def supervise(self, on_tick: Callable[[], None] | None = None, poll_s: float = 0.2) -> RunResult:
-        """Run until actor 0 succeeds or the failure policy gives up; always leaves no child running."""
-        try:
-            while True:
-                if on_tick is not None:
-                    on_tick()
-                for child in self.children:
-                    if child.replace_at is not None:
-                        # Waiting out its back-off: no sleep here, the other children are still watched.
-                        if time.monotonic() >= child.replace_at:
-                            child.replace_at = None
-                            child.restarts += 1
-                            self._launch(child)
-                        continue
-                    assert child.process is not None
-                    code = child.process.poll()
-                    if code is None:
-                        self._forgive_if_stable(child)
-                        continue
-                    if code == EXIT_FATAL_CONFIG:
-                        return self._fatal(child)
-                    if child.identity.role == "actor":
-                        outcome = self._actor_exited(child, code)
-                        if outcome is None:
-                            continue
-                        if isinstance(outcome, RunResult):
-                            return outcome
-                        break  # the actor group was restarted: poll every child afresh
-                    failed = self._replica_exited(child, code)
-                    if failed is not None:
-                        return failed
-                time.sleep(poll_s)
-        except KeyboardInterrupt:
-            return self._result(130, "interrupted (Ctrl-C)")
-        finally:
-            self.stop()
-
-    def _actor_exited(self, child: Child, code: int) -> RunResult | bool | None:
-        """A RunResult to end the run, True after restarting the actor group, None to go on."""
-        if code == 0 and child.identity.replica == 0:
-            return self._result(0, f"reached trainer.steps ({self.job.spec.trainer.steps})")
-        if code == 0:
-            return None  # a non-zero rank finished its last update; rank 0 is finishing too
-        policy = self.policy
-        reason = f"{child.name} exited with code {code}"
-        if policy.fails_job("actor"):
-            return self._result(1, f"{reason} (failurePolicy.actor is FailJob)", child)
-        if not policy.may_restart_group(self.actor_restarts):
-            return self._result(1, f"{reason}; failurePolicy.maxRestarts ({policy.max_restarts}) exhausted", child)
-        self.actor_restarts += 1
-        self.log_sink(
-            "launcher",
-            f"{reason}: restarting the actor group from the latest checkpoint "
-            f"({self.actor_restarts}/{policy.max_restarts})",
-        )
-        actors = [c for c in self.children if c.identity.role == "actor"]
-        self._stop_children(actors)
-        for actor in actors:
-            actor.restarts += 1
-            self._launch(actor)
-        return True
-
-    def _replica_exited(self, child: Child, code: int) -> RunResult | None:
-        """Schedule the replacement of a dead env/rollout/reward replica, or end the run (FailJob, bound)."""
-        policy = self.policy
-        role = child.identity.role
-        reason = f"{child.name} exited with code {code}"
+    def _exit_code(self, child: LocalChild) -> int | None:  # type: ignore[override]
         assert child.process is not None
-        if code == 0:
-            # Not a failure: the failures are no longer in a row; started again at once.
-            policy.forgive(child.failures)
-            self.log_sink("launcher", f"{reason}: replacing it")
-            child.replace_at = time.monotonic()
-            return None
-        if policy.fails_job(role):
-            return self._result(1, f"{reason} (failurePolicy.{role} is FailJob)", child)
-        verdict = policy.replica_failed(child.failures, str(child.process.pid), time.monotonic())
-        if verdict.give_up:
-            return self._result(
-                1,
-                f"{reason}; it failed {verdict.count} times in a row: "
-                f"spec.failurePolicy.maxReplacements ({policy.max_replacements}) exhausted",
-                child,
-            )
-        self.log_sink(
-            "launcher",
-            f"{reason}: replacing it in {verdict.backoff_seconds:g}s "
-            f"(failure {verdict.count} in a row; spec.failurePolicy.maxReplacements {policy.max_replacements})",
-        )
-        child.replace_at = time.monotonic() + policy.replace_in(child.failures, time.monotonic())
-        return None
+        return child.process.poll()
 
-    def _forgive_if_stable(self, child: Child) -> None:
+    def _incarnation(self, child: LocalChild) -> str:  # type: ignore[override]
         assert child.process is not None
-        now = time.monotonic()
-        left = self.policy.healthy_left(child.failures, str(child.process.pid), child.started_at, now)
-        if left is not None and left <= 0:
-            self.policy.forgive(child.failures)
+        return str(child.process.pid)
 
-    def _fatal(self, child: Child) -> RunResult:
-        """A role stopped on a configuration error: restarting it would fail the same way."""
-        assert child.reader is not None
-        child.reader.join(timeout=5)  # its last lines (the error) are in the tail once its output is drained
-        errors = [line for line in child.tail if " ERROR " in line]
-        message = errors[-1].split(" ERROR ", 1)[1] if errors else ""
-        if message.startswith(f"{child.identity.role}[{child.identity.replica}] "):
-            message = message.split(" ", 1)[1]
-        reason = f"{child.name} stopped on a configuration error that no restart can fix"
-        if not message:
-            return self._result(1, reason, child)
-        return self._result(1, f"{reason}: {message}\n(full log: {child.log_path})")
-
-    def _result(self, code: int, reason: str, failed: Child | None = None) -> RunResult:
-        if failed is not None and failed.tail:
-            reason += f"\nlast lines of {failed.name} (full log: {failed.log_path}):\n  " + "\n  ".join(failed.tail)
-        return RunResult(
-            code,
-            reason,
-            actor_restarts=self.actor_restarts,
-            replica_restarts={c.name: c.restarts for c in self.children if c.restarts},
-        )
+    def _drain(self, child: LocalChild) -> None:  # type: ignore[override]
+        if child.reader is not None:
+            child.reader.join(timeout=5)

@@ -261,6 +261,57 @@ def pod_identity(
     )
 
 
+@dataclass(frozen=True)
+class ReplicaAddress:
+    """Where one replica process listens: its host and the ports picked for it there."""
+
+    host: str
+    data_port: int
+    metrics_port: int
+
+
+def placed_identities(
+    job: str,
+    namespace: str,
+    addresses: Mapping[tuple[str, int], ReplicaAddress],
+    config_path: str,
+    master_port: int,
+    sync_port: int,
+    run_dir: str = "",
+    actor_ranks_per_replica: int = 1,
+) -> list[RoleIdentity]:
+    """Identities of every replica process of a job whose replicas listen at `addresses` ((role, replica) ->
+    host and ports; replicas of a role numbered from 0). Actor replica 0 also hosts the rendezvous
+    (`master_port`) and the weight-sync group (`sync_port`). An actor replica with several ranks is one process,
+    as in its pod; it starts its ranks itself."""
+    replicas = {r: sum(1 for role, _ in addresses if role == r) for r in ROLE_NAMES}
+    endpoints: dict[RoleName, list[str]] = {
+        r: [f"{addresses[(r, i)].host}:{addresses[(r, i)].data_port}" for i in range(replicas[r])] for r in ROLE_NAMES
+    }
+    identities = []
+    for role in ROLE_NAMES:
+        ranks, local_rank = _replica_ranks(role, actor_ranks_per_replica)
+        for i in range(replicas[role]):
+            identities.append(
+                RoleIdentity(
+                    job=job,
+                    namespace=namespace,
+                    role=role,
+                    replica=i,
+                    config_path=config_path,
+                    endpoints=endpoints,
+                    master_addr=addresses[("actor", 0)].host,
+                    master_port=master_port,
+                    sync_port=sync_port,
+                    metrics_port=addresses[(role, i)].metrics_port,
+                    run_dir=run_dir,
+                    ranks_per_replica=ranks,
+                    local_rank=local_rank,
+                )
+            )
+    return identities
+
+
 def local_identities(
     job: str,
     replicas: Mapping[str, int],
@@ -277,33 +328,14 @@ def local_identities(
     """
     if len(ports) < ports_needed(replicas):
         raise ValueError(f"need {ports_needed(replicas)} free ports, got {len(ports)}")
-    free = iter(ports)
-    endpoints: dict[RoleName, list[str]] = {
-        r: [f"127.0.0.1:{next(free)}" for _ in range(replicas.get(r, 0))] for r in ROLE_NAMES
-    }
-    master_port, sync_port = next(free), next(free)
-    identities = []
-    for role in ROLE_NAMES:
-        ranks, local_rank = _replica_ranks(role, actor_ranks_per_replica)
-        for i in range(replicas.get(role, 0)):
-            identities.append(
-                RoleIdentity(
-                    job=job,
-                    namespace="local",
-                    role=role,
-                    replica=i,
-                    config_path=config_path,
-                    endpoints=endpoints,
-                    master_addr="127.0.0.1",
-                    master_port=master_port,
-                    sync_port=sync_port,
-                    metrics_port=next(free),
-                    run_dir=run_dir,
-                    ranks_per_replica=ranks,
-                    local_rank=local_rank,
-                )
-            )
-    return identities
+    order = [(r, i) for r in ROLE_NAMES for i in range(replicas.get(r, 0))]
+    data_ports = dict(zip(order, ports, strict=False))
+    master_port, sync_port = ports[len(order)], ports[len(order) + 1]
+    metrics_ports = dict(zip(order, ports[len(order) + 2 :], strict=False))
+    addresses = {key: ReplicaAddress("127.0.0.1", data_ports[key], metrics_ports[key]) for key in order}
+    return placed_identities(
+        job, "local", addresses, config_path, master_port, sync_port, run_dir, actor_ranks_per_replica
+    )
 
 
 def ports_needed(replicas: Mapping[str, int]) -> int:

@@ -6,6 +6,7 @@ work, nothing to install. The data plane never goes through here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -126,11 +127,13 @@ class RoleHTTPServer:
                     self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
 
             def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                # The caller may have given up waiting (a launcher's short progress poll): nothing to answer.
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.send_response(status)
+                    self.send_header("Content-Type", content_type)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
 
             def log_message(self, format: str, *args: object) -> None:
                 # Probes hit these endpoints every few seconds: keep them out of the role's log.

@@ -1,0 +1,159 @@
+"""`rljob run --ray` on a real multi-node Ray test cluster (ray.cluster_utils.Cluster) on this machine.
+
+Nodes declare fake GPUs and accelerator types: they only steer placement; every role runs on the CPU.
+One cluster for the module keeps the Ray start-up cost to one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import psutil
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from rljob.api import validate_job  # noqa: E402
+from rljob.launch.ray_cluster import RayRun  # noqa: E402
+from rljob.launch.supervisor import LaunchError  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMALL_STORE = 80 * 1024**2
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head with 2 CPUs and two 1-CPU 'GPU' nodes, one H100 and one A100 (fake resources, labelled)."""
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, previous) if p)  # raylets' workers find rljob
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "object_store_memory": SMALL_STORE, "include_dashboard": False},
+    )
+    nodes = {
+        "H100": cluster.add_node(
+            num_cpus=1,
+            num_gpus=1,
+            resources={"accelerator_type:H100": 1},
+            labels={"pool": "h100"},
+            object_store_memory=SMALL_STORE,
+        ),
+        "A100": cluster.add_node(
+            num_cpus=1,
+            num_gpus=1,
+            resources={"accelerator_type:A100": 1},
+            labels={"pool": "a100"},
+            object_store_memory=SMALL_STORE,
+        ),
+    }
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield cluster, {name: n.node_id for name, n in nodes.items()}
+    ray.shutdown()
+    cluster.shutdown()
+    if previous is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = previous
+
+
+def job_leftovers() -> tuple[list, list]:
+    """RoleProcess actors still alive and placement groups not removed, as the cluster's GCS reports them."""
+    actors = [a for a in ray._private.state.actors().values() if a["State"] != "DEAD" and "RoleProcess" in str(a)]
+    groups = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
+    return actors, groups
+
+
+def wait_until_clean(timeout: float = 30) -> tuple[list, list]:
+    deadline = time.monotonic() + timeout
+    left = job_leftovers()
+    while (left[0] or left[1]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = job_leftovers()
+    return left
+
+
+def load(manifest, *sets: str):
+    import yaml
+
+    from rljob.launch.overrides import apply_overrides
+
+    return validate_job(apply_overrides(yaml.safe_load(manifest.read_text()), list(sets)))
+
+
+def test_a_job_that_cannot_fit_fails_fast_naming_the_missing_resource(cluster, cartpole_manifest, tmp_path):
+    address = cluster[0].address
+    job = load(cartpole_manifest(), "spec.roles.actor.gpusPerReplica=1", "spec.roles.actor.placement.gpuProduct=B200")
+    with pytest.raises(LaunchError) as caught:
+        RayRun(job, tmp_path / "a", lambda *_: None, address=address)
+    assert "spec.roles.actor.placement.gpuProduct" in str(caught.value)
+    assert "accelerator_type:B200" in str(caught.value) and "A100, H100" in str(caught.value)
+    job = load(cartpole_manifest(), "spec.roles.actor.replicas=4", "spec.roles.actor.gpusPerReplica=1")
+    with pytest.raises(LaunchError, match=r"spec.roles.actor.gpusPerReplica: the job needs GPU 4 in all .* has 2"):
+        RayRun(job, tmp_path / "b", lambda *_: None, address=address)
+    assert not (tmp_path / "a").exists()
+    assert job_leftovers() == ([], [])
+
+
+@pytest.mark.slow
+def test_cartpole_learns_through_ray_and_survives_a_killed_env_worker_and_a_killed_actor(
+    cluster, cartpole_manifest, start_run, monkeypatch
+):
+    monkeypatch.setenv("COLUMNS", "400")
+    run = start_run(cartpole_manifest(steps=40, interval=5), "--ray", cluster[0].address, "--quiet")
+    run.wait_for_step(5, timeout=180)
+    env_role = run.role("env", 1)
+    os.kill(env_role.ppid(), signal.SIGKILL)  # the env replica's Ray worker process (its role dies with it)
+    run.wait_for_step(12)
+    run.kill("actor", 0)
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    assert "env-1: its Ray actor died" in output
+    assert "env-1 exited with code -9: replacing it" in output
+    assert "restarting the actor group from the latest checkpoint (1/3)" in output
+    log = (run.out / "logs" / "actor-0.log").read_text()
+    resumed = re.search(r"resumed from .*step-(\d+) \(step (\d+)", log)
+    assert resumed and int(resumed.group(2)) % 5 == 0 and 10 <= int(resumed.group(2)) < 40, log
+    records = run.metrics()
+    assert [r["step"] for r in records] == list(range(1, 41))
+    episodes = [ret for r in records for ret in r["episode_returns"]]
+    first, last = sum(episodes[:10]) / 10, sum(episodes[-10:]) / 10
+    assert last >= 3 * first, (first, last)
+    assert (run.out / "curve.png").stat().st_size > 0 and list((run.out / "tb").iterdir())
+    assert (run.out / "job.yaml").exists() and (run.out / "checkpoints").is_dir()
+    assert not run.roles()
+    assert wait_until_clean() == ([], [])
+
+
+@pytest.mark.slow
+def test_gpu_product_places_each_role_on_its_node_and_ctrl_c_leaves_no_actor_or_placement_group(
+    cluster, cartpole_manifest, start_run
+):
+    address, node_of = cluster[0].address, cluster[1]
+    run = start_run(
+        cartpole_manifest(steps=500),
+        "--ray",
+        address,
+        "--quiet",
+        *("--set", "spec.roles.actor.gpusPerReplica=1", "--set", "spec.roles.actor.placement.gpuProduct=H100"),
+        *("--set", "spec.roles.rollout.gpusPerReplica=1", "--set", "spec.roles.rollout.placement.gpuProduct=A100"),
+    )
+    # Given a fake GPU by Ray, the actor trains on the CPU: it reaches its first step.
+    run.wait_for_step(1, timeout=180)
+    actors, groups = job_leftovers()
+    assert len(actors) == 4 and len(groups) == 1  # actor, rollout, 2 envs in one placement group
+    placed = groups[0]["bundles_to_node_id"]  # bundles in role order: actor-0, rollout-0, env-0, env-1
+    assert placed[0] == node_of["H100"] and placed[1] == node_of["A100"]
+    assert {placed[2], placed[3]}.isdisjoint(node_of.values())
+    workers = [psutil.Process(p.ppid()) for p in run.roles()]
+    run.process.send_signal(signal.SIGINT)
+    output = run.finish(timeout=90)
+    assert run.process.returncode == 130, output
+    assert "interrupted" in output
+    assert wait_until_clean() == ([], [])
+    time.sleep(0.5)
+    assert not run.roles()
+    assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
