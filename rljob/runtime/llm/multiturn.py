@@ -29,6 +29,7 @@ configured (`rljob.runtime.llm.policy`); characters it lacks are dropped from wh
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -39,6 +40,8 @@ from rljob.runtime.llm.textenv import Message, Row
 from rljob.runtime.transport import RequestClient, TransportError
 
 ENV_TIMEOUT_S = 30.0
+ENV_RETRY_S = 10.0
+"""A replica that failed a request gets no new work for this long (it is being replaced, or is gone)."""
 _CHAT_PROBE: list[Message] = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
 
 
@@ -47,12 +50,14 @@ class TextEnvUnavailable(RuntimeError):
 
 
 class TextEnvClient:
-    """Calls the env replicas: a batch is split evenly over them; a part whose replica fails goes to the next."""
+    """Calls the env replicas: a batch is split evenly over the live ones; a part whose replica fails goes to the
+    next one, and the failed replica is left out for ENV_RETRY_S."""
 
     def __init__(self, endpoints: list[str], timeout: float = ENV_TIMEOUT_S) -> None:
         if not endpoints:
             raise ValueError("a text environment needs at least one env replica (spec.roles.env.replicas)")
         self.clients = [RequestClient(e, timeout=timeout, retries=1) for e in endpoints]
+        self._down_until: dict[int, float] = {}
         self.errors = 0
         """Episodes the environment failed on (raised or returned something malformed), as its replicas count."""
 
@@ -60,12 +65,20 @@ class TextEnvClient:
         for client in self.clients:
             client.close()
 
+    def _live(self) -> list[int]:
+        """Replicas not seen failing in the last ENV_RETRY_S seconds (all of them when none is)."""
+        now = time.monotonic()
+        live = [i for i in range(len(self.clients)) if self._down_until.get(i, 0.0) <= now]
+        return live or list(range(len(self.clients)))
+
     def _call(self, method: str, key: str, items: list[Any], reply_key: str) -> list[Any]:
         if not items:
             return []
-        parts = [p for p in np.array_split(np.arange(len(items)), len(self.clients)) if len(p)]
+        live = self._live()
+        parts = [p for p in np.array_split(np.arange(len(items)), len(live)) if len(p)]
         started = [
-            (i, part, self.clients[i].send(method, {key: [items[j] for j in part]})) for i, part in enumerate(parts)
+            (live[k], part, self.clients[live[k]].send(method, {key: [items[j] for j in part]}))
+            for k, part in enumerate(parts)
         ]
         out: list[Any] = [None] * len(items)
         for i, part, request in started:
@@ -79,11 +92,14 @@ class TextEnvClient:
             return self.clients[first].receive(request)
         except TransportError as exc:
             failure: Exception = exc
+            self._down_until[first] = time.monotonic() + ENV_RETRY_S
         for offset in range(1, len(self.clients)):  # stateless: any other replica can answer the same request
+            other = (first + offset) % len(self.clients)
             try:
-                return self.clients[(first + offset) % len(self.clients)].call(method, payload)
+                return self.clients[other].call(method, payload)
             except TransportError as exc:
                 failure = exc
+                self._down_until[other] = time.monotonic() + ENV_RETRY_S
         raise TextEnvUnavailable(f"no env replica answered {method}: {failure}")
 
     def reset(self, rows: list[Row]) -> list[list[Message]]:
