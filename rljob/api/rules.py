@@ -39,7 +39,8 @@ def resolve_defaults(job: RLJob) -> RLJob:
     if spec.model.source == "builtin" and spec.model.builtin.architecture is None:
         spec.model.builtin.architecture = "mlp" if gym else "tiny-qwen2"
     if spec.roles.env.replicas is None:
-        spec.roles.env.replicas = 1 if gym else 0
+        text_env = spec.task.llm is not None and spec.task.llm.env is not None
+        spec.roles.env.replicas = 1 if gym or text_env else 0
     if spec.roles.reward.replicas is None:
         spec.roles.reward.replicas = 0 if gym else 1
     if spec.algorithm.dynamic_sampling is None:
@@ -120,6 +121,7 @@ def _check_task(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
         if spec.evaluation.interval and not spec.evaluation.size:
             yield "evaluation.size", "evaluation.interval needs held-out rows: set evaluation.size (e.g. 64)"
     if task.llm is not None:
+        yield from _check_text_env(spec)
         template = task.llm.prompt_template
         if "{prompt}" not in template:
             yield "task.llm.promptTemplate", f"must contain {{prompt}}, where the row's prompt goes (got {template!r})"
@@ -142,6 +144,24 @@ def _check_task(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
                 "rollout.vllm.maxModelLen",
                 f"must cover maxPromptLength + maxResponseLength = {total} (got {max_len})",
             )
+
+
+def _check_text_env(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    assert spec.task.llm is not None
+    env = spec.task.llm.env
+    replicas = spec.roles.env.replicas
+    if env is None:
+        if replicas:
+            yield (
+                "roles.env.replicas",
+                f"llm jobs run env replicas only for a text environment (task.llm.env): set 0 or configure "
+                f"task.llm.env (got {replicas})",
+            )
+        return
+    if (env.builtin is None) == (env.module is None):
+        yield "task.llm.env", "set exactly one of builtin (e.g. calculator) or module (file.py:ClassName)"
+    if replicas == 0:
+        yield "roles.env.replicas", "task.llm.env runs in env replicas: must be >= 1"
 
 
 # Settings that only LLM training reads: a gym job that sets them would silently run without them.

@@ -52,6 +52,16 @@ def _check_function_ref(value: str) -> str:
 _FUNCTION_REF = re.compile(r"^[^:\s]+:[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def _check_class_ref(value: str) -> str:
+    if not _FUNCTION_REF.match(value):
+        raise PydanticCustomError(
+            "function_ref",
+            "must be 'path/to/file.py:ClassName' or 'package.module:ClassName' (got {got})",
+            {"got": repr(value)},
+        )
+    return value
+
+
 # --- task ---------------------------------------------------------------------------------------
 
 
@@ -93,6 +103,32 @@ class DatasetSpec(SpecModel):
     answer_key: str = "answer"
 
 
+MAX_TEXT_ENV_TURNS = 32
+
+
+class TextEnvSpec(SpecModel):
+    """A multi-turn text environment, served by the env role: the model may act (e.g. call a tool) and read
+    the environment's reply before its final answer. Exactly one of `builtin` or `module`."""
+
+    model_config = cel(("has(self.builtin) != has(self.module)", "set exactly one of builtin or module"))
+
+    builtin: Literal["calculator"] | None = None
+    """`calculator`: the model may write `calc(EXPR)` (arithmetic only) and reads `= VALUE` back."""
+    module: (
+        Annotated[
+            str,
+            AfterValidator(_check_class_ref),
+            WithJsonSchema({"type": "string", "pattern": _FUNCTION_REF.pattern}),
+        ]
+        | None
+    ) = None
+    """`path/to/file.py:ClassName` or `package.module:ClassName`: a `rljob.runtime.llm.textenv.TextEnv`."""
+    args: FreeForm = Field(default_factory=dict)
+    """Keyword arguments passed to the environment's constructor."""
+    max_turns: int = Field(default=4, ge=1, le=MAX_TEXT_ENV_TURNS)
+    """Model turns per episode at most: the episode ends when the environment says done or after this many."""
+
+
 class LLMTask(SpecModel):
     """Language-model post-training on a prompt dataset."""
 
@@ -105,6 +141,9 @@ class LLMTask(SpecModel):
     max_prompt_length: int = Field(default=512, ge=1)
     """Prompt tokens; longer prompts are skipped with a warning."""
     max_response_length: int = Field(default=1024, ge=1)
+    """Response tokens; with `env`, of the whole episode after the prompt (model and environment turns)."""
+    env: TextEnvSpec | None = None
+    """A multi-turn text environment (runs in the env role); single-turn generation when unset."""
 
 
 class TaskSpec(SpecModel):

@@ -69,7 +69,8 @@ def check_local(job: RLJob) -> None:
 
 
 def check_llm(job: RLJob) -> None:
-    """Read the dataset, find the model and load the reward functions before any process starts."""
+    """Read the dataset, find the model, load the reward functions and build the text environment (if any)
+    before any process starts."""
     from rljob.runtime.llm.data import DatasetError, load_rows
     from rljob.runtime.llm.policy import ModelSourceError, check_model_source
     from rljob.runtime.llm.rewards import check_reward_columns, check_reward_spec
@@ -95,6 +96,10 @@ def check_llm(job: RLJob) -> None:
     except (DatasetError, ModelSourceError) as exc:
         raise LaunchError(str(exc)) from None
     problems = check_reward_spec(spec.reward, Path.cwd()) + check_reward_columns(spec.reward, rows)
+    if spec.task.llm.env is not None:
+        from rljob.runtime.llm.textenv import check_text_env
+
+        problems += check_text_env(spec.task.llm.env, Path.cwd())
     if problems:
         raise LaunchError("\n".join(f"{field}: {message}" for field, message in problems))
 

@@ -6,6 +6,10 @@ group advantages (with DAPO's dynamic sampling and overlong shaping when configu
 every rank, and every rank runs the same update. Rank 0 then pushes the new weights, logs, evaluates and
 checkpoints. With `rollout.async.maxStaleness` k >= 1 the next step's prompts are sent before this step
 trains, so generation overlaps training; every group is checked against k before the update.
+
+With a text environment (`task.llm.env`) the rows travel with the prompts and the rollouts return multi-turn
+episodes (`rljob.runtime.llm.multiturn`): the reward functions score the final model turn, the environment's
+step rewards are added, and the loss mask keeps the environment's tokens out of the update.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from rljob.runtime.llm.data import PromptStream, Row, render_prompt, split_off
 from rljob.runtime.llm.engine import Sampling
 from rljob.runtime.llm.learner import LLMLearner, Sample
 from rljob.runtime.llm.membership import RolloutMembership
+from rljob.runtime.llm.multiturn import episode_metrics
 from rljob.runtime.llm.policy import ModelSourceError, export_hf, load_policy
 from rljob.runtime.llm.pool import ChunkResult, RewardPool, RolloutPool
 from rljob.runtime.llm.setup import job_rows, load_job_policy, role_device
@@ -90,6 +95,7 @@ class Controller:
         self.groups: list[Group] = []
         self.outstanding = 0
         self.reward_errors: dict[str, int] = {}
+        self.text_env = self.task.env is not None
 
     def close(self) -> None:
         self.rollouts.close()
@@ -131,7 +137,8 @@ class Controller:
         size = max(1, math.ceil(len(chosen) / (2 * replicas)))
         for i in range(0, len(chosen), size):
             part = chosen[i : i + size]
-            self.rollouts.submit([ids for _, ids in part], self.sampling, min_version, [row for row, _ in part])
+            rows = [wire_row(self.rows[row]) for row, _ in part] if self.text_env else None
+            self.rollouts.submit([ids for _, ids in part], self.sampling, min_version, [row for row, _ in part], rows)
         self.outstanding += len(chosen)
 
     def _accept(self, result: ChunkResult, step: int) -> None:
@@ -160,18 +167,24 @@ class Controller:
         samples = []
         for g in groups:
             prompt = self.tokenizer.decode(g.prompt_ids, skip_special_tokens=True)
-            row = {k: v for k, v in self.rows[g.row].items() if _wire_safe(v)}
+            row = wire_row(self.rows[g.row])
             for c in g.completions:
+                # A multi-turn episode is scored on its final model turn, not on the environment's replies.
+                response = c.get("response_text")
                 samples.append(
                     {
                         "prompt": prompt,
-                        "response": self.tokenizer.decode(c["token_ids"], skip_special_tokens=True),
+                        "response": self.tokenizer.decode(c["token_ids"], skip_special_tokens=True)
+                        if response is None
+                        else response,
                         "row": row,
                         "finish_reason": c["finish_reason"],
                         "response_tokens": len(c["token_ids"]),
                     }
                 )
         rewards, terms, errors = self.rewards.score(samples)
+        if self.text_env:
+            rewards = rewards + np.array([c["env_reward"] for g in groups for c in g.completions], dtype=np.float64)
         overlong = self.spec.algorithm.overlong
         if overlong is not None:
             lengths = torch.tensor([s["response_tokens"] for s in samples], dtype=torch.float64)
@@ -192,6 +205,11 @@ def _wire_safe(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool | list | dict)
 
 
+def wire_row(row: Row) -> Row:
+    """The row's values that travel over the transport (what reward functions and text environments see)."""
+    return {k: v for k, v in row.items() if _wire_safe(v)}
+
+
 def build_samples(groups: list[Group], algorithm: str, group_size: int) -> list[Sample]:
     rewards = torch.tensor(np.stack([g.rewards for g in groups]), dtype=torch.float32)
     advantages = group_advantages(algorithm, rewards) if group_size > 1 else rewards - rewards.mean()
@@ -208,6 +226,8 @@ def build_samples(groups: list[Group], algorithm: str, group_size: int) -> list[
                     "version": g.version,
                 }
             )
+            if "loss_mask" in c:
+                samples[-1]["loss_mask"] = c["loss_mask"]
     return samples
 
 
@@ -487,6 +507,8 @@ def _record(
     }
     if controller.spec.algorithm.dynamic_sampling:
         record["dynamic_sampling_filled"] = filled
+    if controller.text_env:
+        record.update(episode_metrics([c for g in groups for c in g.completions]))
     for name in groups[0].terms or {}:
         values = np.concatenate([np.asarray(g.terms[name], dtype=np.float64) for g in groups if g.terms])
         record[f"reward/{name}"] = float(values.mean())
@@ -514,7 +536,8 @@ def _evaluate(controller: Controller, rows: list[Row], step: int) -> dict[str, A
     size = max(1, math.ceil(len(prompts) / replicas))
     for i in range(0, len(prompts), size):
         part = prompts[i : i + size]
-        controller.rollouts.submit([ids for _, ids in part], sampling, step, ("eval", [r for r, _ in part]))
+        wired = [wire_row(rows[r]) for r, _ in part] if controller.text_env else None
+        controller.rollouts.submit([ids for _, ids in part], sampling, step, ("eval", [r for r, _ in part]), wired)
     results: list[ChunkResult] = []
     while sum(len(r.chunk.prompts) for r in results) < len(prompts):
         for result in controller.rollouts.poll():
@@ -534,6 +557,9 @@ def _evaluate(controller: Controller, rows: list[Row], step: int) -> dict[str, A
         controller.rows = saved_rows
     rewards = np.concatenate([g.rewards for g in groups])
     out: dict[str, Any] = {"eval_reward_mean": float(rewards.mean()), "eval_prompts": len(groups)}
+    if controller.text_env:
+        episodes = episode_metrics([c for g in groups for c in g.completions])
+        out.update({"eval_turns_mean": episodes["turns_mean"], "eval_tool_call_rate": episodes["tool_call_rate"]})
     key = accuracy_term(controller.spec)
     if key is not None:
         out["eval_accuracy"] = float(np.mean(np.concatenate([g.terms[key] for g in groups])))

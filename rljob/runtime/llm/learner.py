@@ -33,7 +33,8 @@ from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_
 
 Sample = dict[str, Any]
 """One scored completion: `prompt_ids`, `response_ids`, `rollout_logprobs` (lists), `advantage`,
-`reward` and `version` (the policy version that generated it)."""
+`reward` and `version` (the policy version that generated it); optionally `loss_mask`, one 0/1 per response
+token, 0 where the token is not the model's own (a text environment's reply): those are never trained on."""
 
 
 class BatchShapeError(ValueError):
@@ -68,7 +69,9 @@ def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
         p, r = len(prompt), len(answer)
         ids[i, : p + r] = torch.tensor(list(prompt) + list(answer), dtype=torch.long)
         attention[i, : p + r] = 1
-        response[i, p - 1 : p - 1 + r] = 1.0  # position t predicts token t + 1
+        # Position t predicts token t + 1; a loss mask leaves out response tokens the model did not generate.
+        mask = s.get("loss_mask")
+        response[i, p - 1 : p - 1 + r] = 1.0 if mask is None else torch.tensor(mask, dtype=torch.float32)
         rollout[i, p - 1 : p - 1 + r] = torch.tensor(s["rollout_logprobs"], dtype=torch.float32)
         advantages[i, p - 1 : p - 1 + r] = float(s["advantage"])
     return MicroBatch(ids, attention, response, ids[:, 1:].clone(), advantages, rollout)

@@ -1,8 +1,9 @@
 """The policy of an llm job: a Hugging Face causal LM and its tokenizer, built, loaded and exported.
 
 - `builtin: tiny-qwen2`: a small random Qwen2 whose character-level tokenizer is learned from the job's own
-  rows (prompts, answers, template and system prompt), so any small dataset works. Built from the seed, so
-  the actor and every rollout build the identical model without shipping files.
+  rows (prompts, answers, template and system prompt), so any small dataset works; with a text environment
+  (`task.llm.env`) it also covers printable ASCII and the line break, the text an environment may write.
+  Built from the seed, so the actor and every rollout build the identical model without shipping files.
 - `local`: a directory with `config.json` (and weights, tokenizer) as written by `save_pretrained`.
 - `hub`: a model id resolved through the Hugging Face cache (works offline from a pre-filled cache).
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import string
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +94,8 @@ def tokenizer_texts(task: LLMTask, rows: list[dict[str, Any]]) -> list[str]:
         texts.append("\n")  # the line break after the system prompt
     if task.apply_chat_template:
         texts.append(_CHAT_TEXT)
+    if task.env is not None:
+        texts.append(string.printable)
     for row in rows:
         texts.append(str(row[task.dataset.prompt_key]))
         texts.append(str(row[task.dataset.answer_key]))

@@ -39,6 +39,8 @@ class Chunk:
     sampling: dict[str, Any]
     min_version: int
     meta: Any = None
+    rows: list[dict[str, Any]] | None = None
+    """The prompts' dataset rows, sent along for a text environment (multi-turn episodes); None otherwise."""
 
 
 @dataclass
@@ -185,8 +187,15 @@ class RolloutPool:
             if link.version < 0 and self._check(link):
                 self._sync_link(link, version, model)
 
-    def submit(self, prompts: list[list[int]], sampling: dict[str, Any], min_version: int, meta: Any) -> None:
-        self.orphans.append(Chunk(next(self._ids), prompts, sampling, min_version, meta))
+    def submit(
+        self,
+        prompts: list[list[int]],
+        sampling: dict[str, Any],
+        min_version: int,
+        meta: Any,
+        rows: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self.orphans.append(Chunk(next(self._ids), prompts, sampling, min_version, meta, rows))
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -203,6 +212,8 @@ class RolloutPool:
                 "min_version": chunk.min_version,
                 "actor_tag": self.actor_tag,
             }
+            if chunk.rows is not None:
+                payload["rows"] = chunk.rows
             try:
                 reply = link.client.call("generate", payload)
             except TransportError:

@@ -1,7 +1,9 @@
 """The rollout role of llm jobs: a generation server with a queue, weights from the actor.
 
 Requests (any replica may answer any request):
-- `generate {id, prompts, sampling, min_version, actor_tag}` queues a chunk of prompts and returns at once;
+- `generate {id, prompts, sampling, min_version, actor_tag, rows?}` queues a chunk of prompts and returns at
+  once (with a text environment, `rows` are the prompts' dataset rows: `rljob.runtime.llm.multiturn` runs
+  multi-turn episodes in place of single completions);
 - `results {actor_tag}` returns the chunks finished since the last call (waiting briefly for one);
 - `sync_weights` receives a new policy version into a staging copy; `status` answers at any time.
 
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 
 from rljob.runtime.llm.engine import Completion, GenerationEngine, Sampling, build_engine
+from rljob.runtime.llm.multiturn import EpisodeRunner, episode_runner
 from rljob.runtime.llm.setup import load_job_policy, role_device
 from rljob.runtime.roles.common import RoleContext
 from rljob.runtime.transport import Payload, RequestServer, process_tag
@@ -39,10 +42,11 @@ def completion_to_wire(c: Completion) -> dict[str, Any]:
 
 
 class GenerationServer:
-    def __init__(self, context: RoleContext, engine: GenerationEngine) -> None:
+    def __init__(self, context: RoleContext, engine: GenerationEngine, episodes: EpisodeRunner | None = None) -> None:
         spec = context.job.spec
         self.context = context
         self.engine = engine
+        self.episodes = episodes
         self.tag = process_tag()
         self.staging = copy.deepcopy(engine.model)
         self.subscriber = WeightSubscriber(
@@ -140,15 +144,15 @@ class GenerationServer:
             with self.lock:
                 version, actor_tag = self.version, self.actor_tag
             started = time.perf_counter()
-            outputs = self.engine.generate(chunk["prompts"], Sampling.from_wire(chunk["sampling"]))
+            sampling = Sampling.from_wire(chunk["sampling"])
+            if self.episodes is not None:
+                completions = self.episodes.run(chunk["prompts"], chunk["rows"], sampling)
+            else:
+                outputs = self.engine.generate(chunk["prompts"], sampling)
+                completions = [[completion_to_wire(c) for c in group] for group in outputs]
             seconds = time.perf_counter() - started
-            tokens = sum(len(c.token_ids) for group in outputs for c in group)
-            result = {
-                "id": chunk["id"],
-                "version": version,
-                "seconds": seconds,
-                "completions": [[completion_to_wire(c) for c in group] for group in outputs],
-            }
+            tokens = sum(len(c["token_ids"]) for group in completions for c in group)
+            result = {"id": chunk["id"], "version": version, "seconds": seconds, "completions": completions}
             with self.lock:
                 if actor_tag == self.actor_tag:
                     self.done.append(result)
@@ -165,7 +169,7 @@ def run_rollout(context: RoleContext) -> int:
     engine = build_engine(spec.rollout.engine or "hf", model, tokenizer, device)
     from rljob.runtime.roles.health import RoleHealth
 
-    server = GenerationServer(context, engine)
+    server = GenerationServer(context, engine, episode_runner(context, engine, tokenizer))
     health = RoleHealth(
         context,
         counters={
@@ -201,6 +205,8 @@ def run_rollout(context: RoleContext) -> int:
     finally:
         transport.close()
         thread.join(timeout=5)
+        if server.episodes is not None:
+            server.episodes.close()
         health.close()
     if failure:
         context.log.error("generation failed: %r", failure[0])

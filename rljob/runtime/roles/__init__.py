@@ -19,13 +19,14 @@ ROLE_PROGRAMS: dict[tuple[str, str], str] = {
     ("gym", "env"): "rljob.runtime.gym.env:run_env",
     ("llm", "actor"): "rljob.runtime.llm.actor:run_actor",
     ("llm", "rollout"): "rljob.runtime.llm.rollout:run_rollout",
+    ("llm", "env"): "rljob.runtime.roles.textenv:run_text_env",
     ("llm", "reward"): "rljob.runtime.roles.reward:run_reward",
 }
 """`module:function` per (task.type, role); a pair missing here is a role that task type has no use for."""
 
 
 class RoleNotUsed(LookupError):
-    """This task type runs no such role (a gym job has no reward role, an llm job no env role yet)."""
+    """This task type runs no such role (a gym job has no reward role, an llm job without a text env no env role)."""
 
 
 def role_program(task_type: str, role: str) -> RoleMain:

@@ -1,0 +1,113 @@
+"""`rljob run` of multi-turn llm jobs end to end: the calculator example, a user environment, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+EXAMPLE = "examples/grpo-tiny-calculator.yaml"
+SHORT = ("--set=spec.trainer.batchSize=8", "--set=spec.logging.tensorboard=false", "--quiet")
+EPISODE_KEYS = ("turns_mean", "tool_call_rate", "tool_calls_mean", "env_reward_mean", "env_errors")
+
+ALWAYS_ANSWERS = '''
+from rljob.runtime.llm.textenv import TextEnv
+
+
+class AlwaysAnswers(TextEnv):
+    """Replies to every turn and ends the episode after the second: whatever the model writes."""
+
+    def step(self, messages, response, row):
+        second = any(m["role"] == "assistant" for m in messages)
+        return [{"role": "tool", "content": "= " + row["answer"] + "\\n"}], 0.5, second, {"tool_calls": 1}
+'''
+
+
+def job_with(repo, tmp_path, **env) -> str:
+    job = yaml.safe_load((repo / EXAMPLE).read_text())
+    job["spec"]["task"]["llm"]["env"] = env
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+@pytest.mark.slow
+def test_grpo_tiny_calculator_runs_episodes_through_the_env_role(repo, start_run):
+    run = start_run(
+        repo / EXAMPLE,
+        "--set=spec.trainer.steps=3",
+        "--set=spec.evaluation.interval=3",
+        "--set=spec.evaluation.size=16",
+        "--set=spec.checkpoint.interval=0",
+        *SHORT,
+    )
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    records = run.metrics()
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for record in records:
+        for key in EPISODE_KEYS:
+            assert record.get(key) is not None, (record["step"], key)
+        assert 1.0 <= record["turns_mean"] <= 3.0  # task.llm.env.maxTurns 3
+        assert 0.0 <= record["tool_call_rate"] <= 1.0
+        assert record["env_errors"] == 0 and record["env_reward_mean"] == 0.0  # the calculator scores nothing
+        assert record["mismatch_kl"] < 1e-6
+    assert "eval_turns_mean" in records[-1] and "eval_tool_call_rate" in records[-1]
+    assert "serving the text environment calculator (maxTurns 3)" in (run.out / "logs" / "env-0.log").read_text()
+    assert not run.roles()
+
+
+@pytest.mark.slow
+def test_a_user_environment_from_a_file_gets_two_turns_whose_replies_are_not_trained_on(repo, tmp_path, start_run):
+    tools = tmp_path / "tools.py"
+    tools.write_text(ALWAYS_ANSWERS)
+    run = start_run(
+        job_with(repo, tmp_path, module=f"{tools}:AlwaysAnswers", maxTurns=2),
+        "--set=spec.trainer.steps=2",
+        "--set=spec.evaluation.interval=0",
+        "--set=spec.evaluation.size=0",
+        *SHORT,
+    )
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    for record in run.metrics():
+        assert record["turns_mean"] == 2.0 and record["tool_call_rate"] == 1.0
+        assert record["env_reward_mean"] == 1.0  # 0.5 per step, two steps
+        # The reply `= ANSWER\n` sits between the turns: in the response, never among the trained tokens.
+        episodes = 8 * 8
+        assert record["response_tokens"] <= record["response_length_mean"] * episodes - 4 * episodes
+        assert record["reward_mean"] >= 1.0  # the env's 1.0 plus the reward functions of the final turn
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        (
+            {"module": "tools.py:Calculater"},
+            "spec.task.llm.env.module: file tools.py does not exist",
+        ),
+        ({"builtin": "calculator", "maxTurns": 33}, "spec.task.llm.env.maxTurns: must be <= 32 (got 33)"),
+        ({"builtin": "calculator", "args": {"precision": 3}}, "spec.task.llm.env.args: calculator cannot be built"),
+    ],
+    ids=["missing-class-file", "max-turns-out-of-range", "unknown-arg"],
+)
+def test_bad_text_env_input_is_refused_before_any_role_starts(repo, tmp_path, start_run, env, problem):
+    run = start_run(job_with(repo, tmp_path, **env), "--set=spec.trainer.steps=2", "--quiet")
+    output = run.finish(timeout=120)
+    assert run.process.returncode != 0
+    assert problem in output, output
+    assert "Traceback" not in output, output
+    assert not (run.out / "logs").exists() or not list((run.out / "logs").iterdir())  # no role process started
+    assert not run.roles()
+
+
+@pytest.mark.slow
+def test_an_env_class_missing_from_its_file_is_refused_before_any_role_starts(repo, tmp_path, start_run):
+    tools = tmp_path / "tools.py"
+    tools.write_text(ALWAYS_ANSWERS)
+    run = start_run(job_with(repo, tmp_path, module=f"{tools}:Calculator"), "--set=spec.trainer.steps=2", "--quiet")
+    output = run.finish(timeout=120)
+    assert run.process.returncode != 0
+    assert "spec.task.llm.env.module: " in output and "has no class 'Calculator'" in output, output
+    assert "Traceback" not in output, output
+    assert not run.roles()
