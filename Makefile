@@ -6,8 +6,9 @@ PIP := $(BIN)/python -m pip
 CONSTRAINTS := constraints/cpu.txt
 EXTRAS := operator,train,rollout,env,ray,dev
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install test lint lint-docker format crds demo bench bench-operator bench-cartpole clean
+.PHONY: install test lint lint-docker format crds demo bench bench-operator bench-cartpole bench-grpo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,11 +53,22 @@ crds: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/rljob run examples/cartpole-ppo.yaml
 
-bench: bench-cartpole bench-operator
+bench: bench-cartpole bench-operator bench-grpo
+
+# The benchmarks' peers (TRL), on top of the project's extras and the same constraints.
+$(BENCH_STAMP): $(STAMP)
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e ".[bench]"
+	touch $(BENCH_STAMP)
 
 # rljob local vs stable-baselines3 PPO on CartPole-v1, 3 seeds each -> benchmarks/results/cartpole_vs_sb3.{json,png}
 bench-cartpole: $(STAMP)
 	$(BIN)/python benchmarks/cartpole_vs_sb3.py
+
+# rljob (hf engine) vs TRL GRPOTrainer on examples/grpo-tiny-arithmetic.yaml, same model, prompts and settings
+# -> benchmarks/results/grpo_vs_trl.{json,png}. Add the vllm engine with SIDES=rljob_hf,rljob_vllm,trl.
+SIDES ?= rljob_hf,trl
+bench-grpo: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/grpo_vs_trl.py --sides $(SIDES)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,592 @@
+"""rljob (`rljob run`, hf engine) vs TRL's `GRPOTrainer` on the tiny GRPO arithmetic example, side by side.
+
+Both sides train the same thing, one after the other in this run on this machine:
+- the same starting policy: rljob's builtin tiny-qwen2 with its char tokenizer, built from the manifest's
+  seed. rljob builds it itself; TRL loads the same weights and tokenizer from a Hugging Face directory
+  exported here once (the script checks that the export round-trips);
+- the same prompts per step: the training rows (held-out rows removed, as rljob does) in the order of
+  rljob's prompt stream, given to TRL as an unshuffled dataset, so step k of both sides sees the same prompts;
+- the same group size, response length, sampling temperature, clip ratios, entropy bonus, KL coefficient,
+  loss aggregation (rljob `token-mean` = TRL `dapo`), optimizer (Adam; TRL's AdamW with weight decay 0),
+  learning rate (constant, no warm-up), gradient clipping and fp32 on the CPU;
+- the same reward: TRL gets one reward function per `spec.reward.functions` entry that calls rljob's builtin
+  with the entry's args, weighted by `reward_weights` (tests/benchmarks checks the sum equals rljob's scorer).
+What cannot be matched is listed under `settings.differences` in the JSON.
+
+Figures per side: completions/s and seconds per step over the training loop, wall time from process
+start to exit (start-up and the final model export included, measured the same way for both: a fresh
+subprocess timed by this script), where the time goes, training accuracy (exact match of the sampled
+completions) vs samples, and the greedy accuracy of the final policy on the held-out prompts, computed
+for both by `greedy_accuracy` below from the exported model directories.
+
+Sides: `rljob_<engine>` runs `rljob run MANIFEST --set spec.rollout.engine=<engine>` (`rljob_hf` by default;
+`rljob_vllm` once the launcher accepts the vllm engine), `trl` runs GRPOTrainer.
+
+Usage: python benchmarks/grpo_vs_trl.py [--sides rljob_hf,trl] [--steps 200] [--set spec.path=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # this checkout's rljob, also in the `--worker` process started as a script
+    sys.path.insert(0, str(ROOT))
+DEFAULT_SIDES = ("rljob_hf", "trl")
+DEFAULT_STEPS = 200
+SMOOTHING = 10
+"""Steps averaged for a point of the accuracy curve and for the final training accuracy."""
+
+
+# --- the job both sides run ----------------------------------------------------------------------
+
+
+def load_spec(manifest: Path, overrides: list[str]) -> Any:
+    """The validated RLJob after `--set` overrides, exactly as `rljob run` reads it."""
+    from rljob.api.loading import parse_documents, validate_job
+    from rljob.launch.overrides import apply_overrides
+
+    (document,) = parse_documents(manifest.read_text(encoding="utf-8"), str(manifest))
+    return validate_job(apply_overrides(document.data, overrides), source=str(manifest))
+
+
+def _require(condition: bool, field: str, problem: str) -> None:
+    if not condition:
+        raise SystemExit(f"{field}: {problem}; the TRL side of this benchmark cannot reproduce it")
+
+
+def trl_settings(spec: Any) -> tuple[dict[str, Any], list[str]]:
+    """GRPOConfig arguments that reproduce the manifest's training, and what still differs."""
+    algo, trainer, rollout, task = spec.algorithm, spec.trainer, spec.rollout, spec.task.llm
+    _require(spec.task.type == "llm", "spec.task.type", "must be llm")
+    _require(algo.name in ("grpo", "dr_grpo"), "spec.algorithm.name", "only grpo and dr_grpo map onto GRPOTrainer")
+    _require(algo.loss_aggregation == "token-mean", "spec.algorithm.lossAggregation", "only token-mean maps (dapo)")
+    _require(algo.minibatches == 1, "spec.algorithm.minibatches", "must be 1 (one update per step)")
+    _require(algo.off_policy.type == "none", "spec.algorithm.offPolicy", "must be none")
+    _require(not algo.dynamic_sampling and algo.overlong is None, "spec.algorithm", "no DAPO sampling/shaping")
+    _require(rollout.async_.max_staleness == 0, "spec.rollout.async.maxStaleness", "must be 0 (TRL is on-policy)")
+    _require(trainer.optimizer in ("adam", "adamw"), "spec.trainer.optimizer", "must be adam or adamw")
+    _require(spec.roles.actor.replicas == 1, "spec.roles.actor.replicas", "must be 1 (TRL runs one process)")
+    _require(not rollout.top_k or rollout.top_k > 0, "spec.rollout.topK", "unsupported")
+    group = algo.group_size or 1
+    settings = {
+        "max_steps": trainer.steps,
+        "per_device_train_batch_size": trainer.batch_size * group,  # completions per step
+        "gradient_accumulation_steps": 1,
+        "num_generations": group,
+        "max_completion_length": rollout.max_tokens or task.max_response_length,
+        "temperature": rollout.temperature,
+        "top_p": rollout.top_p,
+        "top_k": rollout.top_k or 0,
+        "learning_rate": trainer.learning_rate,
+        "lr_scheduler_type": {"constant": "constant", "linear": "linear", "cosine": "cosine"}[trainer.lr_schedule],
+        "warmup_steps": trainer.warmup_steps,
+        "optim": "adamw_torch_fused",  # rljob builds a fused Adam too
+        "weight_decay": trainer.weight_decay,
+        "adam_epsilon": trainer.optimizer_eps,
+        "max_grad_norm": trainer.grad_clip if trainer.grad_clip is not None else 0.0,
+        "epsilon": algo.clip_ratio_low,
+        "epsilon_high": algo.clip_ratio_high,
+        "beta": algo.kl_coef,
+        "entropy_coef": algo.entropy_coef,
+        "num_iterations": algo.epochs,
+        "loss_type": "dapo",  # token-mean over the whole (accumulated) batch
+        "scale_rewards": "group" if algo.name == "grpo" else "none",
+        "seed": trainer.seed,
+    }
+    differences = [
+        "GRPO advantage: rljob divides by (std + 1e-6), TRL by (std + 1e-4) (both the sample std of the group)",
+        "threads: rljob's roles run with OMP_NUM_THREADS=1 each (actor and rollout in separate processes, so "
+        "generation can use the second core); TRL runs in one process with --trl-threads compute threads",
+        "rljob evaluates its policy greedily on the held-out prompts every spec.evaluation.interval steps and "
+        "checkpoints every spec.checkpoint.interval steps inside its timed loop; TRL does neither",
+        "rljob's rollout returns the sampling logprobs and its trainer recomputes them in an extra no-grad "
+        "forward (mismatch_kl, old logprobs); TRL on-policy (num_iterations 1) uses the detached current "
+        "logprobs and computes no rollout/trainer mismatch",
+        "the starting policy: rljob builds it from the seed in each role process; TRL loads it from the "
+        "exported directory (identical weights and tokenizer, checked)",
+    ]
+    if algo.kl_coef > 0:
+        differences.append(f"KL estimator: rljob {algo.kl_estimator}, TRL k3")
+    if trainer.optimizer == "adam" and trainer.weight_decay > 0:
+        differences.append("rljob adam applies L2 weight decay in the gradient, TRL adamw decoupled weight decay")
+    return settings, differences
+
+
+# --- the reward ----------------------------------------------------------------------------------
+
+
+def trl_reward_functions(spec: Any) -> tuple[list[Callable[..., list[float]]], list[float]]:
+    """One TRL reward function per `spec.reward.functions` entry (named as rljob's metric label), and weights.
+
+    Each calls rljob's builtin with the entry's args on TRL's decoded completions and the row's columns,
+    so the weighted sum is the reward rljob's reward role computes.
+    """
+    from rljob.runtime.llm.rewards import BUILTINS
+
+    answer_key = spec.task.llm.dataset.answer_key
+    functions, weights, seen = [], [], {}
+    for i, entry in enumerate(spec.reward.functions):
+        _require(
+            entry.builtin in ("exact_match", "math_verify", "format"),
+            f"spec.reward.functions[{i}]",
+            "only the exact_match, math_verify and format builtins are mapped",
+        )
+        label = entry.name or entry.builtin
+        seen[label] = seen.get(label, 0) + 1
+        name = label if seen[label] == 1 else f"{label}_{seen[label]}"
+        kwargs = dict(entry.args)
+        if entry.builtin in ("exact_match", "math_verify"):
+            kwargs.setdefault("answer_key", answer_key)
+        functions.append(_reward_function(name, BUILTINS[entry.builtin], kwargs))
+        weights.append(entry.weight)
+    return functions, weights
+
+
+def _reward_function(name: str, builtin: Callable[..., float], kwargs: dict[str, Any]) -> Callable[..., list[float]]:
+    def reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
+        rows = [{k: v[i] for k, v in columns.items() if isinstance(v, list)} for i in range(len(completions))]
+        return [float(builtin(p, c, row, **kwargs)) for p, c, row in zip(prompts, completions, rows, strict=True)]
+
+    reward.__name__ = name  # TRL logs rewards/<__name__>/mean
+    return reward
+
+
+# --- data and the starting policy ----------------------------------------------------------------
+
+
+def job_data(spec: Any) -> tuple[list[dict], list[dict]]:
+    """(training rows, held-out rows) exactly as rljob's actor splits them."""
+    from rljob.runtime.llm.data import load_rows, split_off
+
+    rows = load_rows(spec.task.llm, seed=spec.trainer.seed)
+    evaluation = spec.evaluation
+    if evaluation.interval and evaluation.size:
+        return split_off(rows, evaluation.size, spec.trainer.seed)
+    return rows, []
+
+
+def prompt_schedule(spec: Any, train_rows: list[dict], tokenizer: Any) -> list[dict[str, str]]:
+    """Every prompt rljob's actor takes, in order (`trainer.steps` x `trainer.batchSize`), rendered as text."""
+    from rljob.runtime.llm.data import PromptStream, render_prompt
+
+    task = spec.task.llm
+    stream = PromptStream(len(train_rows), spec.trainer.seed)
+    schedule = []
+    while len(schedule) < spec.trainer.steps * spec.trainer.batch_size:
+        row = train_rows[next(stream)]
+        text = render_prompt(task, row, tokenizer)
+        if len(tokenizer(text)["input_ids"]) > task.max_prompt_length:
+            continue  # rljob skips it too
+        schedule.append({**{k: v for k, v in row.items() if isinstance(v, str | int | float)}, "prompt": text})
+    return schedule
+
+
+def export_initial_policy(spec: Any, directory: Path) -> None:
+    """The policy every rljob process builds from the seed, as a Hugging Face directory; checked to round-trip."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rljob.runtime.llm.data import load_rows
+    from rljob.runtime.llm.policy import export_hf, load_policy
+
+    rows = load_rows(spec.task.llm, seed=spec.trainer.seed)
+    model, tokenizer = load_policy(spec.model, spec.task.llm, rows, spec.trainer.seed, torch.device("cpu"))
+    export_hf(model, tokenizer, directory)
+    loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    reloaded_tokenizer = AutoTokenizer.from_pretrained(directory)
+    built = model.state_dict()
+    for key, value in loaded.state_dict().items():
+        if not torch.equal(value, built[key]):
+            raise RuntimeError(f"the exported policy differs from rljob's builtin at {key}")
+    texts = [str(r[spec.task.llm.dataset.prompt_key]) for r in rows[:50]]
+    if [tokenizer(t)["input_ids"] for t in texts] != [reloaded_tokenizer(t)["input_ids"] for t in texts]:
+        raise RuntimeError("the exported tokenizer tokenizes differently from rljob's")
+
+
+# --- the same evaluation for both ----------------------------------------------------------------
+
+
+def greedy_accuracy(model_dir: Path, spec: Any, rows: list[dict]) -> dict[str, Any]:
+    """Greedy answers of a saved policy to `rows`, scored with rljob's accuracy builtin (exact_match)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rljob.runtime.llm.data import render_prompt
+    from rljob.runtime.llm.rewards import exact_match
+
+    task = spec.task.llm
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    prompts = [render_prompt(task, row, tokenizer) for row in rows]
+    batch = tokenizer(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(
+            **batch,
+            do_sample=False,
+            max_new_tokens=spec.rollout.max_tokens or task.max_response_length,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    answers = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+    key = task.dataset.answer_key
+    right = [exact_match(p, a, row, answer_key=key) for p, a, row in zip(prompts, answers, rows, strict=True)]
+    return {"heldout_greedy_accuracy": sum(right) / len(right), "heldout_prompts": len(rows)}
+
+
+# --- the sides -----------------------------------------------------------------------------------
+
+
+def _child_env() -> dict[str, str]:
+    """Every process of both sides imports this checkout's rljob, whatever is installed."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": str(ROOT) if not path else f"{ROOT}{os.pathsep}{path}"}
+
+
+def _smoothed(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    out = []
+    for i, (samples, _) in enumerate(points):
+        window = [a for _, a in points[max(0, i - SMOOTHING + 1) : i + 1]]
+        out.append((samples, sum(window) / len(window)))
+    return out
+
+
+def run_rljob(manifest: Path, engine: str, overrides: list[str], workdir: Path) -> dict[str, Any]:
+    """`rljob run` as a user runs it, timed from process start to exit; figures from its metrics.jsonl."""
+    out = workdir / f"rljob-{engine}"
+    command = [sys.executable, "-m", "rljob.cli.main", "run", str(manifest), "--out", str(out), "--quiet"]
+    for override in [*overrides, f"spec.rollout.engine={engine}"]:
+        command += ["--set", override]
+    started = time.monotonic()
+    proc = subprocess.run(command, cwd=ROOT, env=_child_env(), capture_output=True, text=True)
+    wall = time.monotonic() - started
+    if proc.returncode != 0:
+        logs = "".join(p.read_text()[-2000:] for p in sorted((out / "logs").glob("*.log"))) if out.exists() else ""
+        raise RuntimeError(f"rljob run ({engine}) failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}\n{logs}")
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    loop_s = records[-1]["wall_time"]
+    samples = records[-1]["samples"]
+    phases = {phase: sum(r[f"time_{phase}_s"] for r in records) for phase in ("generate", "reward", "train", "sync")}
+    phases["other"] = loop_s - sum(phases.values())
+    accuracy = [(r["samples"], r["accuracy"]) for r in records]
+    return {
+        "engine": engine,
+        "steps": records[-1]["step"],
+        "samples": samples,
+        "completions_per_s": samples / loop_s,
+        "seconds_per_step": loop_s / len(records),
+        "loop_s": loop_s,
+        "wall_s": wall,
+        "startup_and_shutdown_s": wall - loop_s,
+        "time_s": {k: round(v, 3) for k, v in phases.items()},
+        "train_accuracy_last": sum(a for _, a in accuracy[-SMOOTHING:]) / len(accuracy[-SMOOTHING:]),
+        "in_loop_eval_accuracy": [(r["samples"], r["eval_accuracy"]) for r in records if "eval_accuracy" in r],
+        "curve": _smoothed(accuracy),
+        "model_dir": str(out / "model"),
+    }
+
+
+def run_trl(rljob: Any, initial_dir: Path, train_rows: list[dict], workdir: Path, threads: int) -> dict[str, Any]:
+    """GRPOTrainer in a fresh process (`--worker trl`), timed from process start to exit like rljob.
+
+    `threads`: its torch/OpenMP compute threads (rljob's role processes run one each).
+    """
+    from transformers import AutoTokenizer
+
+    spec = rljob.spec
+    settings, _ = trl_settings(spec)
+    job = workdir / "trl"
+    job.mkdir(parents=True, exist_ok=True)
+    schedule = prompt_schedule(spec, train_rows, AutoTokenizer.from_pretrained(initial_dir))
+    (job / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in schedule))
+    (job / "config.json").write_text(json.dumps({"settings": settings, "initial_model": str(initial_dir)}))
+    (job / "rljob.json").write_text(rljob.model_dump_json(by_alias=True))
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, __file__, "--worker", "trl", "--workdir", str(job)],
+        cwd=ROOT,
+        env={**_child_env(), "OMP_NUM_THREADS": str(threads)},
+        capture_output=True,
+        text=True,
+    )
+    wall = time.monotonic() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"the TRL run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    result = json.loads((job / "result.json").read_text())
+    steps = result["steps"]
+    per_step = settings["per_device_train_batch_size"]
+    accuracy = [(s["step"] * per_step, s["accuracy"]) for s in steps]
+    loop_s = result["loop_s"]
+    samples = len(steps) * per_step
+    times = {k: round(v, 3) for k, v in result["time_s"].items()}
+    return {
+        "steps": len(steps),
+        "threads": threads,
+        "samples": samples,
+        "completions_per_s": samples / loop_s,
+        "seconds_per_step": loop_s / len(steps),
+        "loop_s": loop_s,
+        "wall_s": wall,
+        "startup_and_shutdown_s": wall - loop_s,
+        "time_s": times,
+        "train_accuracy_last": sum(a for _, a in accuracy[-SMOOTHING:]) / len(accuracy[-SMOOTHING:]),
+        "curve": _smoothed(accuracy),
+        "model_dir": str(job / "model"),
+    }
+
+
+def trl_worker(workdir: Path) -> None:
+    """The TRL side's process: load the exported policy, train with GRPOTrainer, save the model."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rljob.api import RLJob
+
+    config = json.loads((workdir / "config.json").read_text())
+    spec = RLJob.model_validate_json((workdir / "rljob.json").read_text()).spec
+    settings = config["settings"]
+    rewards, weights = trl_reward_functions(spec)
+    accuracy_name = next((f.__name__ for f in rewards if f.__name__.startswith(("exact_match", "math_verify"))), None)
+    prompts = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
+    tokenizer = AutoTokenizer.from_pretrained(config["initial_model"])
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(config["initial_model"], dtype=torch.float32)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+    args = GRPOConfig(
+        output_dir=str(workdir / "out"),
+        **settings,
+        reward_weights=weights,
+        shuffle_dataset=False,  # the dataset is already in rljob's prompt order
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+
+    class Timed(GRPOTrainer):
+        """GRPOTrainer with the time of its phases summed: generation, reward, the rest of the scoring."""
+
+        phase_s = {"generate": 0.0, "reward": 0.0, "prepare": 0.0}
+
+        def _generate_single_turn(self, *a: Any, **kw: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return super()._generate_single_turn(*a, **kw)
+            finally:
+                self.phase_s["generate"] += time.perf_counter() - started
+
+        def _calculate_rewards(self, *a: Any, **kw: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return super()._calculate_rewards(*a, **kw)
+            finally:
+                self.phase_s["reward"] += time.perf_counter() - started
+
+        def _prepare_inputs(self, *a: Any, **kw: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return super()._prepare_inputs(*a, **kw)
+            finally:
+                self.phase_s["prepare"] += time.perf_counter() - started
+
+    steps: list[dict[str, Any]] = []
+    clock: dict[str, float] = {}
+
+    class Record(TrainerCallback):
+        def on_train_begin(self, *_: Any, **__: Any) -> None:
+            clock["begin"] = time.perf_counter()
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            clock["last_step_end"] = time.perf_counter()
+
+        def on_log(self, _args: Any, state: Any, _control: Any, logs: dict | None = None, **__: Any) -> None:
+            if logs and accuracy_name and f"rewards/{accuracy_name}/mean" in logs:
+                steps.append(
+                    {
+                        "step": state.global_step,
+                        "accuracy": logs[f"rewards/{accuracy_name}/mean"],
+                        "reward": logs.get("reward"),
+                        "entropy": logs.get("entropy"),
+                    }
+                )
+
+    trainer = Timed(
+        model=model,
+        reward_funcs=rewards,
+        args=args,
+        train_dataset=Dataset.from_list(prompts),
+        processing_class=tokenizer,
+        callbacks=[Record()],
+    )
+    trainer.train()
+    loop_s = clock["last_step_end"] - clock["begin"]
+    trainer.save_model(str(workdir / "model"))
+    tokenizer.save_pretrained(workdir / "model")
+    phase = Timed.phase_s
+    time_s = {
+        "generate": phase["generate"],
+        "reward": phase["reward"],
+        "score_other": phase["prepare"] - phase["generate"] - phase["reward"],
+        "train": loop_s - phase["prepare"],
+    }
+    (workdir / "result.json").write_text(json.dumps({"steps": steps, "loop_s": loop_s, "time_s": time_s}))
+
+
+# --- report --------------------------------------------------------------------------------------
+
+LABELS = {"trl": ("TRL GRPOTrainer", "tab:orange"), "rljob_hf": ("rljob (hf engine)", "tab:blue")}
+
+
+def plot(results: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), constrained_layout=True)
+    for side, result in results.items():
+        label, colour = LABELS.get(side, (side.replace("_", " "), None))
+        xs, ys = zip(*result["curve"], strict=True)
+        ax.plot(xs, ys, color=colour, label=f"{label}: {result['completions_per_s']:.0f} completions/s")
+        held = result.get("heldout_greedy_accuracy")
+        if held is not None:
+            ax.scatter([xs[-1]], [held], color=colour, marker="*", s=120, zorder=3)
+    ax.set_xlabel("samples (completions)")
+    ax.set_ylabel(f"training accuracy (exact match, mean of {SMOOTHING} steps)")
+    ax.set_title("GRPO tiny arithmetic: rljob vs TRL (same model, prompts, settings); * held-out greedy")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def machine() -> dict[str, Any]:
+    versions = {}
+    for package in ("torch", "transformers", "trl", "accelerate"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_average_1m_at_start": os.getloadavg()[0],
+        **versions,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sides", default=",".join(DEFAULT_SIDES), help="comma-separated: rljob_<engine>, trl")
+    parser.add_argument("--manifest", type=Path, default=ROOT / "examples" / "grpo-tiny-arithmetic.yaml")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="trainer.steps for every side")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="manifest override, all sides")
+    parser.add_argument(
+        "--trl-threads",
+        type=int,
+        default=1,
+        help="compute threads of the TRL process (default 1, as each rljob role process; 2 oversubscribes a "
+        "shared 2-core machine)",
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--worker", choices=["trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker == "trl":
+        trl_worker(args.workdir)
+        return
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    for side in sides:
+        if side != "trl" and not (side.startswith("rljob_") and len(side) > len("rljob_")):
+            raise SystemExit(f"--sides: {side!r} is neither trl nor rljob_<engine> (e.g. rljob_hf, rljob_vllm)")
+    overrides = [f"spec.trainer.steps={args.steps}", *args.overrides]
+    rljob = load_spec(args.manifest, overrides)
+    spec = rljob.spec
+    settings, differences = trl_settings(spec)
+    trl_reward_functions(spec)  # refuse a reward the TRL side cannot compute before anything runs
+    train_rows, eval_rows = job_data(spec)
+    _require(bool(eval_rows), "spec.evaluation", "needs interval and size: the held-out prompts come from it")
+    args.out.mkdir(parents=True, exist_ok=True)
+    info = machine()
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="rljob-bench-grpo-") as tmp:
+        work = Path(tmp)
+        initial = work / "initial-policy"
+        export_initial_policy(spec, initial)
+        before = greedy_accuracy(initial, spec, eval_rows)["heldout_greedy_accuracy"]
+        print(f"initial policy: held-out greedy accuracy {before:.3f} on {len(eval_rows)} prompts", flush=True)
+        for side in sides:
+            if side == "trl":
+                result = run_trl(rljob, initial, train_rows, work, args.trl_threads)
+            else:
+                result = run_rljob(args.manifest, side.removeprefix("rljob_"), overrides, work)
+            result.update(greedy_accuracy(Path(result.pop("model_dir")), spec, eval_rows))
+            results[side] = result
+            print(f"{side}: {_fmt(result)}", flush=True)
+    info["load_average_1m_at_end"] = os.getloadavg()[0]
+    report: dict[str, Any] = dict(results)
+    rljob_side = next((s for s in ("rljob_hf", *results) if s.startswith("rljob_") and s in results), None)
+    if rljob_side and "trl" in results:
+        r, t = results[rljob_side], results["trl"]
+        report["ratio_samples_per_s"] = r["completions_per_s"] / t["completions_per_s"]
+        report["ratio_wall_s_with_startup"] = t["wall_s"] / r["wall_s"]
+        report["ratio_side"] = rljob_side
+    report["settings"] = {
+        "manifest": str(args.manifest.relative_to(ROOT) if args.manifest.is_relative_to(ROOT) else args.manifest),
+        "overrides": overrides,
+        "sides": sides,
+        "prompts_per_step": spec.trainer.batch_size,
+        "group_size": spec.algorithm.group_size,
+        "max_response_tokens": spec.rollout.max_tokens or spec.task.llm.max_response_length,
+        "train_prompts": len(train_rows),
+        "heldout_prompts": len(eval_rows),
+        "distinct_heldout_prompts": len({r[spec.task.llm.dataset.prompt_key] for r in eval_rows}),
+        "initial_heldout_greedy_accuracy": before,
+        "trl_grpo_config": settings,
+        "reward": [f.model_dump(by_alias=True, exclude_none=True) for f in spec.reward.functions],
+        "differences": differences,
+        "timing": "completions_per_s and seconds_per_step: over the training loop (rljob: metrics.jsonl wall_time "
+        "of the last step, counted from the actor's loop start; TRL: on_train_begin to the last on_step_end). "
+        "wall_s: the side's process from start to exit (imports, model build or load, training, model export). "
+        "train_accuracy_last: mean exact match of the sampled completions over the last "
+        f"{SMOOTHING} steps; heldout_greedy_accuracy: the final exported policy, greedy, same code for both",
+    }
+    report["machine"] = info
+    path = args.out / "grpo_vs_trl.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    plot(results, args.out / "grpo_vs_trl.png")
+    summary = {k: v for k, v in report.items() if k.startswith("ratio")}
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {path} and {args.out / 'grpo_vs_trl.png'}")
+
+
+def _fmt(result: dict[str, Any]) -> str:
+    return (
+        f"{result['completions_per_s']:.0f} completions/s, {result['seconds_per_step']:.3f} s/step, "
+        f"wall {result['wall_s']:.1f}s, train accuracy {result['train_accuracy_last']:.3f}, "
+        f"held-out greedy {result['heldout_greedy_accuracy']:.3f}, time {result['time_s']}"
+    )
+
+
+if __name__ == "__main__":
+    main()
