@@ -93,11 +93,6 @@ def unsupported_task(job: RLJob) -> str | None:
             f"spec.rollout.engine: the {spec.rollout.engine} engine is not part of this rljob version yet; "
             "set spec.rollout.engine: hf (Hugging Face generate; `rljob render` shows the pods either way)"
         )
-    if spec.trainer.parallelism == "fsdp2":
-        return (
-            "spec.trainer.parallelism: fsdp2 is not part of this rljob version yet for llm jobs; set ddp "
-            "(every actor rank holds the whole model)"
-        )
     for i, fn in enumerate(spec.reward.functions):
         if fn.builtin == "code_exec":
             return (

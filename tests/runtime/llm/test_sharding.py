@@ -19,7 +19,7 @@ from rljob.api.spec import AlgorithmSpec, TrainerSpec
 from rljob.runtime.llm.learner import LLMLearner
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_learner import MAX_RESPONSE, TOKENIZER, make_model, make_samples  # noqa: E402
+from test_learner import MAX_RESPONSE, TOKENIZER, make_model, make_samples
 
 ALGORITHM = AlgorithmSpec(name="grpo", loss_aggregation="token-mean", minibatches=2, clip_ratio_high=0.28)
 SAMPLES = 24  # splits into 2 minibatches over 1, 2 or 3 ranks
@@ -73,7 +73,8 @@ RANK_SCRIPT = textwrap.dedent(
     from test_sharding import SAMPLES, full_optimizer_state, full_params, make_learner, make_samples
     from rljob.runtime.checkpoint import CheckpointManager
     from rljob.runtime.llm.sharding import CommandChannel, follow, load_checkpoint, save_checkpoint
-    rank, world, port, out, checkpoints, phase = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[7]
+    rank, world = int(sys.argv[1]), int(sys.argv[2])
+    port, out, checkpoints, phase = sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[7]
     torch.set_num_threads(1)
     if world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -121,8 +122,18 @@ def run_ranks(world: int, phase: str, tmp_path: Path) -> dict:
     out, port, here = tmp_path / f"{phase}-{world}.pt", str(free_port()), str(Path(__file__).parent)
     ranks = [
         subprocess.Popen(
-            [sys.executable, "-c", RANK_SCRIPT, str(rank), str(world), port, str(out), str(tmp_path / "ckpt"), here]
-            + [phase]
+            [
+                sys.executable,
+                "-c",
+                RANK_SCRIPT,
+                str(rank),
+                str(world),
+                port,
+                str(out),
+                str(tmp_path / "ckpt"),
+                here,
+                phase,
+            ]
         )
         for rank in range(world)
     ]
