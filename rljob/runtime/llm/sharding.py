@@ -211,7 +211,8 @@ def save_shards(learner: Any, directory: Path) -> None:
     """Every rank: write this rank's shards of the model and optimizer into `directory/sharded`."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(_dcp_state(learner), checkpoint_id=directory / SHARDED_DIR)
+    # One rank (an fsdp2 job resumed on one) has no process group: DCP then reads and writes alone.
+    dcp.save(_dcp_state(learner), checkpoint_id=directory / SHARDED_DIR, no_dist=not dist.is_initialized())
 
 
 def save_checkpoint(
@@ -245,6 +246,7 @@ def load_checkpoint(learner: Any, state: dict[str, Any], path: Path) -> None:
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     target = _dcp_state(learner)
-    dcp.load(target, checkpoint_id=directory / SHARDED_DIR)  # reshards: any world size reads any other's
+    # Reshards: any world size reads any other's.
+    dcp.load(target, checkpoint_id=directory / SHARDED_DIR, no_dist=not dist.is_initialized())
     set_model_state_dict(learner.model, target["model"])
     set_optimizer_state_dict(learner.model, learner.optimizer, target["optimizer"])

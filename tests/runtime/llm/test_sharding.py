@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
+from rljob.runtime.checkpoint import CheckpointManager
 from rljob.runtime.llm.learner import LLMLearner
+from rljob.runtime.llm.sharding import CommandChannel, follow, load_checkpoint, save_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_learner import MAX_RESPONSE, TOKENIZER, make_model, make_samples
@@ -65,49 +67,58 @@ def full_optimizer_state(learner: LLMLearner) -> dict:
     return copy.deepcopy(state)  # unsharded, these are the optimizer's own tensors, which the next step changes
 
 
+def invariance(rank: int, world: int, checkpoints: Path) -> dict:
+    """Two updates with fsdp2, then two with ddp, from the same start; their whole parameters."""
+    result = {}
+    for parallelism in ("fsdp2", "ddp"):
+        learner = make_learner(parallelism, "sgd", rank, world)
+        result[parallelism + "_sharded"] = learner.sharded
+        result[parallelism + "_stats"] = [learner.update(make_samples(seed, SAMPLES)) for seed in (0, 1)]
+        result[parallelism] = full_params(learner)
+    return result
+
+
+def save(rank: int, world: int, checkpoints: Path) -> dict:
+    """One fsdp2 update, then a checkpoint as the actor makes one: rank 0 commits, the others follow."""
+    learner = make_learner("fsdp2", "adam", rank, world)
+    learner.update(make_samples(0, SAMPLES))
+    channel = CommandChannel(rank, world)
+    if rank == 0:
+        save_checkpoint(
+            CheckpointManager(checkpoints), learner, learner.step, {"learner": learner.state_dict()}, channel
+        )
+        channel.send("end")
+    else:
+        follow(learner, channel)
+    return {"params": full_params(learner), "optimizer": full_optimizer_state(learner)}
+
+
+def resume(rank: int, world: int, checkpoints: Path) -> dict:
+    """The newest checkpoint loaded (on however many ranks), then the next update."""
+    learner = make_learner("fsdp2", "adam", rank, world)
+    _, state, path = CheckpointManager(checkpoints).latest_valid()
+    load_checkpoint(learner, state["learner"], path)
+    result = {"step": learner.step, "params": full_params(learner), "optimizer": full_optimizer_state(learner)}
+    learner.update(make_samples(1, SAMPLES))
+    return {**result, "after": full_params(learner)}
+
+
 RANK_SCRIPT = textwrap.dedent(
     """
     import sys, torch, torch.distributed as dist
     from pathlib import Path
     sys.path.insert(0, sys.argv[6])
-    from test_sharding import SAMPLES, full_optimizer_state, full_params, make_learner, make_samples
-    from rljob.runtime.checkpoint import CheckpointManager
-    from rljob.runtime.llm.sharding import CommandChannel, follow, load_checkpoint, save_checkpoint
+    import test_sharding
     rank, world = int(sys.argv[1]), int(sys.argv[2])
     port, out, checkpoints, phase = sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[7]
     torch.set_num_threads(1)
-    if world > 1:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.manual_seed(100 + rank)  # ranks must not depend on their own RNG: rank 0's weights are broadcast
-    result = {}
-    if phase == "invariance":
-        for parallelism in ("fsdp2", "ddp"):
-            learner = make_learner(parallelism, "sgd", rank, world)
-            result[parallelism + "_sharded"] = learner.sharded
-            result[parallelism + "_stats"] = [learner.update(make_samples(seed, SAMPLES)) for seed in (0, 1)]
-            result[parallelism] = full_params(learner)
-    manager = CheckpointManager(checkpoints)
-    channel = CommandChannel(rank, world)
-    if phase == "save":
-        learner = make_learner("fsdp2", "adam", rank, world)
-        learner.update(make_samples(0, SAMPLES))
-        if rank == 0:
-            save_checkpoint(manager, learner, learner.step, {"learner": learner.state_dict()}, channel)
-            channel.send("end")
-        else:
-            follow(learner, channel)
-        result = {"params": full_params(learner), "optimizer": full_optimizer_state(learner)}
-    if phase == "resume":
-        learner = make_learner("fsdp2", "adam", rank, world)
-        step, state, path = manager.latest_valid()
-        load_checkpoint(learner, state["learner"], path)
-        result = {"step": learner.step, "params": full_params(learner), "optimizer": full_optimizer_state(learner)}
-        learner.update(make_samples(1, SAMPLES))
-        result["after"] = full_params(learner)
+    result = getattr(test_sharding, phase)(rank, world, Path(checkpoints))
     if rank == 0:
         torch.save(result, out)
-    if world > 1:
-        learner.leave_group()
+    dist.barrier()
+    dist.destroy_process_group()
     """
 )
 
@@ -175,8 +186,8 @@ def test_a_checkpoint_of_two_sharded_ranks_resumes_on_one_rank_and_on_three(tmp_
     files = sorted(p.relative_to(tmp_path / "ckpt").as_posix() for p in (tmp_path / "ckpt").rglob("*") if p.is_file())
     assert "step-00000001/state.pt" in files and "step-00000001/sharded/.metadata" in files
     assert len([f for f in files if f.endswith(".distcp")]) == 2  # one shard file per rank
-    for world in (1, 3):
-        resumed = run_ranks(world, "resume", tmp_path)
+    for world in (1, 3):  # one rank: no process group, the shards read back whole
+        resumed = resume(0, 1, tmp_path / "ckpt") if world == 1 else run_ranks(world, "resume", tmp_path)
         assert resumed["step"] == 1
         # Resharded exactly: the same whole parameters and Adam moments as the two ranks saved.
         assert_close(resumed["params"], saved["params"], atol=0.0)
