@@ -85,11 +85,6 @@ def check_llm(job: RLJob) -> None:
             f"spec.rollout.engine: this version generates with the hf engine (got {spec.rollout.engine!r}); "
             "set spec.rollout.engine: hf"
         )
-    if spec.trainer.parallelism == "fsdp2":
-        raise LaunchError(
-            "spec.trainer.parallelism: fsdp2 is not part of this version for llm jobs; set ddp (every actor rank "
-            "holds the whole model)"
-        )
     try:
         rows = load_rows(spec.task.llm, seed=spec.trainer.seed)
         check_model_source(spec.model)

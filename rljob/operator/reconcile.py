@@ -99,11 +99,6 @@ def unsupported_task(job: RLJob) -> str | None:
             f"spec.rollout.engine: the {spec.rollout.engine} engine is not part of this rljob version yet; "
             "set spec.rollout.engine: hf (Hugging Face generate; `rljob render` shows the pods either way)"
         )
-    if spec.trainer.parallelism == "fsdp2":
-        return (
-            "spec.trainer.parallelism: fsdp2 is not part of this rljob version yet for llm jobs; set ddp "
-            "(every actor rank holds the whole model)"
-        )
     return None
 
 

@@ -4,6 +4,8 @@ Layout under `spec.checkpoint.dir`:
 
     step-00000100/state.pt        torch.save of the actor's state dict
     step-00000100/manifest.json   {"format", "step", "savedAt", "files": {name: {"sha256", "bytes"}}}
+    step-00000100/sharded/...     with trainer.parallelism fsdp2: model and optimizer as torch.distributed.checkpoint
+                                  shards (every actor rank writes its own), listed in the manifest too
     abandoned-at-step-.../        checkpoints of a history this run left (see below), kept for the user
 
 A save writes a hidden temporary directory `.tmp-step-...`, flushed to disk, whose manifest is renamed
@@ -14,8 +16,9 @@ the temporary directory is renamed to `step-...`, and checkpoints beyond the new
 A crash at any point leaves either the previous checkpoints or a complete save: readers count a complete
 temporary directory as its step (`checkpoints`), and the next save finishes what the crash interrupted
 before it deletes any leftover. Nothing newer than a resumed checkpoint is ever deleted; abandoned
-directories are never pruned (delete them when they are not wanted). Only one process (actor rank 0)
-writes to a directory.
+directories are never pruned (delete them when they are not wanted). One process (actor rank 0) manages
+the directory; with a sharded actor the other ranks write their shards into its temporary directory
+(`begin`), and rank 0 commits it after they are done (`commit`).
 """
 
 from __future__ import annotations
@@ -175,21 +178,37 @@ class CheckpointManager:
     def save(self, step: int, state: dict[str, Any]) -> Path:
         """Write `state` as the checkpoint of `step` atomically; prune old ones; return its directory."""
         check_loadable(state)
+        return self.commit(step, self.begin(step), state)
+
+    def begin(self, step: int) -> Path:
+        """The temporary directory of a save of `step`; other processes may write files into it before `commit`."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self._finish_interrupted_saves()
         tmp = self.directory / f"{_TMP_PREFIX}{step_dir_name(step)}-{os.getpid()}"
         tmp.mkdir()
+        return tmp
+
+    def commit(self, step: int, tmp: Path, state: dict[str, Any]) -> Path:
+        """Add `state` and the manifest of every file in `tmp`, rename it into place, prune; its directory.
+
+        The files others wrote into `tmp` (sharded model and optimizer states) must be complete and flushed
+        before this is called: they are hashed into the manifest, whose rename makes the save complete.
+        """
+        check_loadable(state)
         state_path = tmp / STATE_FILE
         # Straight to the file (no in-memory copy of a large model), then hashed from disk.
         with state_path.open("wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        files = sorted(p for p in tmp.rglob("*") if p.is_file())
+        for sub in sorted({p.parent for p in files if p.parent != tmp}):
+            _fsync_dir(sub)
         manifest = {
             "format": FORMAT_VERSION,
             "step": step,
             "savedAt": datetime.now(UTC).isoformat(),
-            "files": {STATE_FILE: {"sha256": _sha256(state_path), "bytes": state_path.stat().st_size}},
+            "files": {p.relative_to(tmp).as_posix(): {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in files},
         }
         # The manifest appears whole or not at all: its presence is what makes the save complete.
         partial = tmp / f"{MANIFEST_FILE}.partial"

@@ -5,13 +5,17 @@ Actor rank 0 hosts a TCPStore on RLJOB_SYNC_PORT. Each rollout replica forms a t
 simply forms a new group under a new key, and nobody else has to re-join. Parameters travel flattened
 into buckets of at most `weightSync.bucketSizeMb`. Always gloo over CPU tensors: an actor that trains on
 CUDA sends CPU copies, and the rollouts (gym policies) run on CPU.
+
+A sharded actor (FSDP2) publishes a `GatheredWeights` instead of a module: each full tensor is assembled
+as its bucket is built (a collective every actor rank joins), so no rank ever holds the whole model.
 """
 
 from __future__ import annotations
 
 import datetime
 import gc
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -54,18 +58,57 @@ def state_tensors(model: nn.Module) -> list[torch.Tensor]:
     return [t.detach() for t in model.state_dict().values()]
 
 
-def broadcast_state(group: torch.distributed.ProcessGroup, tensors: Iterable[torch.Tensor], bucket_bytes: int) -> None:
-    """Root side (rank 0) and receiving side alike: after the call, rank 1's tensors equal rank 0's."""
+class GatheredWeights(Protocol):
+    """A model held in shards across the actor ranks (see `rljob.runtime.llm.sharding.ShardedWeights`)."""
+
+    def placeholders(self) -> list[torch.Tensor]:
+        """Meta tensors in state-dict order with the shapes and dtypes the rollout holds: they size the buckets."""
+        ...
+
+    def begin_gather(self) -> None:
+        """Tell the other actor ranks to join the gathers of one pass over every tensor, in order."""
+        ...
+
+    def full(self, index: int) -> torch.Tensor:
+        """The whole tensor `index` on the CPU (a collective: every actor rank calls it, in the same order)."""
+        ...
+
+
+def broadcast_state(
+    group: torch.distributed.ProcessGroup,
+    tensors: Iterable[torch.Tensor],
+    bucket_bytes: int,
+    materialize: Callable[[int], torch.Tensor] | None = None,
+) -> None:
+    """Root side (rank 0) and receiving side alike: after the call, rank 1's tensors equal rank 0's.
+
+    With `materialize` (root side only) `tensors` only size the buckets and tensor i is `materialize(i)`,
+    built when its bucket is: one bucket of full tensors exists at a time. Those calls are collectives of
+    the actor group, so a failed send does not stop them: the pass is finished, then the error is raised.
+    """
     tensors = list(tensors)
+    failure: RuntimeError | None = None
     for bucket in buckets(tensors, bucket_bytes):
-        parts = [tensors[i] for i in bucket]
+        parts = [tensors[i] if materialize is None else materialize(i) for i in bucket]
+        if failure is not None:
+            continue
         flat = torch.cat([p.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].reshape(-1).clone()
-        group.broadcast(flat, 0).wait()
+        try:
+            group.broadcast(flat, 0).wait()
+        except RuntimeError as exc:
+            if materialize is None:
+                raise
+            failure = exc
+            continue
+        if materialize is not None:
+            continue  # the root's own copies: nothing to write back
         offset = 0
         for p in parts:
             n = p.numel()
             p.copy_(flat[offset : offset + n].view_as(p))
             offset += n
+    if failure is not None:
+        raise failure
 
 
 class WeightPublisher:
@@ -82,7 +125,7 @@ class WeightPublisher:
         # The generation changes after a failed sync: a new group never reuses a broken group's store keys.
         return f"{self.actor_tag}/{replica}/{rollout_tag}/{self._generation.get(replica, 0)}"
 
-    def publish(self, replica: int, key: str, version: int, model: nn.Module) -> None:
+    def publish(self, replica: int, key: str, version: int, model: nn.Module | GatheredWeights) -> None:
         """Broadcast `model`'s state to rollout `replica` once it has accepted this sync (see `accepted_key`).
 
         A rollout that is gone, or is a newer incarnation than `key` names, never accepts: after
@@ -97,8 +140,13 @@ class WeightPublisher:
         cached = self._groups.get(replica)
         if cached is None or cached[0] != key:
             self._groups[replica] = (key, make_pair_group(self.store, key, 0))
+        group = self._groups[replica][1]
+        if not isinstance(model, nn.Module):  # a GatheredWeights
+            model.begin_gather()  # only now: a refused or unjoined sync never starts gathers on the other ranks
+            broadcast_state(group, model.placeholders(), self.bucket_bytes, materialize=model.full)
+            return
         tensors = [t.cpu() for t in state_tensors(model)]  # a CUDA-trained actor still syncs over gloo
-        broadcast_state(self._groups[replica][1], tensors, self.bucket_bytes)
+        broadcast_state(group, tensors, self.bucket_bytes)
 
     def forget(self, replica: int) -> None:
         """Drop the group of a rollout that went away or failed a sync; the next sync forms a new one."""

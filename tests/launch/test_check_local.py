@@ -45,6 +45,12 @@ RULES = [
         "spec.roles.actor.replicas: every actor rank trains an equal share of each minibatch of 512 samples "
         "(512 / algorithm.minibatches 1): use a divisor of 512 (got 3)",
     ),
+    (
+        "fsdp2-on-a-gym-job",
+        {"trainer": {"parallelism": "fsdp2"}, "roles": {"actor": {"replicas": 2}}},
+        "spec.trainer.parallelism: is used by llm tasks only; a gym job would ignore it: remove it or set 'ddp' "
+        "(got 'fsdp2')",
+    ),
 ]
 IDS = [rule for rule, _, _ in RULES]
 

@@ -159,3 +159,46 @@ def test_a_killed_rollout_is_replaced_and_the_run_reaches_its_steps(repo, start_
     records = run.metrics()
     assert_every_step_once(records, 30)
     assert records[-1]["rollout_restarts"] > 0
+
+
+@pytest.mark.slow
+def test_an_fsdp2_actor_of_two_ranks_checkpoints_shards_and_a_rerun_on_three_ranks_resumes(
+    repo, start_run, monkeypatch
+):
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from rljob.launch.local import TEST_RANKS_PER_REPLICA_ENV
+
+    settings = (
+        "--set=spec.trainer.parallelism=fsdp2",
+        "--set=spec.trainer.batchSize=12",  # 96 samples: they split over 2 ranks and over 3
+        "--set=spec.checkpoint.interval=2",
+        "--set=spec.logging.tensorboard=false",
+        "--quiet",
+    )
+    monkeypatch.setenv(TEST_RANKS_PER_REPLICA_ENV, "2")
+    first = start_run(repo / EXAMPLE, "--set=spec.trainer.steps=2", *settings, name="sharded")
+    output = first.finish()
+    assert first.process.returncode == 0, output
+    log = (first.out / "logs" / "actor-0.log").read_text()
+    assert "2 actor rank(s) (fsdp2: the policy sharded over them)" in log
+    checkpoint = first.out / "checkpoints" / "step-00000002"
+    assert len(list((checkpoint / "sharded").glob("*.distcp"))) == 2  # each rank wrote its own shards
+    # The rollout got the sharded policy's weights (gathered bucket by bucket): it samples what the trainer scores.
+    assert all(r["mismatch_kl"] < 1e-6 for r in first.metrics())
+    # The export gathered from the shards is the checkpointed policy.
+    dcp_to_torch_save(checkpoint / "sharded", first.out / "whole.pt")
+    whole = torch.load(first.out / "whole.pt", weights_only=True)["model"]
+    exported = load_file(first.out / "model" / "model.safetensors")
+    assert exported.keys() <= whole.keys() and all(torch.equal(exported[k], whole[k]) for k in exported)
+
+    monkeypatch.setenv(TEST_RANKS_PER_REPLICA_ENV, "3")
+    again = start_run(repo / EXAMPLE, "--set=spec.trainer.steps=3", *settings, name="sharded")
+    output = again.finish()
+    assert again.process.returncode == 0, output
+    log = (again.out / "logs" / "actor-0.log").read_text()
+    assert "resumed from" in log and "step-00000002 (step 2)" in log
+    assert "3 actor rank(s) (fsdp2: the policy sharded over them)" in log
+    assert [r["step"] for r in again.metrics()] == [1, 2, 3]
+    assert all(r["mismatch_kl"] < 1e-6 for r in again.metrics())

@@ -33,12 +33,13 @@ def job(**spec: Any):
     return validate_job(data)
 
 
-def arithmetic_job(rollout_replicas: int = 1, engine: str = "hf"):
+def arithmetic_job(rollout_replicas: int = 1, engine: str = "hf", parallelism: str = "ddp"):
     """The tiny GRPO arithmetic example (1 actor, rollout and reward pod): an llm task."""
     data = load_job_file(LLM_EXAMPLE).model_dump(mode="json", by_alias=True, exclude_none=True)
     data["metadata"] = {"name": "ar", "namespace": "ns", "uid": "u-2", "generation": 1}
     data["spec"]["roles"]["rollout"]["replicas"] = rollout_replicas
     data["spec"]["rollout"]["engine"] = engine
+    data["spec"]["trainer"]["parallelism"] = parallelism
     return validate_job(data)
 
 
@@ -207,6 +208,12 @@ def test_an_llm_job_on_the_hf_engine_gets_its_actor_rollout_and_reward_pods() ->
     result = plan(observe(RLJobStatus(), [], the_job=arithmetic_job()))
     assert sorted(result.create) == ["ar-actor-0", "ar-reward-0", "ar-rollout-0"]
     assert result.status.phase != "Failed"
+
+
+def test_an_fsdp2_llm_job_gets_its_pods_like_a_ddp_one() -> None:
+    result = plan(observe(RLJobStatus(), [], the_job=arithmetic_job(parallelism="fsdp2")))
+    assert sorted(result.create) == ["ar-actor-0", "ar-reward-0", "ar-rollout-0"]
+    assert result.status.phase != "Failed" and result.events == []
 
 
 def test_an_llm_job_on_an_engine_this_version_lacks_fails_as_unsupported_before_any_pod_exists() -> None:

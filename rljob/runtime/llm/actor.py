@@ -38,9 +38,17 @@ from rljob.runtime.llm.engine import Sampling
 from rljob.runtime.llm.learner import LLMLearner, Sample
 from rljob.runtime.llm.membership import RolloutMembership
 from rljob.runtime.llm.multiturn import episode_metrics
-from rljob.runtime.llm.policy import ModelSourceError, export_hf, load_policy
+from rljob.runtime.llm.policy import ModelSourceError, load_policy
 from rljob.runtime.llm.pool import ChunkResult, RewardPool, RolloutPool
 from rljob.runtime.llm.setup import job_rows, load_job_policy, role_device
+from rljob.runtime.llm.sharding import (
+    CommandChannel,
+    export_policy,
+    follow,
+    load_checkpoint,
+    save_checkpoint,
+    weight_source,
+)
 from rljob.runtime.metrics import RunMetrics, keep_records_until, phase_key
 from rljob.runtime.ranks import join_actor_group
 from rljob.runtime.role_http import ProgressTracker
@@ -96,6 +104,8 @@ class Controller:
         self.outstanding = 0
         self.reward_errors: dict[str, int] = {}
         self.text_env = self.task.env is not None
+        self.weights: Any = learner.model
+        """What weight syncs publish: the model, or its shards gathered on the fly (`sharding.weight_source`)."""
 
     def close(self) -> None:
         self.rollouts.close()
@@ -198,7 +208,7 @@ class Controller:
         self.reward_errors = errors
 
     def sync(self, version: int) -> float:
-        return self.rollouts.sync(version, self.learner.model)
+        return self.rollouts.sync(version, self.weights)
 
 
 def _wire_safe(value: Any) -> bool:
@@ -240,13 +250,6 @@ def accuracy_term(spec: Any) -> str | None:
         if fn.builtin in CORRECTNESS_FUNCTIONS:
             return label if seen[label] == 1 else f"{label}_{seen[label]}"
     return None
-
-
-def _share(samples: list[Sample] | None) -> list[Sample]:
-    box = [samples]
-    dist.broadcast_object_list(box, src=0)
-    assert box[0] is not None
-    return box[0]
 
 
 def run_actor(context: RoleContext) -> int:
@@ -318,9 +321,13 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         raise FatalConfigError(str(exc)) from None
     stream_state = None
     samples_seen = 0
+    channel = CommandChannel(rank, world)
     if resumed is not None:
         step, state, path = resumed
-        learner.load_state_dict(state["learner"])
+        try:
+            load_checkpoint(learner, state["learner"], path)
+        except CheckpointError as exc:
+            raise FatalConfigError(str(exc)) from None
         restore_rng_state(state["rng"])
         stream_state, samples_seen = state["stream"], int(state["samples"])
         context.log.info("resumed from %s (step %d)", path, step)
@@ -329,12 +336,12 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     if rank != 0:
         if health is not None:
             health.ready()
-        while learner.step < total:
-            learner.update(_share(None))
+        follow(learner, channel)  # rank 0's updates, weight gathers, checkpoints and exports, until it ends
         learner.leave_group()
         return 0
 
     controller = Controller(context, learner, tokenizer, train_rows)
+    controller.weights = weight_source(learner, channel)
     if stream_state is not None:
         controller.stream.load_state_dict(stream_state)
     accuracy_key = accuracy_term(spec)
@@ -347,12 +354,13 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         run_metrics = RunMetrics(identity.run_dir, spec.logging.tensorboard, start_time=time.time() - previous_wall)
     health.ready()
     context.log.info(
-        "training %d steps from step %d: %d prompts x %d samples per step, %d actor rank(s), %d rollout(s)",
+        "training %d steps from step %d: %d prompts x %d samples per step, %d actor rank(s)%s, %d rollout(s)",
         total,
         learner.step,
         spec.trainer.batch_size,
         controller.group_size,
         world,
+        " (fsdp2: the policy sharded over them)" if learner.sharded else "",
         len(controller.rollouts.links),
     )
     batch = spec.trainer.batch_size
@@ -380,8 +388,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
                 raise RuntimeError(f"got data {max(staleness)} versions old (maxStaleness {controller.staleness})")
             samples = build_samples(groups, algo.name, controller.group_size)
             train_started = time.perf_counter()
-            if world > 1:
-                _share(samples)
+            channel.send("update", samples)
             stats = learner.update(samples)
             train_s = time.perf_counter() - train_started
             evaluate = bool(evaluation.interval) and (learner.step % evaluation.interval == 0 or learner.step == total)
@@ -418,7 +425,9 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
                 )
             interval = spec.checkpoint.interval
             if interval and (learner.step % interval == 0 or learner.step == total):
-                path = checkpoints.save(
+                path = save_checkpoint(
+                    checkpoints,
+                    learner,
                     learner.step,
                     {
                         "learner": learner.state_dict(),
@@ -426,15 +435,17 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
                         "stream": stream_after_step,
                         "samples": samples_seen,
                     },
+                    channel,
                 )
-                export_hf(learner.model, tokenizer, path.parent / "hf-latest")
+                export_policy(learner, tokenizer, path.parent / "hf-latest", channel)
     finally:
         controller.close()
         if run_metrics is not None:
             run_metrics.close()
     if identity.run_dir:
-        exported = export_hf(learner.model, tokenizer, Path(identity.run_dir) / "model")
+        exported = export_policy(learner, tokenizer, Path(identity.run_dir) / "model", channel)
         context.log.info("exported the trained policy to %s", exported)
+    channel.send("end")
     learner.leave_group()
     context.log.info("reached trainer.steps (%d)", total)
     return 0

@@ -4,7 +4,8 @@ Each rank receives the whole batch (from rank 0), shuffles it with the shared se
 `algorithm.minibatches` minibatches and takes its equal shard of each, in micro-batches of
 `trainer.microBatchSize`. Losses are normalised by the GLOBAL token or sequence count of the minibatch
 (all-reduced over micro-batches and ranks), and gradients are summed over ranks, so the update is the same
-for 1 or 4 micro-batches and 1 or 2 ranks, up to float summation order.
+for 1 or 4 micro-batches and 1 or 2 ranks, up to float summation order. With `trainer.parallelism: fsdp2`
+the policy is sharded (see `sharding`) and FSDP sums the gradients itself.
 
 Per-token tensors live on the [sequences, positions - 1] grid of next-token predictions; a mask marks the
 response positions. Log-probabilities are those of softmax(logits / temperature): what the rollout engine
@@ -29,6 +30,7 @@ from rljob.algorithms.losses import (
     policy_loss_for,
 )
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
+from rljob.runtime.llm.sharding import gradient_norm, shard_policy, shards_model
 from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_rate
 
 Sample = dict[str, Any]
@@ -114,14 +116,23 @@ class LLMLearner:
         self.reference = reference
         self.rank, self.world_size = rank, world_size
         self.device = next(model.parameters()).device
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.params, trainer)
         self.policy_loss = policy_loss_for(algorithm.name)
         self.step = 0
         self.generator = torch.Generator().manual_seed(trainer.seed)
         if world_size > 1:  # every rank starts from rank 0's weights, whatever each one loaded
             for tensor in model.state_dict().values():
                 dist.broadcast(tensor, 0)
+        self.sharded = shards_model(trainer.parallelism, world_size)
+        self.sharded_checkpoints = trainer.parallelism == "fsdp2"
+        """Model and optimizer checkpointed as DCP shards (whatever the world size, so any size resumes them)."""
+        self.wire_dtype = next(model.parameters()).dtype
+        """The dtype of the policy as loaded: what rollouts hold and exports store."""
+        if self.sharded:
+            self.wire_dtype = shard_policy(model, self.device, trainer.precision)
+            if reference is not None:  # the frozen reference is sharded too: it is as large as the policy
+                shard_policy(reference, self.device, trainer.precision)
+        self.params = [p for p in model.parameters() if p.requires_grad]  # DTensor shards once sharded
+        self.optimizer = build_optimizer(self.params, trainer)
 
     def shard(self, samples: list[Sample]) -> list[list[Sample]]:
         """This rank's share of each minibatch (a seeded shuffle first, the same on every rank)."""
@@ -187,10 +198,7 @@ class LLMLearner:
                     for k, v in stats.items():
                         sums[k] += v
                 self._sync_gradients()
-                if self.trainer.grad_clip is not None:
-                    grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.trainer.grad_clip))
-                else:
-                    grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params])))
+                grad_norm = gradient_norm(self.params, self.trainer.grad_clip)
                 self.optimizer.step()
         self.step += 1
         totals = self._all_reduce(sums.clone())
@@ -257,7 +265,7 @@ class LLMLearner:
 
     def _sync_gradients(self) -> None:
         """Sum gradients over ranks: each rank's loss is already divided by the global count."""
-        if self.world_size == 1:
+        if self.world_size == 1 or self.sharded:  # FSDP reduce-scattered them in backward
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = torch.cat([g.reshape(-1) for g in grads])
@@ -276,6 +284,9 @@ class LLMLearner:
         return float(t)
 
     def state_dict(self) -> dict[str, Any]:
+        """What `state.pt` holds; with sharded checkpoints model and optimizer go to DCP shards instead."""
+        if self.sharded_checkpoints:
+            return {"sharded": True, "step": self.step, "generator": self.generator.get_state()}
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -284,8 +295,10 @@ class LLMLearner:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        """The inverse of `state_dict` (`sharding.load_checkpoint` also reads the shards)."""
+        if not state.get("sharded"):
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
         self.generator.set_state(state["generator"])
 

@@ -191,15 +191,20 @@ def load_policy(
     return model.to(device), tokenizer
 
 
-def export_hf(model: torch.nn.Module, tokenizer: Any, directory: str | Path) -> Path:
-    """Write a loadable Hugging Face model directory atomically (temp dir, then rename over the old one)."""
+def export_hf(
+    model: torch.nn.Module, tokenizer: Any, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None
+) -> Path:
+    """Write a loadable Hugging Face model directory atomically (temp dir, then rename over the old one).
+
+    `state_dict` replaces the model's own (a sharded model's, gathered whole: see `sharding.export_policy`).
+    """
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one bar per checkpoint is noise in a role's log
     target = Path(directory)
     tmp = target.with_name(f".tmp-{target.name}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
     old = target.with_name(f".old-{target.name}")
     shutil.rmtree(old, ignore_errors=True)

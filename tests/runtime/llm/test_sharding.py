@@ -1,0 +1,199 @@
+"""fsdp2: a sharded actor group updates like ddp and like one rank, and its checkpoints resume on other world sizes.
+
+Every distributed case runs real ranks: one Python process each, joined in a gloo group on the CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from rljob.api.spec import AlgorithmSpec, TrainerSpec
+from rljob.runtime.checkpoint import CheckpointManager
+from rljob.runtime.llm.learner import LLMLearner
+from rljob.runtime.llm.sharding import CommandChannel, follow, load_checkpoint, save_checkpoint
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_learner import MAX_RESPONSE, TOKENIZER, make_model, make_samples
+
+ALGORITHM = AlgorithmSpec(name="grpo", loss_aggregation="token-mean", minibatches=2, clip_ratio_high=0.28)
+SAMPLES = 24  # splits into 2 minibatches over 1, 2 or 3 ranks
+
+
+def make_learner(parallelism: str, optimizer: str, rank: int = 0, world: int = 1) -> LLMLearner:
+    # SGD for the invariance (parameters differ exactly as gradients do); Adam, with an eps that keeps float
+    # noise on zero-gradient parameters from being blown up to the learning rate, to carry optimizer state.
+    trainer = TrainerSpec(
+        steps=10,
+        optimizer=optimizer,
+        learning_rate=0.05 if optimizer == "sgd" else 0.01,
+        optimizer_eps=1e-2,
+        micro_batch_size=2,
+        seed=3,
+        grad_clip=1.0,
+        parallelism=parallelism,
+    )
+    return LLMLearner(
+        make_model(),
+        ALGORITHM,
+        trainer,
+        pad_id=TOKENIZER.pad_token_id,
+        temperature=0.9,
+        max_response_tokens=MAX_RESPONSE,
+        rank=rank,
+        world_size=world,
+    )
+
+
+def full_params(learner: LLMLearner) -> dict[str, torch.Tensor]:
+    """Every parameter whole, by name (gathered from the shards: every rank must call it)."""
+    from rljob.runtime.llm.sharding import full_tensor
+
+    return {name: full_tensor(p.detach()).clone() for name, p in learner.model.named_parameters()}
+
+
+def full_optimizer_state(learner: LLMLearner) -> dict:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_optimizer_state_dict(learner.model, learner.optimizer, options=options).get("state")  # rank 0 only
+    return copy.deepcopy(state)  # unsharded, these are the optimizer's own tensors, which the next step changes
+
+
+def invariance(rank: int, world: int, checkpoints: Path) -> dict:
+    """Two updates with fsdp2, then two with ddp, from the same start; their whole parameters."""
+    result = {}
+    for parallelism in ("fsdp2", "ddp"):
+        learner = make_learner(parallelism, "sgd", rank, world)
+        result[parallelism + "_sharded"] = learner.sharded
+        result[parallelism + "_stats"] = [learner.update(make_samples(seed, SAMPLES)) for seed in (0, 1)]
+        result[parallelism] = full_params(learner)
+    return result
+
+
+def save(rank: int, world: int, checkpoints: Path) -> dict:
+    """One fsdp2 update, then a checkpoint as the actor makes one: rank 0 commits, the others follow."""
+    learner = make_learner("fsdp2", "adam", rank, world)
+    learner.update(make_samples(0, SAMPLES))
+    channel = CommandChannel(rank, world)
+    if rank == 0:
+        save_checkpoint(
+            CheckpointManager(checkpoints), learner, learner.step, {"learner": learner.state_dict()}, channel
+        )
+        channel.send("end")
+    else:
+        follow(learner, channel)
+    return {"params": full_params(learner), "optimizer": full_optimizer_state(learner)}
+
+
+def resume(rank: int, world: int, checkpoints: Path) -> dict:
+    """The newest checkpoint loaded (on however many ranks), then the next update."""
+    learner = make_learner("fsdp2", "adam", rank, world)
+    _, state, path = CheckpointManager(checkpoints).latest_valid()
+    load_checkpoint(learner, state["learner"], path)
+    result = {"step": learner.step, "params": full_params(learner), "optimizer": full_optimizer_state(learner)}
+    learner.update(make_samples(1, SAMPLES))
+    return {**result, "after": full_params(learner)}
+
+
+RANK_SCRIPT = textwrap.dedent(
+    """
+    import sys, torch, torch.distributed as dist
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[6])
+    import test_sharding
+    rank, world = int(sys.argv[1]), int(sys.argv[2])
+    port, out, checkpoints, phase = sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[7]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.manual_seed(100 + rank)  # ranks must not depend on their own RNG: rank 0's weights are broadcast
+    result = getattr(test_sharding, phase)(rank, world, Path(checkpoints))
+    if rank == 0:
+        torch.save(result, out)
+    dist.barrier()
+    dist.destroy_process_group()
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(world: int, phase: str, tmp_path: Path) -> dict:
+    out, port, here = tmp_path / f"{phase}-{world}.pt", str(free_port()), str(Path(__file__).parent)
+    ranks = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                RANK_SCRIPT,
+                str(rank),
+                str(world),
+                port,
+                str(out),
+                str(tmp_path / "ckpt"),
+                here,
+                phase,
+            ]
+        )
+        for rank in range(world)
+    ]
+    assert [p.wait(timeout=300) for p in ranks] == [0] * world
+    return torch.load(out, weights_only=False)
+
+
+def assert_close(mine: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor], atol: float) -> None:
+    assert mine.keys() == theirs.keys()
+    for name in mine:
+        assert torch.allclose(mine[name], theirs[name], atol=atol), (
+            name,
+            float((mine[name] - theirs[name]).abs().max()),
+        )
+
+
+def test_fsdp2_with_two_ranks_updates_like_ddp_with_two_ranks_and_like_one_rank(tmp_path):
+    single = make_learner("ddp", "sgd")
+    stats = [single.update(make_samples(seed, SAMPLES)) for seed in (0, 1)]
+    start = full_params(make_learner("ddp", "sgd"))
+    two = run_ranks(2, "invariance", tmp_path)
+    assert two["fsdp2_sharded"] and not two["ddp_sharded"]
+    one = full_params(single)
+    assert max(float((one[k] - start[k]).abs().max()) for k in one) > 1e-3  # the updates moved the weights
+    assert_close(two["fsdp2"], one, atol=1e-6)
+    assert_close(two["ddp"], one, atol=1e-6)
+    for mine, theirs in zip(stats, two["fsdp2_stats"], strict=True):
+        for key in ("policy_loss", "entropy", "clip_fraction", "mismatch_kl", "grad_norm"):
+            assert theirs[key] == pytest.approx(mine[key], rel=1e-5, abs=1e-6), key
+
+
+def test_a_checkpoint_of_two_sharded_ranks_resumes_on_one_rank_and_on_three(tmp_path):
+    continuous = make_learner("ddp", "adam")
+    continuous.update(make_samples(0, SAMPLES))
+    after_first = full_params(continuous)
+    continuous.update(make_samples(1, SAMPLES))
+    saved = run_ranks(2, "save", tmp_path)
+    assert_close(saved["params"], after_first, atol=1e-6)
+    files = sorted(p.relative_to(tmp_path / "ckpt").as_posix() for p in (tmp_path / "ckpt").rglob("*") if p.is_file())
+    assert "step-00000001/state.pt" in files and "step-00000001/sharded/.metadata" in files
+    assert len([f for f in files if f.endswith(".distcp")]) == 2  # one shard file per rank
+    for world in (1, 3):  # one rank: no process group, the shards read back whole
+        resumed = resume(0, 1, tmp_path / "ckpt") if world == 1 else run_ranks(world, "resume", tmp_path)
+        assert resumed["step"] == 1
+        # Resharded exactly: the same whole parameters and Adam moments as the two ranks saved.
+        assert_close(resumed["params"], saved["params"], atol=0.0)
+        assert resumed["optimizer"].keys() == saved["optimizer"].keys()
+        for name, moments in saved["optimizer"].items():
+            for key, value in moments.items():
+                assert torch.equal(resumed["optimizer"][name][key], value), (world, name, key)
+        # The next update continues the run as if it had never stopped.
+        assert_close(resumed["after"], full_params(continuous), atol=1e-5)
