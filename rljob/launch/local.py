@@ -86,11 +86,11 @@ def check_llm(job: RLJob) -> None:
     for role in ("rollout", "reward"):
         if not spec.roles.get(role).replicas:
             raise LaunchError(f"spec.roles.{role}.replicas: llm jobs need at least one {role} replica")
-    if spec.rollout.engine != "hf":
-        raise LaunchError(
-            f"spec.rollout.engine: this version generates with the hf engine (got {spec.rollout.engine!r}); "
-            "set spec.rollout.engine: hf"
-        )
+    if spec.rollout.engine == "vllm":
+        from rljob.runtime.llm.vllm_engine import NOT_INSTALLED, vllm_installed
+
+        if not vllm_installed():  # what the rollout role would exit 78 with, said before anything starts
+            raise LaunchError(NOT_INSTALLED)
     if spec.trainer.parallelism == "fsdp2":
         raise LaunchError(
             "spec.trainer.parallelism: fsdp2 is not part of this version for llm jobs; set ddp (every actor rank "

@@ -21,7 +21,7 @@ Failure policy (spec.failurePolicy, applied through `rljob.launch.failure_policy
   in a row are counted in `status.replicaFailures` (charged once per failed pod uid, so replays count
   nothing twice) and past maxReplacements the job fails (BackoffLimitExceeded). The count is forgotten
   once a replacement stays Ready for the policy's stable time (10 minutes) or exits 0.
-- a job this rljob version cannot train (an llm job on the vllm engine or with code_exec rewards) ->
+- a job this rljob version cannot train (an llm job with code_exec rewards, or fsdp2) ->
   Failed / UnsupportedTask before any pod exists.
 - actor replica 0 exits 0 -> Succeeded; pods still running are deleted (finished ones stay for logs).
 - a spec edit that changes what pods run (anything but rollout replicas, suspend, failurePolicy,
@@ -88,11 +88,6 @@ def unsupported_task(job: RLJob) -> str | None:
     spec = job.spec
     if spec.task.type != "llm":
         return None
-    if spec.rollout.engine not in (None, "hf"):
-        return (
-            f"spec.rollout.engine: the {spec.rollout.engine} engine is not part of this rljob version yet; "
-            "set spec.rollout.engine: hf (Hugging Face generate; `rljob render` shows the pods either way)"
-        )
     if spec.trainer.parallelism == "fsdp2":
         return (
             "spec.trainer.parallelism: fsdp2 is not part of this rljob version yet for llm jobs; set ddp "

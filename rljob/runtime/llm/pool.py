@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from rljob.runtime.transport import RequestClient, RequestTimeout, TransportError
-from rljob.runtime.weight_sync import WeightPublisher
+from rljob.runtime.weight_sync import FileWeightPublisher, WeightPublisher
 
 log = logging.getLogger("rljob.actor")
 SYNC_REPLY_TIMEOUT_S = 60.0
@@ -56,7 +56,7 @@ class RolloutLink:
 
 
 class RolloutPool:
-    def __init__(self, endpoints: list[str], publisher: WeightPublisher, actor_tag: str) -> None:
+    def __init__(self, endpoints: list[str], publisher: WeightPublisher | FileWeightPublisher, actor_tag: str) -> None:
         self.links = [RolloutLink(i, RequestClient(e, timeout=2.0, retries=1)) for i, e in enumerate(endpoints)]
         self.publisher = publisher
         self.actor_tag = actor_tag
@@ -112,7 +112,7 @@ class RolloutPool:
         return time.perf_counter() - started
 
     def _sync_link(self, link: RolloutLink, version: int, model: torch.nn.Module) -> None:
-        key = self.publisher.group_key(link.replica, link.tag)
+        key = self.publisher.sync_key(link.replica, link.tag, version, model)
         request = link.client.send(
             "sync_weights", {"version": version, "key": key, "actor_tag": self.actor_tag, "rollout_tag": link.tag}
         )
