@@ -462,6 +462,9 @@ class LocalRun:
         role = child.identity.role
         reason = f"{child.name} exited with code {code}"
         assert child.process is not None
+        # What the replica started (a vLLM engine's processes) would outlive it and hold its memory.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.process.pid, signal.SIGKILL)
         if code == 0:
             # Not a failure: the failures are no longer in a row; started again at once.
             policy.forgive(child.failures)
