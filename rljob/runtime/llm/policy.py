@@ -138,6 +138,11 @@ def _source(spec_model: ModelSpec, base_dir: Path | None) -> tuple[str, dict[str
     return spec_model.hub_id, {}
 
 
+def model_source(spec_model: ModelSpec, base_dir: Path | None = None) -> str:
+    """What `from_pretrained` (or vLLM) loads for a local or hub model: the directory, or the hub id."""
+    return _source(spec_model, base_dir)[0]
+
+
 def check_model_source(spec_model: ModelSpec, base_dir: Path | None = None) -> None:
     """Fail before start on a model that cannot be found (a local dir without config, a hub id not cached)."""
     if spec_model.source == "builtin":

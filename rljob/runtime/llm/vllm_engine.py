@@ -229,8 +229,7 @@ def weights_layout(model: torch.nn.Module, dtype: torch.dtype) -> TensorLayout:
 
 def start_vllm_engine(context: RoleContext, sync: WeightSyncSettings) -> VLLMEngine:
     """The job's starting policy in a vLLM engine; a setting the engine cannot start with is exit 78."""
-    from rljob.runtime.llm.policy import export_hf, policy_dtype
-    from rljob.runtime.llm.setup import load_job_policy
+    from rljob.runtime.llm.policy import policy_dtype
 
     if not vllm_installed():
         raise FatalConfigError(NOT_INSTALLED)
@@ -244,26 +243,51 @@ def start_vllm_engine(context: RoleContext, sync: WeightSyncSettings) -> VLLMEng
     actor_device = torch.device("cuda" if spec.roles.actor.gpus_per_replica > 0 else "cpu")
     dtype = policy_dtype(spec.model, spec.trainer.precision, actor_device)
     max_len = max_model_len(spec)
-    # The model is built (builtin) or loaded on the CPU only to be written where vLLM reads it, and for the
-    # state dict's layout; the engine holds the copy that generates.
+    on_cpu = spec.roles.rollout.gpus_per_replica == 0 or not torch.cuda.is_available()
+    model_dir, layout, owned = engine_model(context, dtype, on_cpu)
+    seed = spec.trainer.seed * 1000 + context.identity.replica
+    try:
+        return VLLMEngine(model_dir, layout, spec.rollout, max_len, dtype, sync, seed, on_cpu, owned)
+    except Exception as exc:
+        if owned is not None:
+            shutil.rmtree(owned, ignore_errors=True)
+        raise FatalConfigError(startup_failure(str(exc))) from None
+
+
+def engine_model(context: RoleContext, dtype: torch.dtype, on_cpu: bool) -> tuple[str, TensorLayout, Path | None]:
+    """(what vLLM loads, the layout of the state dict the actor sends, a directory this rollout owns or None).
+
+    A builtin model is built (from the seed, as every process of the job builds it) and written to a
+    directory of this rollout's; a local directory or hub id is handed to vLLM as it is, and its layout comes
+    from a model built on the meta device (no weights read, no memory taken)."""
+    from rljob.runtime.llm.policy import ModelSourceError, export_hf, model_source
+    from rljob.runtime.llm.setup import load_job_policy
+
+    spec = context.job.spec
+    if spec.model.source != "builtin":
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        try:
+            source = model_source(spec.model)
+        except ModelSourceError as exc:
+            raise FatalConfigError(str(exc)) from None
+        remote = spec.model.trust_remote_code
+        config = AutoConfig.from_pretrained(source, trust_remote_code=remote)
+        if on_cpu:
+            check_cpu_head_size(spec, config)
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=remote)
+        return source, weights_layout(skeleton, dtype), None
     model, tokenizer = load_job_policy(context, torch.device("cpu"))
     model = model.to(dtype)
-    on_cpu = spec.roles.rollout.gpus_per_replica == 0 or not torch.cuda.is_available()
     if on_cpu:
         check_cpu_head_size(spec, model.config)
-    layout = weights_layout(model, dtype)
     base = Path(context.identity.run_dir) / "vllm-models" if context.identity.run_dir else None
     if base is not None:
         base.mkdir(parents=True, exist_ok=True)
     owned = Path(tempfile.mkdtemp(prefix=f"vllm-model-{context.name}-", dir=base))
     export_hf(model, tokenizer, owned / "model")
-    del model
-    seed = spec.trainer.seed * 1000 + context.identity.replica
-    try:
-        return VLLMEngine(owned / "model", layout, spec.rollout, max_len, dtype, sync, seed, on_cpu, owned)
-    except Exception as exc:
-        shutil.rmtree(owned, ignore_errors=True)
-        raise FatalConfigError(startup_failure(str(exc))) from None
+    return str(owned / "model"), weights_layout(model, dtype), owned
 
 
 def startup_failure(message: str) -> str:
