@@ -176,18 +176,18 @@ async def test_invalid_spec_fails_that_job_and_the_operator_serves_the_others(
         assert not op.task.done()
 
 
-async def test_an_llm_job_on_the_vllm_engine_fails_as_unsupported_without_pods_and_the_operator_serves_the_others(
+async def test_an_llm_job_this_version_cannot_train_fails_as_unsupported_without_pods_and_the_others_run(
     kube: KubernetesApiEmulator, cluster: Cluster
 ) -> None:
     async with operator_running(kube) as op:
-        vllm_job = arithmetic_job("llm")
-        vllm_job["spec"]["rollout"]["engine"] = "vllm"
-        cluster.create_job(vllm_job)
+        unsupported = arithmetic_job("llm")
+        unsupported["spec"]["reward"]["functions"] = [{"builtin": "code_exec"}]
+        cluster.create_job(unsupported)
         cluster.create_job(cartpole_job("good"))
         await eventually(lambda: cluster.phase("llm") == "Failed", what="llm Failed")
         failed = next(c for c in cluster.status("llm")["conditions"] if c["type"] == "Failed")
         assert failed["reason"] == "UnsupportedTask"
-        assert "spec.rollout.engine: the vllm engine is not part of this rljob version" in failed["message"]
+        assert "spec.reward.functions[0].builtin: code_exec needs the sandboxed" in failed["message"]
         await eventually(lambda: "UnsupportedTask" in cluster.reasons("llm"), what="event")
         await eventually(lambda: len(cluster.pods("good")) == 4, what="the good job's pods")
         assert cluster.pods("llm") == {}
