@@ -88,22 +88,9 @@ def validate(
                         typer.secho(problem.render(str(path)), fg=typer.colors.RED, err=True)
                     continue
                 typer.echo(f"ok {path}: {_summary(job)}")
-                _note_unsupported(job)
                 print_advisories(job, str(path))
     if failed:
         raise typer.Exit(1)
-
-
-def _note_unsupported(job: RLJob) -> None:
-    from rljob.operator.reconcile import unsupported_task
-
-    why = unsupported_task(job)
-    if why is not None:
-        typer.secho(
-            f"note: {job.name}: the manifest is valid, but this rljob version cannot train it yet: {why}",
-            fg=typer.colors.YELLOW,
-            err=True,
-        )
 
 
 @app.command()
@@ -126,7 +113,6 @@ def render(
     except SettingsError as exc:
         typer.secho(str(exc), fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
-    _note_unsupported(job)
     print_advisories(job, str(file))
     documents = (
         []

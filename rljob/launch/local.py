@@ -80,11 +80,11 @@ def check_llm(job: RLJob) -> None:
     for role in ("rollout", "reward"):
         if not spec.roles.get(role).replicas:
             raise LaunchError(f"spec.roles.{role}.replicas: llm jobs need at least one {role} replica")
-    if spec.rollout.engine != "hf":
-        raise LaunchError(
-            f"spec.rollout.engine: this version generates with the hf engine (got {spec.rollout.engine!r}); "
-            "set spec.rollout.engine: hf"
-        )
+    if spec.rollout.engine == "vllm":
+        from rljob.runtime.llm.vllm_engine import NOT_INSTALLED, vllm_installed
+
+        if not vllm_installed():  # what the rollout role would exit 78 with, said before anything starts
+            raise LaunchError(NOT_INSTALLED)
     try:
         rows = load_rows(spec.task.llm, seed=spec.trainer.seed)
         check_model_source(spec.model)
@@ -335,7 +335,12 @@ class LocalRun(Supervisor):
 
     def _exit_code(self, child: LocalChild) -> int | None:  # type: ignore[override]
         assert child.process is not None
-        return child.process.poll()
+        code = child.process.poll()
+        if code is not None:
+            # What the replica started (a vLLM engine's processes) would outlive it and hold its memory.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.process.pid, signal.SIGKILL)
+        return code
 
     def _incarnation(self, child: LocalChild) -> str:  # type: ignore[override]
         assert child.process is not None

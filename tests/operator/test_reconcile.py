@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pytest
 
 from rljob.api import load_job_file, validate_job
 from rljob.api.crd import build_crd
@@ -204,8 +205,9 @@ def test_a_spec_change_restart_starts_the_replicas_with_a_clean_record() -> None
     assert result.status.phase == "Restarting" and result.status.replica_failures == {}
 
 
-def test_an_llm_job_on_the_hf_engine_gets_its_actor_rollout_and_reward_pods() -> None:
-    result = plan(observe(RLJobStatus(), [], the_job=arithmetic_job()))
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_an_llm_job_on_either_engine_gets_its_actor_rollout_and_reward_pods(engine: str) -> None:
+    result = plan(observe(RLJobStatus(), [], the_job=arithmetic_job(engine=engine)))
     assert sorted(result.create) == ["ar-actor-0", "ar-reward-0", "ar-rollout-0"]
     assert result.status.phase != "Failed"
 
@@ -214,20 +216,6 @@ def test_an_fsdp2_llm_job_gets_its_pods_like_a_ddp_one() -> None:
     result = plan(observe(RLJobStatus(), [], the_job=arithmetic_job(parallelism="fsdp2")))
     assert sorted(result.create) == ["ar-actor-0", "ar-reward-0", "ar-rollout-0"]
     assert result.status.phase != "Failed" and result.events == []
-
-
-def test_an_llm_job_on_an_engine_this_version_lacks_fails_as_unsupported_before_any_pod_exists() -> None:
-    llm = arithmetic_job(engine="vllm")
-    result = plan(observe(RLJobStatus(), [], the_job=llm))
-    failed = next(c for c in result.status.conditions if c.type == "Failed")
-    assert result.status.phase == "Failed" and failed.reason == "UnsupportedTask"
-    assert failed.message.startswith("spec.rollout.engine: the vllm engine is not part of this rljob version yet")
-    assert "set spec.rollout.engine: hf" in failed.message
-    assert result.create == [] and [e.reason for e in result.events] == ["UnsupportedTask"]
-    # Replays change nothing; an edit of the spec (a new generation) gets another check.
-    assert plan(observe(result.status, [], the_job=llm)).events == []
-    edited = plan(observe(result.status, [], the_job=job(), generation=2))
-    assert edited.status.phase == "Pending" and sorted(edited.create) == sorted(ALL)
 
 
 def test_llm_rollouts_scale_in_place() -> None:

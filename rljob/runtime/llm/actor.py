@@ -40,7 +40,7 @@ from rljob.runtime.llm.membership import RolloutMembership
 from rljob.runtime.llm.multiturn import episode_metrics
 from rljob.runtime.llm.policy import ModelSourceError, load_policy
 from rljob.runtime.llm.pool import ChunkResult, RewardPool, RolloutPool
-from rljob.runtime.llm.setup import job_rows, load_job_policy, role_device
+from rljob.runtime.llm.setup import job_rows, load_job_policy, role_device, weights_dir
 from rljob.runtime.llm.sharding import (
     CommandChannel,
     export_policy,
@@ -54,7 +54,7 @@ from rljob.runtime.ranks import join_actor_group
 from rljob.runtime.role_http import ProgressTracker
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
 from rljob.runtime.transport import process_tag
-from rljob.runtime.weight_sync import WeightPublisher
+from rljob.runtime.weight_sync import FileWeightPublisher, WeightPublisher
 
 GROUP_TIMEOUT_MINUTES = 10
 CORRECTNESS_FUNCTIONS = ("exact_match", "math_verify", "code_exec")
@@ -87,12 +87,16 @@ class Controller:
         self.group_size = spec.algorithm.group_size or 1
         self.max_tokens = spec.rollout.max_tokens or self.task.max_response_length
         self.sampling = Sampling.from_spec(spec.rollout, self.group_size, self.max_tokens).to_wire()
-        publisher = WeightPublisher(
-            identity.master_addr,
-            identity.sync_port,
-            self.tag,
-            spec.rollout.weight_sync.bucket_size_mb,
-        )
+        publisher: WeightPublisher | FileWeightPublisher
+        if spec.rollout.weight_sync.method == "filesystem":
+            publisher = FileWeightPublisher(weights_dir(context), self.tag)
+        else:
+            publisher = WeightPublisher(
+                identity.master_addr,
+                identity.sync_port,
+                self.tag,
+                spec.rollout.weight_sync.bucket_size_mb,
+            )
         membership = RolloutMembership(identity.endpoints["rollout"], identity.rollout_members_file)
         self.rollouts = RolloutPool(membership, publisher, self.tag)
         self.rewards = RewardPool(identity.endpoints["reward"], timeout=spec.reward.sandbox.timeout_seconds + 30)

@@ -34,7 +34,8 @@ class ModelSourceError(ValueError):
     """The model cannot be loaded as configured; the message names the field and the fix."""
 
 
-def _dtype(model: ModelSpec, precision: str, device: torch.device) -> torch.dtype:
+def policy_dtype(model: ModelSpec, precision: str, device: torch.device) -> torch.dtype:
+    """The dtype the policy is loaded in on `device` (the actor's is the one weight sync carries)."""
     if model.dtype != "auto":
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[model.dtype]
     if device.type == "cuda" and precision == "bf16":
@@ -141,6 +142,11 @@ def _source(spec_model: ModelSpec, base_dir: Path | None) -> tuple[str, dict[str
     return spec_model.hub_id, {}
 
 
+def model_source(spec_model: ModelSpec, base_dir: Path | None = None) -> str:
+    """What `from_pretrained` (or vLLM) loads for a local or hub model: the directory, or the hub id."""
+    return _source(spec_model, base_dir)[0]
+
+
 def check_model_source(spec_model: ModelSpec, base_dir: Path | None = None) -> None:
     """Fail before start on a model that cannot be found (a local dir without config, a hub id not cached)."""
     if spec_model.source == "builtin":
@@ -168,7 +174,7 @@ def load_policy(
     base_dir: Path | None = None,
 ) -> tuple[torch.nn.Module, Any]:
     """(model on `device`, tokenizer). Every process of a job that calls this gets the same starting policy."""
-    dtype = _dtype(spec_model, precision, device)
+    dtype = policy_dtype(spec_model, precision, device)
     if spec_model.source == "builtin":
         tokenizer = build_char_tokenizer(tokenizer_texts(task, rows))
         max_length = 8 + 2 * (task.max_prompt_length + task.max_response_length)

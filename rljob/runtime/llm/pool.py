@@ -22,7 +22,7 @@ import torch
 
 from rljob.runtime.llm.membership import RolloutMembership
 from rljob.runtime.transport import RequestClient, RequestTimeout, TransportError
-from rljob.runtime.weight_sync import WeightPublisher
+from rljob.runtime.weight_sync import FileWeightPublisher, WeightPublisher
 
 log = logging.getLogger("rljob.actor")
 SYNC_REPLY_TIMEOUT_S = 60.0
@@ -64,7 +64,12 @@ class RolloutLink:
 
 
 class RolloutPool:
-    def __init__(self, membership: RolloutMembership | list[str], publisher: WeightPublisher, actor_tag: str) -> None:
+    def __init__(
+        self,
+        membership: RolloutMembership | list[str],
+        publisher: WeightPublisher | FileWeightPublisher,
+        actor_tag: str,
+    ) -> None:
         self.membership = membership if isinstance(membership, RolloutMembership) else RolloutMembership(membership)
         self.links: list[RolloutLink] = []
         """The current members, by replica index."""
@@ -160,7 +165,7 @@ class RolloutPool:
         return time.perf_counter() - started
 
     def _sync_link(self, link: RolloutLink, version: int, model: torch.nn.Module) -> None:
-        key = self.publisher.group_key(link.replica, link.tag)
+        key = self.publisher.sync_key(link.replica, link.tag, version, model)
         request = link.client.send(
             "sync_weights", {"version": version, "key": key, "actor_tag": self.actor_tag, "rollout_tag": link.tag}
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,3 +45,14 @@ def load_job_policy(context: RoleContext, device: torch.device, rows: list[Row] 
         return load_policy(spec.model, spec.task.llm, rows, spec.trainer.seed, device, spec.trainer.precision)
     except ModelSourceError as exc:
         raise FatalConfigError(str(exc)) from None
+
+
+def weights_dir(context: RoleContext) -> Path:
+    """Where `weightSync.method: filesystem` puts weight files: `weights/` in the checkpoint directory.
+
+    The checkpoint directory is the one volume the actor already writes (`checkpoint.volumeClaim` on a
+    cluster, the run's `checkpoints/` locally), so rollouts read from it too."""
+    spec = context.job.spec
+    run_dir = context.identity.run_dir
+    default = str(Path(run_dir) / "checkpoints") if run_dir else "/checkpoints"
+    return Path(spec.checkpoint.dir or default) / "weights"

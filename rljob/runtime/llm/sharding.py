@@ -156,6 +156,9 @@ class ShardedWeights:
             for t in self._tensors
         ]
 
+    def names(self) -> list[str]:
+        return list(self.model.state_dict())
+
     def begin_gather(self) -> None:
         self.channel.send("gather")
 

@@ -6,11 +6,9 @@ import kmock
 
 from rljob.operator.metrics import OperatorMetrics
 from tests.operator.controller.conftest import (
-    CONFIGMAPS,
     NS,
     PODS,
     Cluster,
-    arithmetic_job,
     cartpole_job,
     eventually,
     new_emulator,
@@ -173,25 +171,6 @@ async def test_invalid_spec_fails_that_job_and_the_operator_serves_the_others(
         # Fixing the spec gives the job another chance.
         cluster.patch_job("bad", {"spec": {"rollout": {"engine": "torch"}}})
         await eventually(lambda: len(cluster.pods("bad")) == 4, what="pods after the fix")
-        assert not op.task.done()
-
-
-async def test_an_llm_job_on_the_vllm_engine_fails_as_unsupported_without_pods_and_the_operator_serves_the_others(
-    kube: KubernetesApiEmulator, cluster: Cluster
-) -> None:
-    async with operator_running(kube) as op:
-        vllm_job = arithmetic_job("llm")
-        vllm_job["spec"]["rollout"]["engine"] = "vllm"
-        cluster.create_job(vllm_job)
-        cluster.create_job(cartpole_job("good"))
-        await eventually(lambda: cluster.phase("llm") == "Failed", what="llm Failed")
-        failed = next(c for c in cluster.status("llm")["conditions"] if c["type"] == "Failed")
-        assert failed["reason"] == "UnsupportedTask"
-        assert "spec.rollout.engine: the vllm engine is not part of this rljob version" in failed["message"]
-        await eventually(lambda: "UnsupportedTask" in cluster.reasons("llm"), what="event")
-        await eventually(lambda: len(cluster.pods("good")) == 4, what="the good job's pods")
-        assert cluster.pods("llm") == {}
-        assert kube.read_object(CONFIGMAPS, NS, "llm-config") is None
         assert not op.task.done()
 
 

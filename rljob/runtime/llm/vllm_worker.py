@@ -1,0 +1,56 @@
+"""The part of the vllm engine that runs inside vLLM's worker processes (`worker_extension_cls`).
+
+vLLM mixes `WeightReceiver` into its worker class; the rollout calls its methods with `LLM.collective_rpc`.
+The worker receives the actor's full state dict (Hugging Face names, tied weights included) into a staging
+copy on the CPU, by the same protocol as every other rollout (`WeightSubscriber`: the actor's TCPStore, the
+pair group its sync key names, the same buckets) or from the version's safetensors file, and `rljob_swap_in`
+loads the staged tensors into the running model in place. Staging keeps the swap between two chunks: a
+version that arrives while a chunk is generated never mixes into it.
+
+This module is imported in vLLM's worker processes: it imports nothing of vLLM at module level, and only
+the weight-sync parts of rljob.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rljob.runtime.weight_sync import WeightSubscriber, read_weights_file
+
+TensorLayout = list[tuple[str, list[int], str]]
+"""(name, shape, dtype name) of every state-dict entry, in the actor's `state_dict()` order."""
+
+
+class WeightReceiver:
+    """Methods vLLM adds to its worker (`self` is the worker: `model_runner`, `vllm_config` are vLLM's)."""
+
+    def rljob_prepare_weights(self, layout: TensorLayout, host: str, port: int, bucket_mb: int) -> None:
+        """Allocate the staging tensors and remember where the actor's store is."""
+        self.rljob_names = [name for name, _, _ in layout]
+        self.rljob_staging = [torch.empty(shape, dtype=getattr(torch, dtype)) for _, shape, dtype in layout]
+        self.rljob_subscriber = WeightSubscriber(host, port, bucket_mb)
+
+    def rljob_receive(self, key: str, actor_tag: str) -> None:
+        """Join the pair group `key` names (the rollout has accepted the sync) and receive into staging."""
+        self.rljob_subscriber.receive_tensors(key, actor_tag, self.rljob_staging)
+
+    def rljob_read_file(self, path: str) -> None:
+        """Stage the version written by the actor as a safetensors file."""
+        tensors = read_weights_file(path)
+        missing = set(self.rljob_names) - set(tensors)
+        if missing:
+            raise ValueError(f"{path} lacks {len(missing)} tensor(s) of the policy, e.g. {sorted(missing)[0]}")
+        with torch.no_grad():
+            for name, staged in zip(self.rljob_names, self.rljob_staging, strict=True):
+                staged.copy_(tensors[name])
+
+    def rljob_swap_in(self) -> None:
+        """Load the staged tensors into the running model in place.
+
+        `model.load_weights` fails on the CPU backend once the model has started (its linear weights are
+        repacked); `reload_weights` goes through vLLM's layer-wise reload, which handles that (NOTES.md)."""
+        from vllm.config import set_current_vllm_config
+
+        with set_current_vllm_config(self.vllm_config):
+            weights = zip(self.rljob_names, self.rljob_staging, strict=True)
+            self.model_runner.reload_weights(weights_iterator=iter(weights))
