@@ -533,3 +533,39 @@ def test_checkpoint_claim_and_a_user_mount_on_the_same_dir_clash(example_documen
     with pytest.raises(InvalidRLJob) as caught:
         build_pod(job, settings, "actor", 0)
     assert [p.path for p in caught.value.problems] == ["spec.roles.actor.volumeMounts[1].mountPath"]
+
+
+def test_filesystem_weight_sync_mounts_the_checkpoint_claim_read_only_in_rollout_pods(
+    example_documents, job_from, settings, validate_manifest
+):
+    job = job_from(example_documents["grpo-qwen-math-h100"], spec__rollout__weightSync__method="filesystem")
+    rollout = build_pod(job, settings, "rollout", 2)
+    validate_manifest(rollout)
+    (volume,) = [v for v in rollout["spec"]["volumes"] if v["name"] == "rljob-checkpoints"]
+    assert volume["persistentVolumeClaim"] == {"claimName": "grpo-qwen-math-ckpt", "readOnly": True}
+    assert {"name": "rljob-checkpoints", "mountPath": "/checkpoints", "readOnly": True} in container(rollout)[
+        "volumeMounts"
+    ]
+
+
+def test_filesystem_weight_sync_without_a_shared_volume_is_an_invalid_spec(example_documents, job_from, settings):
+    job = job_from(
+        example_documents["grpo-tiny-arithmetic"],
+        spec__rollout__weightSync__method="filesystem",
+    )
+    with pytest.raises(InvalidRLJob) as caught:
+        build_children(job, settings)
+    assert [p.path for p in caught.value.problems] == ["spec.rollout.weightSync.method"]
+    assert "set spec.checkpoint.volumeClaim" in caught.value.problems[0].message
+    shared = [{"name": "shared", "nfs": {"server": "nfs.local", "path": "/export"}}]
+    mounted = [{"name": "shared", "mountPath": "/shared"}]
+    job = job_from(
+        example_documents["grpo-tiny-arithmetic"],
+        spec__rollout__weightSync__method="filesystem",
+        spec__checkpoint__dir="/shared/ckpt",
+        spec__roles__actor__volumes=shared,
+        spec__roles__actor__volumeMounts=mounted,
+        spec__roles__rollout__volumes=shared,
+        spec__roles__rollout__volumeMounts=mounted,
+    )
+    assert build_children(job, settings)

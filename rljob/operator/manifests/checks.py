@@ -39,6 +39,16 @@ def checkpoint_dir_in_pod(job: RLJob) -> str:
     return job.spec.checkpoint.dir or DEFAULT_CHECKPOINT_DIR_IN_POD
 
 
+def weights_through_files(job: RLJob) -> bool:
+    """An llm job whose rollouts load weight files from the checkpoint volume (`weightSync.method: filesystem`)."""
+    return job.spec.task.type == "llm" and job.spec.rollout.weight_sync.method == "filesystem"
+
+
+def _mounted_at_or_above(path: str, mount_paths: list[str]) -> bool:
+    path = posixpath.normpath(path)
+    return any(path == m or path.startswith(m.rstrip("/") + "/") for m in map(posixpath.normpath, mount_paths))
+
+
 def build_problems(job: RLJob) -> list[Problem]:
     return list(_problems(job))
 
@@ -62,6 +72,18 @@ def _problems(job: RLJob) -> Iterator[Problem]:
     ckpt_dir = checkpoint_dir_in_pod(job)
     if not ckpt_dir.startswith("/"):
         yield Problem("spec.checkpoint.dir", f"must be an absolute path in pods, e.g. /checkpoints (got {ckpt_dir!r})")
+    if weights_through_files(job) and not spec.checkpoint.volume_claim:
+        shared = all(
+            _mounted_at_or_above(ckpt_dir, [m.mount_path for m in spec.roles.get(role).volume_mounts])
+            for role in ("actor", "rollout")
+        )
+        if not shared:
+            yield Problem(
+                "spec.rollout.weightSync.method",
+                f"filesystem passes weights through {ckpt_dir}/weights, which actor and rollout pods must share: "
+                "set spec.checkpoint.volumeClaim (ReadWriteMany when the pods are on several nodes), mount a "
+                "shared volume at spec.checkpoint.dir in both roles, or use broadcast",
+            )
     if spec.scheduling.gang == "kueue" and spec.scheduling.queue and not _is_label_value(spec.scheduling.queue):
         yield Problem(
             "spec.scheduling.queue",

@@ -21,6 +21,7 @@ from rljob.operator.manifests.checks import (
     TMP_VOLUME,
     checkpoint_dir_in_pod,
     ensure_buildable,
+    weights_through_files,
 )
 from rljob.operator.manifests.config import config_hash
 from rljob.operator.manifests.gang import PodGangMetadata, pod_gang_metadata, replica_counts
@@ -247,6 +248,11 @@ def _volumes(
         if checkpoint is not None:
             volumes.append(checkpoint)
             mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_dir_in_pod(job)})
+    claim = job.spec.checkpoint.volume_claim
+    if role == "rollout" and weights_through_files(job) and claim:
+        # The rollouts read the weight files the actor writes under `<checkpoint.dir>/weights/`.
+        volumes.append({"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_dir_in_pod(job), "readOnly": True})
     if role in READ_ONLY_ROOT_ROLES and "/tmp" not in user_paths:
         # The only writable place of a read-only root: sandbox working directories, library caches.
         volumes.append({"name": TMP_VOLUME, "emptyDir": {}})
