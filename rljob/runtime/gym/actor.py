@@ -26,7 +26,7 @@ from rljob.runtime.checkpoint import (
     CheckpointError,
     CheckpointManager,
     capture_rng_state,
-    resolve_resume,
+    resolve_resume_across_ranks,
     restore_rng_state,
 )
 from rljob.runtime.gym.envs import space_from_wire
@@ -373,7 +373,7 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
     checkpoints = CheckpointManager(checkpoint_dir, keep=spec.checkpoint.keep)
     env_steps, episodes = 0, 0
     try:
-        resumed = resolve_resume(spec.checkpoint.resume, checkpoints)
+        resumed = resolve_resume_across_ranks(spec.checkpoint.resume, checkpoints)
     except CheckpointError as exc:  # an explicit resume path that is missing or damaged: no restart fixes it
         raise FatalConfigError(str(exc)) from None
     if resumed is not None:
