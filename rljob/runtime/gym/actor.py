@@ -121,6 +121,9 @@ class Controller:
             link.tag = reply["tag"]
             link.version = -1
             self.publisher.forget(link.replica)
+        elif int(reply["version"]) < link.version:
+            # Its receiving side lost a sync the broadcast completed (the rollout reports it): send them again.
+            link.version = -1
 
     def sync(self, link: RolloutLink, version: int) -> None:
         if not link.tag:
