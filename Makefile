@@ -54,9 +54,9 @@ demo: $(STAMP)
 
 bench: bench-cartpole bench-operator
 
-# rljob local vs stable-baselines3 PPO on CartPole-v1, 3 seeds each -> benchmarks/results/cartpole_vs_sb3.{json,png}
+# rljob local vs stable-baselines3 PPO on CartPole-v1, 10 seeds each (SEEDS=N to change) -> benchmarks/results/cartpole_vs_sb3.{json,png}
 bench-cartpole: $(STAMP)
-	$(BIN)/python benchmarks/cartpole_vs_sb3.py
+	$(BIN)/python benchmarks/cartpole_vs_sb3.py --seeds $(or $(SEEDS),10)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

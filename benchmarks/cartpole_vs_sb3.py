@@ -314,7 +314,6 @@ def main() -> None:
             "load_average_1_5_15_min_at_start": [round(x, 2) for x in load_at_start],
             "load_average_1_5_15_min_at_end": [round(x, 2) for x in load_at_end],
         },
-        "curves": {"rljob": [r["curve"] for r in rljob_runs], "sb3": [r["curve"] for r in sb3_runs]},
     }
     path = args.out / "cartpole_vs_sb3.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
