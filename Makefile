@@ -60,9 +60,9 @@ $(BENCH_STAMP): $(STAMP)
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e ".[bench]"
 	touch $(BENCH_STAMP)
 
-# rljob local vs stable-baselines3 PPO on CartPole-v1, 3 seeds each -> benchmarks/results/cartpole_vs_sb3.{json,png}
+# rljob local vs stable-baselines3 PPO on CartPole-v1, 10 seeds each (SEEDS=N to change) -> benchmarks/results/cartpole_vs_sb3.{json,png}
 bench-cartpole: $(STAMP)
-	$(BIN)/python benchmarks/cartpole_vs_sb3.py
+	$(BIN)/python benchmarks/cartpole_vs_sb3.py --seeds $(or $(SEEDS),10)
 
 # rljob (hf engine) vs TRL GRPOTrainer on examples/grpo-tiny-arithmetic.yaml, same model, prompts and settings
 # -> benchmarks/results/grpo_vs_trl.{json,png}. Add the vllm engine with SIDES=rljob_hf,rljob_vllm,trl.

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -59,8 +61,23 @@ def role(
     except FatalConfigError as exc:
         # No restart can fix it: say what to change, and exit with the code the launcher does not restart.
         context.log.error("%s", exc)
-        raise typer.Exit(EXIT_FATAL_CONFIG) from None
-    raise typer.Exit(code)
+        code = EXIT_FATAL_CONFIG
+    exit_without_teardown(code)
+
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """End a role process whose program has returned, skipping the interpreter's teardown.
+
+    The program has closed what it wrote (metrics, checkpoints, TensorBoard files, sockets) and its threads
+    are done or daemons; what the interpreter would still do is unload thousands of modules (torch, and the
+    torch._dynamo that any optimizer step imports): about 1 CPU-second, 3.6 s on a loaded 2-core machine,
+    that every run waited for at its end (the launcher waits for each role process to exit). Log handlers
+    and standard streams are flushed first. Only for the role process itself (never call it in-process).
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def register(app: typer.Typer) -> None:

@@ -108,6 +108,12 @@ def check_environment(job: RLJob) -> None:
         check_task(job.spec.task.gym)
     except GymConfigError as exc:
         raise LaunchError(str(exc)) from None
+    except Exception as exc:  # not a configuration error (see make_env): the env role tries again, and is retried
+        print(
+            f"warning: could not create {job.spec.task.gym.env_id!r} to check it before starting "
+            f"({type(exc).__name__}: {exc}); the env role will try again",
+            file=sys.stderr,
+        )
 
 
 def local_actor_ranks(job: RLJob, env: Mapping[str, str] | None = None) -> int:

@@ -303,6 +303,47 @@ def resolve_resume(resume: str, manager: CheckpointManager) -> tuple[int, dict[s
     return step, state, path
 
 
+class CheckpointNotVisible(RuntimeError):
+    """A rank cannot read the checkpoint rank 0 resumes from (not yet visible on its mount, say): a restart
+    may get past it, so this is not a configuration error."""
+
+
+def resolve_resume_across_ranks(resume: str, manager: CheckpointManager) -> tuple[int, dict[str, Any], Path] | None:
+    """`resolve_resume` for every rank of the actor group: rank 0 resolves, every rank loads that checkpoint.
+
+    Ranks that each listed the directory could pick different checkpoints (a shared filesystem's cached
+    listing, a save that became visible in between) and then diverge, or hang in their first collective.
+    Rank 0's answer (the path, none, or its CheckpointError) is broadcast over the actor group, so every rank
+    starts from the same step or fails the same way. Without an initialised group this is `resolve_resume`.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return resolve_resume(resume, manager)
+    if dist.get_rank() == 0:
+        try:
+            resumed = resolve_resume(resume, manager)
+        except CheckpointError as exc:
+            dist.broadcast_object_list([("error", str(exc))], src=0)
+            raise
+        dist.broadcast_object_list([("path", None if resumed is None else str(resumed[2]))], src=0)
+        return resumed
+    answer: list[Any] = [None]
+    dist.broadcast_object_list(answer, src=0)
+    kind, value = answer[0]
+    if kind == "error":
+        raise CheckpointError(value)
+    if value is None:
+        return None
+    try:
+        step, state = manager.load(value)
+    except CheckpointError as exc:
+        raise CheckpointNotVisible(
+            f"rank {dist.get_rank()} cannot read the checkpoint rank 0 resumes from: {exc}"
+        ) from None
+    return step, state, Path(value)
+
+
 # --- random number generator states -------------------------------------------------------------
 
 

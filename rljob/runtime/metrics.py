@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 STEP = "step"
 WALL_TIME = "wall_time"
 """Seconds of training: from just before actor 0's loop starts, cumulative across resumes."""
+TIMESTAMP = "timestamp"
+"""Unix time (seconds) the record was written: lines it up with logs, and with other programs' clocks."""
 ENV_STEPS = "env_steps"
 """Environment transitions (gym) or generated samples (llm) consumed so far."""
 RETURN_MEAN = "return_mean"
@@ -87,14 +89,15 @@ class RunMetrics:
 
     def log(self, step: int, record: Mapping[str, Any]) -> dict[str, Any]:
         """Append one record (a JSON object line) and its numeric scalars to TensorBoard; return what was written."""
-        line = {STEP: int(step), WALL_TIME: round(time.time() - self.start_time, 4)}
+        now = time.time()
+        line = {STEP: int(step), WALL_TIME: round(now - self.start_time, 4), TIMESTAMP: round(now, 3)}
         line.update({key: _json_value(value) for key, value in record.items()})
         line[STEP] = int(step)
         self._jsonl.write(json.dumps(line) + "\n")
         self._jsonl.flush()
         if self._writer is not None:
             for key, value in line.items():
-                if key != STEP and isinstance(value, int | float) and not isinstance(value, bool):
+                if key not in (STEP, TIMESTAMP) and isinstance(value, int | float) and not isinstance(value, bool):
                     self._writer.add_scalar(key, value, global_step=step)
         return line
 

@@ -15,9 +15,11 @@ as its bucket is built (a collective every actor rank joins), so no rank ever ho
 
 from __future__ import annotations
 
+import copy
 import datetime
 import gc
 import os
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
@@ -215,6 +217,79 @@ class WeightSubscriber:
         """Accept the sync, then receive into `model`."""
         self.accept(key, version, actor_tag)
         self.receive_tensors(key, actor_tag, state_tensors(model))
+
+
+class StagedWeights:
+    """A rollout's incoming weights, received on a thread of their own into a staging copy of its model.
+
+    The request thread hands each sync over (`submit`) and goes straight back to answering status and collect
+    requests. The receiver thread accepts the sync and receives into `staging`; a sync whose actor paused,
+    gave up or died ties up only this thread (for at most GROUP_TIMEOUT). The thread that acts copies the
+    newest complete version into its own model between two batches (`copy_into`): acting weights are never
+    half old, half new. `on_received(version, actor_tag, error)` is called after each sync, outside any lock
+    of this class, with the error of a sync that failed (its partial tensors are never copied out).
+    """
+
+    def __init__(
+        self,
+        subscriber: WeightSubscriber,
+        model: nn.Module,
+        on_received: Callable[[int, str, BaseException | None], None],
+    ) -> None:
+        self.subscriber = subscriber
+        self.staging = copy.deepcopy(model)
+        self._on_received = on_received
+        self._staging_lock = threading.Lock()
+        """Held while tensors are received into `staging` and while they are copied out of it."""
+        self._version, self._actor_tag = -1, ""  # of the complete weights in `staging`
+        self._wake = threading.Condition()
+        self._pending: tuple[str, int, str] | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._receive_loop, name="weight-receiver", daemon=True)
+        self._thread.start()
+
+    def submit(self, key: str, version: int, actor_tag: str) -> None:
+        """Receive this sync next. A sync handed over earlier and not started yet was given up by its actor
+        (an actor syncs a replica one version at a time): it is replaced."""
+        with self._wake:
+            self._pending = (key, version, actor_tag)
+            self._wake.notify_all()
+
+    def copy_into(self, model: nn.Module) -> tuple[int, str]:
+        """Copy the staged weights into `model` (waiting for a sync in progress); their (version, actor tag).
+
+        (-1, "") and `model` untouched when no complete weights are staged.
+        """
+        with self._staging_lock:
+            if self._version >= 0:
+                with torch.no_grad():
+                    for dst, src in zip(model.state_dict().values(), self.staging.state_dict().values(), strict=True):
+                        dst.copy_(src)
+            return self._version, self._actor_tag
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify_all()
+        self._thread.join(timeout=1)  # a receive in progress ends with its group's timeout; the thread is a daemon
+
+    def _receive_loop(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._pending is not None or self._closed)
+                if self._closed:
+                    return
+                assert self._pending is not None
+                (key, version, actor_tag), self._pending = self._pending, None
+            error: BaseException | None = None
+            with self._staging_lock:
+                try:
+                    self.subscriber.receive(key, version, actor_tag, self.staging)
+                    self._version, self._actor_tag = version, actor_tag
+                except RuntimeError as exc:  # the actor died or gave up mid-sync: `staging` is partly overwritten
+                    error = exc
+                    self._version, self._actor_tag = -1, ""
+            self._on_received(version, actor_tag, error)
 
 
 # --- filesystem ---------------------------------------------------------------------------------

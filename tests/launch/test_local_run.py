@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -244,3 +245,46 @@ def test_rerun_resumes_from_the_newest_valid_checkpoint_skipping_a_corrupted_one
     assert "skipping checkpoint" in log and "step-00000006" in log
     assert "resumed from" in log and "step-00000003" in log
     assert_every_step_once(again.metrics(), 8)
+
+
+FLAKY_ENV_MODULE = '''\
+"""CartPole whose first creation in an env role process fails the way an env that downloads assets can."""
+
+import os
+from pathlib import Path
+
+import gymnasium
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class FlakyCartPole(CartPoleEnv):
+    def __init__(self, marker: str, **kwargs):
+        if os.environ.get("RLJOB_ROLE") == "env" and not Path(marker).exists():
+            Path(marker).touch()
+            raise ConnectionResetError("connection reset by peer while fetching the env's assets")
+        super().__init__(**kwargs)
+
+
+gymnasium.register("FlakyCartPole-v0", entry_point=FlakyCartPole, max_episode_steps=500)
+'''
+
+
+@pytest.mark.slow
+def test_an_env_that_fails_to_start_for_a_transient_reason_is_replaced_and_the_job_continues(
+    cartpole_manifest, start_run, tmp_path, monkeypatch
+):
+    (tmp_path / "flaky_env.py").write_text(FLAKY_ENV_MODULE)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    manifest = cartpole_manifest(steps=3, envs=1)
+    marker = tmp_path / "first-creation-failed"
+    manifest.write_text(
+        manifest.read_text().replace(
+            "envId: CartPole-v1", f"envId: 'flaky_env:FlakyCartPole-v0', envKwargs: {{marker: '{marker}'}}"
+        )
+    )
+    run = start_run(manifest, "--quiet")
+    output = run.finish()
+    assert marker.exists(), output  # the env role did fail once
+    assert run.process.returncode == 0, output
+    assert "env-0 exited with code 1: replacing it" in output
+    assert [r["step"] for r in run.metrics()] == [1, 2, 3]

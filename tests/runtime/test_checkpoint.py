@@ -291,3 +291,87 @@ def test_saving_a_step_again_killed_between_its_renames_keeps_the_new_copy(tmp_p
         else:
             assert step == 1, directory.name
         assert_the_restarted_run_keeps_what_it_resumed(directory, step)
+
+
+class NewestAppearsAfterListing(CheckpointManager):
+    """Rank 0's listing misses the newest checkpoint, as a shared filesystem's cached listing can: step 3
+    appears in the directory right after rank 0 has listed it."""
+
+    def checkpoints(self):
+        listed = super().checkpoints()
+        CheckpointManager(self.directory).save(3, state_of(3))
+        return listed
+
+
+def resume_on_rank(rank: int, port: int, directory: str, resume: str, out: str) -> None:
+    """One actor rank of a two-rank gloo group resolving its resume checkpoint; writes what it got to `out`."""
+    import datetime
+    import time
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from rljob.runtime.checkpoint import resolve_resume_across_ranks, step_dir_name
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        if rank == 0:
+            manager = NewestAppearsAfterListing(directory)
+        else:
+            manager = CheckpointManager(directory)
+            deadline = time.monotonic() + 60
+            while (
+                resume == "auto" and not (Path(directory) / step_dir_name(3)).exists() and time.monotonic() < deadline
+            ):
+                time.sleep(0.05)  # rank 1 looks only once rank 0 has listed (and step 3 has appeared)
+        try:
+            resumed = resolve_resume_across_ranks(resume, manager)
+            got = None if resumed is None else {"step": resumed[0], "weights": resumed[1]["weights"][0].item()}
+        except CheckpointError as exc:
+            got = {"error": str(exc)}
+        Path(out).write_text(json.dumps(got))
+        dist.barrier()  # both answers written before either leaves the group
+    finally:
+        dist.destroy_process_group()
+
+
+def run_two_ranks(tmp_path, resume: str) -> list:
+    import multiprocessing
+
+    from rljob.launch.local import free_ports
+
+    directory = tmp_path / "checkpoints"
+    manager = CheckpointManager(directory)
+    for step in (1, 2):
+        manager.save(step, state_of(step))
+    port = free_ports(1)[0]
+    spawn = multiprocessing.get_context("spawn")
+    outs = [tmp_path / f"rank{rank}.json" for rank in range(2)]
+    ranks = [
+        spawn.Process(target=resume_on_rank, args=(rank, port, str(directory), resume, str(outs[rank])))
+        for rank in range(2)
+    ]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(timeout=120)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    return [json.loads(out.read_text()) for out in outs]
+
+
+def test_every_actor_rank_resumes_from_the_checkpoint_rank_0_resolved(tmp_path):
+    rank0, rank1 = run_two_ranks(tmp_path, "auto")
+    assert rank0 == {"step": 2, "weights": 2.0}
+    assert rank1 == rank0  # not step 3, which only rank 1 saw
+
+
+def test_a_resume_path_rank_0_cannot_use_fails_on_every_rank_without_a_hang(tmp_path):
+    rank0, rank1 = run_two_ranks(tmp_path, str(tmp_path / "no-such-checkpoint"))
+    assert "checkpoint.resume:" in rank0["error"] and "does not exist" in rank0["error"]
+    assert rank1 == rank0

@@ -20,6 +20,7 @@ def get(port: int, path: str) -> tuple[int, str, str]:
 
 def test_run_metrics_write_jsonl_tensorboard_and_a_png_curve(tmp_path):
     metrics = RunMetrics(tmp_path, tensorboard=True)
+    started = metrics.start_time
     for step in range(1, 4):
         metrics.log(
             step,
@@ -39,6 +40,8 @@ def test_run_metrics_write_jsonl_tensorboard_and_a_png_curve(tmp_path):
     assert records[1]["return_mean"] is None and records[0]["explained_variance"] is None
     assert records[0]["policy_loss"] == pytest.approx(-0.01)
     assert all(r["wall_time"] >= 0 for r in records)
+    # Unix time of each record: training started at timestamp - wall_time, the same for every record.
+    assert all(abs(r["timestamp"] - r["wall_time"] - started) < 0.002 for r in records)
     assert curve == tmp_path / "curve.png"
     assert curve.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))

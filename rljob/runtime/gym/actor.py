@@ -26,7 +26,7 @@ from rljob.runtime.checkpoint import (
     CheckpointError,
     CheckpointManager,
     capture_rng_state,
-    resolve_resume,
+    resolve_resume_across_ranks,
     restore_rng_state,
 )
 from rljob.runtime.gym.envs import space_from_wire
@@ -63,6 +63,10 @@ ROLLOUT_WAIT_S = 300.0
 """How long rank 0 waits for a silent rollout replica (being replaced, say) before it fails."""
 ENV_WAIT_S = 600.0
 """How long the actor waits for env replica 0 at start (its pod may still be pulling an image)."""
+
+
+class StaleBatch(RuntimeError):
+    """A rollout answered with a batch older than `rollout.async.maxStaleness` allows; it is never trained on."""
 
 
 class RolloutLink:
@@ -117,6 +121,9 @@ class Controller:
             link.tag = reply["tag"]
             link.version = -1
             self.publisher.forget(link.replica)
+        elif int(reply["version"]) < link.version:
+            # Its receiving side lost a sync the broadcast completed (the rollout reports it): send them again.
+            link.version = -1
 
     def sync(self, link: RolloutLink, version: int) -> None:
         if not link.tag:
@@ -176,12 +183,26 @@ class Controller:
                     if reply["tag"] != link.tag:
                         self._status(link)
                     elif reply["ready"]:
+                        self._check_staleness(link, reply, version)
                         batches[link.replica] = reply
             except TransportError as exc:
                 self.log.warning("rollout request failed (%s); checking the rollout replicas", exc)
                 for link in pending:
                     self._status(link)
         return [batches[i] for i in range(len(self.links))], sync_s
+
+    def _check_staleness(self, link: RolloutLink, reply: dict[str, Any], version: int) -> None:
+        """Refuse a batch too old for the step it was fetched for, before anything trains on it.
+
+        The rollout hands over only batches within the budget; one that does not is a broken peer, and the
+        actor group is restarted rather than trained on data the staleness limit exists to keep out.
+        """
+        age = version - int(reply["version"])
+        if age > self.staleness:
+            raise StaleBatch(
+                f"rollout {link.replica} sent a batch of policy version {reply['version']} for step {version}: "
+                f"{age} versions old, over spec.rollout.async.maxStaleness ({self.staleness}); not trained on"
+            )
 
 
 def _share_batch(
@@ -355,7 +376,7 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
     checkpoints = CheckpointManager(checkpoint_dir, keep=spec.checkpoint.keep)
     env_steps, episodes = 0, 0
     try:
-        resumed = resolve_resume(spec.checkpoint.resume, checkpoints)
+        resumed = resolve_resume_across_ranks(spec.checkpoint.resume, checkpoints)
     except CheckpointError as exc:  # an explicit resume path that is missing or damaged: no restart fixes it
         raise FatalConfigError(str(exc)) from None
     if resumed is not None:
@@ -411,9 +432,7 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
             returns = np.concatenate([r["episode_returns"] for r in replies])
             lengths = np.concatenate([r["episode_lengths"] for r in replies])
             episodes += len(returns)
-            staleness = [version - int(r["version"]) for r in replies]
-            if max(staleness) > controller.staleness:
-                raise RuntimeError(f"got data {max(staleness)} versions old (maxStaleness {controller.staleness})")
+            staleness = [version - int(r["version"]) for r in replies]  # within the budget: fetch checked
             collect_s = max(float(r["collect_s"]) for r in replies)
             step_s = trained - step_started
             record: dict[str, Any] = {

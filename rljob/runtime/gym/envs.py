@@ -41,8 +41,18 @@ def env_share(num_envs: int, replicas: int, replica: int) -> tuple[int, int]:
     return start, count
 
 
+CONFIGURATION_ERRORS = (ImportError, ValueError, LookupError, AttributeError, NotImplementedError)
+"""What an env's constructor raises for arguments or code that fail the same way on every attempt. Anything
+else (OSError and ConnectionError from an env that downloads assets or connects to a simulator, RuntimeError,
+...) may pass on a retry: it propagates unchanged, the role exits with an ordinary failure, and the failure
+policy starts it again, within spec.failurePolicy.maxReplacements."""
+
+
 def make_env(task: GymTask) -> gymnasium.Env:
-    """One environment as `spec.task.gym` describes it; configuration mistakes raise `GymConfigError`."""
+    """One environment as `spec.task.gym` describes it.
+
+    Configuration mistakes raise `GymConfigError` (fatal, naming the field); other failures propagate as they are.
+    """
     kwargs: dict[str, Any] = dict(task.env_kwargs)
     if task.max_episode_steps is not None:
         kwargs["max_episode_steps"] = task.max_episode_steps
@@ -63,7 +73,7 @@ def make_env(task: GymTask) -> gymnasium.Env:
             f"{_first_line(exc).split(' was raised from the environment creator')[0]}. "
             f"Pass only keyword arguments that {task.env_id} takes, or remove spec.task.gym.envKwargs."
         ) from None
-    except Exception as exc:  # the env's own constructor rejected its arguments, or a module failed to import
+    except CONFIGURATION_ERRORS as exc:  # the env's own constructor rejected its arguments, or an import failed
         where = "spec.task.gym.envKwargs" if task.env_kwargs else "spec.task.gym.envId"
         raise GymConfigError(
             f"{where}: creating {task.env_id!r} with {kwargs!r} failed: {type(exc).__name__}: {_first_line(exc)}. "

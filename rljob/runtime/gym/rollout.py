@@ -6,11 +6,14 @@ batch of version >= V - k. After handing one over, the producer starts the next 
 weights are recent enough for the actor's NEXT step (version >= V + 1 - k): with k = 0 it waits for the
 new weights (on-policy), with k >= 1 it collects while the actor trains (overlap). Older batches are
 dropped, never sent.
+
+Weights arrive on a receiver thread of their own (`StagedWeights`, as in the llm rollout): `sync_weights`
+only hands the sync over, so status and collect requests are answered while the tensors travel, and the
+producer swaps a complete version in between two batches.
 """
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections import deque
 from typing import Any
@@ -23,7 +26,7 @@ from rljob.runtime.gym.models import MLPActorCritic, UnsupportedSpaceError, buil
 from rljob.runtime.gym.numpy_policy import NumpyPolicy
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
 from rljob.runtime.transport import Payload, RequestServer, process_tag
-from rljob.runtime.weight_sync import WeightSubscriber
+from rljob.runtime.weight_sync import StagedWeights, WeightSubscriber
 
 COLLECT_WAIT_S = 0.5
 """How long a `collect` request waits for a batch before answering `ready: false` (the actor asks again),
@@ -32,6 +35,10 @@ so that a dead rollout is noticed within seconds, however long a batch takes."""
 
 class StaleIncarnation(RuntimeError):
     """A request addressed to an earlier incarnation of this rollout replica."""
+
+
+class WeightsMissing(RuntimeError):
+    """The last weight sync failed on this side: the actor sends the weights again (it checks `status`)."""
 
 
 class RolloutEngine:
@@ -53,14 +60,16 @@ class RolloutEngine:
         except UnsupportedSpaceError as exc:
             raise FatalConfigError(str(exc)) from None
         self.policy.eval()
-        self.staging = copy.deepcopy(self.policy)
         self.fast_policy = NumpyPolicy(self.policy, seed=spec.trainer.seed * 1000 + 17 + identity.replica)
-        self.subscriber = WeightSubscriber(
-            identity.master_addr, identity.sync_port, spec.rollout.weight_sync.bucket_size_mb
-        )
         self.lock = threading.Condition()
+        self.weights = StagedWeights(
+            WeightSubscriber(identity.master_addr, identity.sync_port, spec.rollout.weight_sync.bucket_size_mb),
+            self.policy,
+            self._received,
+        )
         self.version = -1  # of `policy`; -1: no weights yet
-        self.staged_version = -1
+        self.staged_version = -1  # the newest version received completely from the current actor
+        self.sync_error = ""
         self.actor_tag = ""
         self.next_required = 0
         self.ready: deque[dict[str, Any]] = deque()
@@ -74,27 +83,40 @@ class RolloutEngine:
             return {"tag": self.tag, "version": max(self.version, self.staged_version), "actor_tag": self.actor_tag}
 
     def sync_weights(self, request: Payload) -> Payload:
+        """Hand the sync to the receiver thread and answer at once; the actor's broadcast is what waits."""
         if request["rollout_tag"] != self.tag:
             # Meant for the process this one replaced (a resent request): never join that group.
             raise StaleIncarnation(f"sync for rollout {request['rollout_tag']}, this is {self.tag}")
         with self.lock:
-            # Under the lock: the producer copies `staging` into the acting policy under it too.
-            self.subscriber.receive(request["key"], int(request["version"]), request["actor_tag"], self.staging)
             if request["actor_tag"] != self.actor_tag:
                 # A new actor incarnation (resumed from a checkpoint) numbers versions afresh.
                 self.actor_tag = request["actor_tag"]
                 self.ready.clear()
-                self.version = -1
+                self.version = self.staged_version = -1
                 self.next_required = 0
-            self.staged_version = int(request["version"])
+            self.sync_error = ""
+        self.weights.submit(request["key"], int(request["version"]), request["actor_tag"])
+        return {"version": int(request["version"]), "tag": self.tag}
+
+    def _received(self, version: int, actor_tag: str, error: BaseException | None) -> None:
+        """The receiver thread's report on one sync."""
+        with self.lock:
+            if actor_tag != self.actor_tag:
+                return  # from an actor incarnation this rollout has left behind
+            if error is not None:
+                self.sync_error = f"weights version {version} did not arrive: {error}"
+                self.staged_version = self.version  # the staging copy holds nothing newer than the acting policy
+            else:
+                self.staged_version = version
             self.lock.notify_all()
-        return {"version": self.staged_version, "tag": self.tag}
 
     def collect(self, request: Payload) -> Payload:
         actor_version, staleness = int(request["actor_version"]), int(request["max_staleness"])
         with self.lock:
             if request["actor_tag"] != self.actor_tag:
                 return {"ready": False, "reason": "weights from this actor not received yet", "tag": self.tag}
+            if self.sync_error:
+                raise WeightsMissing(self.sync_error)
             self.next_required = max(self.next_required, actor_version - staleness)
             self.lock.notify_all()
             self.lock.wait_for(lambda: bool(self.ready), timeout=COLLECT_WAIT_S)
@@ -122,10 +144,16 @@ class RolloutEngine:
                 )
                 if not startable or self.context.stop.is_set():
                     continue
-                if self.staged_version > self.version:
-                    self.policy.load_state_dict(self.staging.state_dict())
-                    self.fast_policy.load(self.policy)
-                    self.version = self.staged_version
+                refresh = self.staged_version > self.version
+            if refresh:
+                # Outside the lock: a newer sync may be arriving into the staging copy, and copy_into waits for it.
+                staged, staged_actor = self.weights.copy_into(self.policy)
+                self.fast_policy.load(self.policy)
+                with self.lock:
+                    if staged < 0 or staged_actor != self.actor_tag:
+                        continue  # a failed sync, or a new actor meanwhile: look again
+                    self.version = staged
+            with self.lock:
                 version, actor_tag = self.version, self.actor_tag
             batch = self.collector.collect(self.steps_per_batch, self.fast_policy, version)
             with self.lock:
@@ -177,6 +205,7 @@ def run_rollout(context: RoleContext) -> int:
     finally:
         server.close()
         thread.join(timeout=5)
+        engine.weights.close()
         engine.collector.close()
         health.close()
     if failure:

@@ -30,7 +30,7 @@ from rljob.runtime.checkpoint import (
     CheckpointError,
     CheckpointManager,
     capture_rng_state,
-    resolve_resume,
+    resolve_resume_across_ranks,
     restore_rng_state,
 )
 from rljob.runtime.llm.data import PromptStream, Row, render_prompt, split_off
@@ -320,7 +320,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     default_dir = str(Path(identity.run_dir) / "checkpoints") if identity.run_dir else "/checkpoints"
     checkpoints = CheckpointManager(spec.checkpoint.dir or default_dir, keep=spec.checkpoint.keep)
     try:
-        resumed = resolve_resume(spec.checkpoint.resume, checkpoints)
+        resumed = resolve_resume_across_ranks(spec.checkpoint.resume, checkpoints)
     except CheckpointError as exc:
         raise FatalConfigError(str(exc)) from None
     stream_state = None

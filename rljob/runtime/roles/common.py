@@ -39,7 +39,7 @@ def start_role(identity: RoleIdentity | None = None) -> RoleContext:
     logging.basicConfig(
         stream=sys.stderr,
         level=level,
-        format=f"%(asctime)s %(levelname)s {identity.role}[{identity.replica}] %(message)s",
+        format=f"%(asctime)s.%(msecs)03d %(levelname)s {identity.role}[{identity.replica}] %(message)s",
         datefmt="%H:%M:%S",
         force=True,
     )

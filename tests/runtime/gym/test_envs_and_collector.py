@@ -62,6 +62,33 @@ def test_unknown_env_id_names_the_field():
         VectorGymEnv(GymTask(env_id="NoSuchEnv-v0"), 1)
 
 
+class EnvThatCannotConnect(gymnasium.Env):
+    """Its constructor fails like an env that downloads assets or connects to a simulator, on a bad day."""
+
+    def __init__(self) -> None:
+        raise ConnectionResetError("connection reset by peer while fetching the env's assets")
+
+
+class EnvThatRejectsItsArguments(gymnasium.Env):
+    def __init__(self, level: int = 0) -> None:
+        raise ValueError(f"level must be 1..3, got {level}")
+
+
+gymnasium.register("EnvThatCannotConnect-v0", entry_point=EnvThatCannotConnect)
+gymnasium.register("EnvThatRejectsItsArguments-v0", entry_point=EnvThatRejectsItsArguments)
+
+
+def test_a_transient_failure_creating_an_env_is_not_a_configuration_error():
+    # Not a GymConfigError: the env role exits non-fatally and the failure policy starts it again.
+    with pytest.raises(ConnectionResetError, match="connection reset"):
+        VectorGymEnv(GymTask(env_id="EnvThatCannotConnect-v0"), 1)
+
+
+def test_an_env_constructor_rejecting_its_arguments_names_the_field():
+    with pytest.raises(GymConfigError, match=r"^spec\.task\.gym\.envKwargs: creating 'EnvThatRejectsItsArguments-v0'"):
+        VectorGymEnv(GymTask(env_id="EnvThatRejectsItsArguments-v0", env_kwargs={"level": 7}), 1)
+
+
 def test_env_kwargs_the_env_does_not_take_name_the_field():
     with pytest.raises(GymConfigError, match=r"^spec\.task\.gym\.envKwargs \{'foo': 1\} do not fit 'CartPole-v1'"):
         VectorGymEnv(GymTask(env_id="CartPole-v1", env_kwargs={"foo": 1}), 1)
