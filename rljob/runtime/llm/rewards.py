@@ -40,13 +40,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import itertools
 import logging
 import math
 import numbers
 import queue
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -66,6 +64,7 @@ from rljob.runtime.sandbox import (
     check_sandbox,
     parse_tests,
 )
+from rljob.runtime.user_code import describe_exception, load_user_module
 
 RewardFn = Callable[..., float]
 
@@ -239,38 +238,12 @@ def _check_builtin_args(builtin: str, args: dict[str, Any], at: str) -> list[tup
 
 # --- user functions ------------------------------------------------------------------------------
 
-_loaded_files = itertools.count()
-
 
 def load_user_function(ref: str, base_dir: Path | None = None, field: str = "module") -> RewardFn:
     """`path/to/file.py:fn` (relative to `base_dir`, default the working directory) or `package.module:fn`."""
-    location, _, name = ref.rpartition(":")
-    if location.endswith(".py"):
-        base = Path.cwd() if base_dir is None else Path(base_dir)
-        path = Path(location) if Path(location).is_absolute() else base / location
-        if not path.is_file():
-            raise RewardConfigError(
-                field, f"file {location} does not exist (relative paths are resolved against {base})"
-            )
-        unique = f"rljob_user_reward_{next(_loaded_files)}_{path.stem}"
-        spec = importlib.util.spec_from_file_location(unique, path)
-        assert spec is not None and spec.loader is not None  # a .py file always has a source loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[unique] = module  # dataclasses and pickling look modules up by name
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            del sys.modules[unique]
-            raise RewardConfigError(field, f"loading {path} failed: {_describe(exc)}") from None
-    elif "/" in location or not location:
-        raise RewardConfigError(field, f"{ref!r}: a file reference must name a .py file, e.g. rewards.py:{name}")
-    else:
-        try:
-            module = importlib.import_module(location)
-        except Exception as exc:
-            raise RewardConfigError(
-                field, f"cannot import {location!r}: {_describe(exc)} (install it in the reward role's image)"
-            ) from None
+    module, location, name = load_user_module(
+        ref, base_dir, lambda message: RewardConfigError(field, message), "rewards.py", "reward"
+    )
     if not hasattr(module, name):
         defined = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise RewardConfigError(field, f"{location} has no function {name!r} (defines: {', '.join(defined) or 'none'})")
@@ -278,12 +251,6 @@ def load_user_function(ref: str, base_dir: Path | None = None, field: str = "mod
     if not callable(function):
         raise RewardConfigError(field, f"{location}:{name} is not callable (it is a {type(function).__name__})")
     return function
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, SyntaxError):
-        return f"SyntaxError: {exc.msg} (line {exc.lineno})"
-    return f"{type(exc).__name__}: {exc}"
 
 
 def _resolve(
@@ -517,7 +484,7 @@ class RewardScorer:
             extra = {name: sample[name] for name in term.sample_fields}  # type: ignore[literal-required]
             value = term.function(sample["prompt"], sample["response"], sample["row"], **extra, **term.kwargs)
         except (Exception, SystemExit) as exc:  # user code must not take a worker thread down with it
-            return 0.0, _describe(exc)
+            return 0.0, describe_exception(exc)
         if not isinstance(value, numbers.Real) or not math.isfinite(value):
             return 0.0, f"returned {value!r}, not a finite number"
         return float(value), None

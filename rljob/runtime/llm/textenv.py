@@ -32,16 +32,15 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import itertools
 import math
 import numbers
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rljob.api.spec import TextEnvSpec
+from rljob.runtime.user_code import load_user_module
 
 Message = dict[str, str]
 Row = dict[str, Any]
@@ -146,37 +145,11 @@ def check_step(value: Any) -> StepResult:
 
 # --- loading task.llm.env -------------------------------------------------------------------------
 
-_loaded_files = itertools.count()
-
 
 def _load_class(ref: str, base_dir: Path | None, field: str) -> type:
-    location, _, name = ref.rpartition(":")
-    if location.endswith(".py"):
-        base = Path.cwd() if base_dir is None else Path(base_dir)
-        path = Path(location) if Path(location).is_absolute() else base / location
-        if not path.is_file():
-            raise TextEnvConfigError(
-                field, f"file {location} does not exist (relative paths are resolved against {base})"
-            )
-        unique = f"rljob_user_env_{next(_loaded_files)}_{path.stem}"
-        spec = importlib.util.spec_from_file_location(unique, path)
-        assert spec is not None and spec.loader is not None  # a .py file always has a source loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[unique] = module  # dataclasses and pickling look modules up by name
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            del sys.modules[unique]
-            raise TextEnvConfigError(field, f"loading {path} failed: {type(exc).__name__}: {exc}") from None
-    elif "/" in location or not location:
-        raise TextEnvConfigError(field, f"{ref!r}: a file reference must name a .py file, e.g. tools.py:{name}")
-    else:
-        try:
-            module = importlib.import_module(location)
-        except Exception as exc:
-            raise TextEnvConfigError(
-                field, f"cannot import {location!r}: {type(exc).__name__}: {exc} (install it in the env role's image)"
-            ) from None
+    module, location, name = load_user_module(
+        ref, base_dir, lambda message: TextEnvConfigError(field, message), "tools.py", "env"
+    )
     found = getattr(module, name, None)
     if found is None:
         classes = sorted(k for k, v in vars(module).items() if isinstance(v, type) and not k.startswith("_"))
