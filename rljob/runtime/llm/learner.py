@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
+from itertools import chain, repeat
 from typing import Any
 
 import torch
@@ -58,25 +59,41 @@ class MicroBatch:
 
 
 def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
-    """Right-padded prompt+response rows and per-position tensors aligned with next-token predictions."""
-    lengths = [len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples]
-    width = max(lengths)
+    """Right-padded prompt+response rows and per-position tensors aligned with next-token predictions.
+
+    Built from flat per-token lists with masked writes in row-major order (no Python loop over rows).
+    """
+    prompt_lengths = torch.tensor([len(s["prompt_ids"]) for s in samples], dtype=torch.long)
+    response_lengths = torch.tensor([len(s["response_ids"]) for s in samples], dtype=torch.long)
+    lengths = prompt_lengths + response_lengths
+    width = int(lengths.max())
+    columns = torch.arange(width)
+    filled = columns < lengths.unsqueeze(1)
     ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(samples), width), dtype=torch.long)
+    ids[filled] = torch.tensor(
+        list(chain.from_iterable(chain(s["prompt_ids"], s["response_ids"]) for s in samples)), dtype=torch.long
+    )
+    # Position t predicts token t + 1: a response spans positions [p - 1, p - 1 + r) on the [B, S - 1] grid.
+    start = (prompt_lengths - 1).unsqueeze(1)
+    answer = (columns[:-1] >= start) & (columns[:-1] < start + response_lengths.unsqueeze(1))
     response = torch.zeros((len(samples), width - 1))
     rollout = torch.zeros((len(samples), width - 1))
     advantages = torch.zeros((len(samples), width - 1))
-    for i, s in enumerate(samples):
-        prompt, answer = s["prompt_ids"], s["response_ids"]
-        p, r = len(prompt), len(answer)
-        ids[i, : p + r] = torch.tensor(list(prompt) + list(answer), dtype=torch.long)
-        attention[i, : p + r] = 1
-        # Position t predicts token t + 1; a loss mask leaves out response tokens the model did not generate.
-        mask = s.get("loss_mask")
-        response[i, p - 1 : p - 1 + r] = 1.0 if mask is None else torch.tensor(mask, dtype=torch.float32)
-        rollout[i, p - 1 : p - 1 + r] = torch.tensor(s["rollout_logprobs"], dtype=torch.float32)
-        advantages[i, p - 1 : p - 1 + r] = float(s["advantage"])
-    return MicroBatch(ids, attention, response, ids[:, 1:].clone(), advantages, rollout)
+    # A loss mask leaves out response tokens the model did not generate.
+    response[answer] = torch.tensor(
+        list(
+            chain.from_iterable(
+                repeat(1.0, len(s["response_ids"])) if s.get("loss_mask") is None else s["loss_mask"] for s in samples
+            )
+        ),
+        dtype=torch.float32,
+    )
+    rollout[answer] = torch.tensor(
+        list(chain.from_iterable(s["rollout_logprobs"] for s in samples)), dtype=torch.float32
+    )
+    per_sample = torch.tensor([float(s["advantage"]) for s in samples], dtype=torch.float32)
+    advantages[answer] = per_sample.repeat_interleave(response_lengths)
+    return MicroBatch(ids, filled.long(), response, ids[:, 1:].clone(), advantages, rollout)
 
 
 def token_logprobs(

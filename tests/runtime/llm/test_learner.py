@@ -224,3 +224,29 @@ def test_epochs_minibatches_or_dropout_keep_the_old_logprob_pass():
     dropout = make_model()
     dropout.config.attention_dropout = 0.1  # a training forward is random: skipping would change its stream
     assert make_learner(AlgorithmSpec(name="grpo"), model=dropout).old_logprobs_pass
+
+
+def test_collate_lays_each_sample_out_on_the_next_token_grid():
+    samples = make_samples(0, count=5)
+    samples[1]["loss_mask"] = [i % 2 for i in range(len(samples[1]["response_ids"]))]
+    pad = TOKENIZER.pad_token_id
+    batch = collate(samples, pad)
+    width = max(len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples)
+    assert batch.input_ids.shape == (5, width) and batch.response_mask.shape == (5, width - 1)
+    for i, s in enumerate(samples):
+        p, r = len(s["prompt_ids"]), len(s["response_ids"])
+        tokens = [*s["prompt_ids"], *s["response_ids"]]
+        assert batch.input_ids[i].tolist() == tokens + [pad] * (width - p - r)
+        assert batch.attention_mask[i].tolist() == [1] * (p + r) + [0] * (width - p - r)
+        assert batch.targets[i].tolist() == batch.input_ids[i, 1:].tolist()
+        mask = [0.0] * (width - 1)
+        mask[p - 1 : p - 1 + r] = [float(m) for m in s.get("loss_mask", [1] * r)]
+        assert batch.response_mask[i].tolist() == mask
+        rollout = torch.zeros(width - 1)
+        rollout[p - 1 : p - 1 + r] = torch.tensor(s["rollout_logprobs"])
+        assert torch.equal(batch.rollout_logprobs[i], rollout)
+        advantage = torch.zeros(width - 1)
+        advantage[p - 1 : p - 1 + r] = s["advantage"]
+        assert torch.equal(batch.advantages[i], advantage)
+    assert batch.input_ids.dtype == batch.attention_mask.dtype == torch.long
+    assert batch.response_mask.dtype == batch.advantages.dtype == torch.float32
