@@ -227,6 +227,8 @@ def wire_row(row: Row) -> Row:
 def build_samples(groups: list[Group], algorithm: str, group_size: int) -> list[Sample]:
     rewards = torch.tensor(np.stack([g.rewards for g in groups]), dtype=torch.float32)
     advantages = group_advantages(algorithm, rewards) if group_size > 1 else rewards - rewards.mean()
+    # One conversion to Python floats (the same values) instead of a tensor index per sample.
+    advantage_rows, reward_rows = advantages.tolist(), rewards.tolist()
     samples = []
     for i, g in enumerate(groups):
         for j, c in enumerate(g.completions):
@@ -235,8 +237,8 @@ def build_samples(groups: list[Group], algorithm: str, group_size: int) -> list[
                     "prompt_ids": g.prompt_ids,
                     "response_ids": c["token_ids"],
                     "rollout_logprobs": c["logprobs"],
-                    "advantage": float(advantages[i, j]),
-                    "reward": float(rewards[i, j]),
+                    "advantage": advantage_rows[i][j],
+                    "reward": reward_rows[i][j],
                     "version": g.version,
                 }
             )

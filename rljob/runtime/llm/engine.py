@@ -190,13 +190,12 @@ class HFEngine:
         )
         new_tokens = out.sequences[:, width:]
         logits = torch.stack(out.logits, dim=1)  # [B * n, T, V], before any logits processor
-        logprobs = sampling_logprobs(logits, new_tokens, sampling.temperature).cpu()
-        new_tokens = new_tokens.cpu()
+        # Whole tensors to lists once: indexing a tensor row by row costs more than the rest of this loop.
+        logprob_rows = sampling_logprobs(logits, new_tokens, sampling.temperature).cpu().tolist()
         completions: list[list[Completion]] = [[] for _ in prompts]
-        for row in range(new_tokens.shape[0]):
-            tokens = new_tokens[row].tolist()
+        for row, tokens in enumerate(new_tokens.cpu().tolist()):
             length, reason = self._length(tokens, sampling)
-            completions[row // sampling.n].append(Completion(tokens[:length], logprobs[row, :length].tolist(), reason))
+            completions[row // sampling.n].append(Completion(tokens[:length], logprob_rows[row][:length], reason))
         return completions
 
     def _length(self, tokens: list[int], sampling: Sampling) -> tuple[int, str]:

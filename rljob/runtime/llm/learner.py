@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
+from itertools import chain, repeat
 from typing import Any
 
 import torch
@@ -58,38 +59,78 @@ class MicroBatch:
 
 
 def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
-    """Right-padded prompt+response rows and per-position tensors aligned with next-token predictions."""
-    lengths = [len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples]
-    width = max(lengths)
+    """Right-padded prompt+response rows and per-position tensors aligned with next-token predictions.
+
+    Built from flat per-token lists with masked writes in row-major order (no Python loop over rows).
+    """
+    prompt_lengths = torch.tensor([len(s["prompt_ids"]) for s in samples], dtype=torch.long)
+    response_lengths = torch.tensor([len(s["response_ids"]) for s in samples], dtype=torch.long)
+    lengths = prompt_lengths + response_lengths
+    width = int(lengths.max())
+    columns = torch.arange(width)
+    filled = columns < lengths.unsqueeze(1)
     ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(samples), width), dtype=torch.long)
+    ids[filled] = torch.tensor(
+        list(chain.from_iterable(chain(s["prompt_ids"], s["response_ids"]) for s in samples)), dtype=torch.long
+    )
+    # Position t predicts token t + 1: a response spans positions [p - 1, p - 1 + r) on the [B, S - 1] grid.
+    start = (prompt_lengths - 1).unsqueeze(1)
+    answer = (columns[:-1] >= start) & (columns[:-1] < start + response_lengths.unsqueeze(1))
     response = torch.zeros((len(samples), width - 1))
     rollout = torch.zeros((len(samples), width - 1))
     advantages = torch.zeros((len(samples), width - 1))
-    for i, s in enumerate(samples):
-        prompt, answer = s["prompt_ids"], s["response_ids"]
-        p, r = len(prompt), len(answer)
-        ids[i, : p + r] = torch.tensor(list(prompt) + list(answer), dtype=torch.long)
-        attention[i, : p + r] = 1
-        # Position t predicts token t + 1; a loss mask leaves out response tokens the model did not generate.
-        mask = s.get("loss_mask")
-        response[i, p - 1 : p - 1 + r] = 1.0 if mask is None else torch.tensor(mask, dtype=torch.float32)
-        rollout[i, p - 1 : p - 1 + r] = torch.tensor(s["rollout_logprobs"], dtype=torch.float32)
-        advantages[i, p - 1 : p - 1 + r] = float(s["advantage"])
-    return MicroBatch(ids, attention, response, ids[:, 1:].clone(), advantages, rollout)
+    # A loss mask leaves out response tokens the model did not generate.
+    response[answer] = torch.tensor(
+        list(
+            chain.from_iterable(
+                repeat(1.0, len(s["response_ids"])) if s.get("loss_mask") is None else s["loss_mask"] for s in samples
+            )
+        ),
+        dtype=torch.float32,
+    )
+    rollout[answer] = torch.tensor(
+        list(chain.from_iterable(s["rollout_logprobs"] for s in samples)), dtype=torch.float32
+    )
+    per_sample = torch.tensor([float(s["advantage"]) for s in samples], dtype=torch.float32)
+    advantages[answer] = per_sample.repeat_interleave(response_lengths)
+    return MicroBatch(ids, filled.long(), response, ids[:, 1:].clone(), advantages, rollout)
 
 
 def token_logprobs(
-    model: nn.Module, batch: MicroBatch, temperature: float, with_entropy: bool
+    model: nn.Module, batch: MicroBatch, temperature: float, with_entropy: bool, entropy_grad: bool = True
 ) -> tuple[Tensor, Tensor | None]:
-    """log p(target) per position under softmax(logits / T), and the entropy of that distribution."""
+    """log p(target) per position under softmax(logits / T), and the entropy of that distribution.
+
+    With `entropy_grad=False` the entropy is computed outside autograd (a statistic, not a loss term).
+    """
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
     if temperature > 0:
         logits = logits / temperature
     log_probs = torch.log_softmax(logits, dim=-1)
     chosen = log_probs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
-    entropy = -(log_probs.exp() * log_probs).sum(-1) if with_entropy else None
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = -(log_probs.exp() * log_probs).sum(-1)
     return chosen, entropy
+
+
+def has_dropout(model: nn.Module) -> bool:
+    """Whether a training-mode forward is random (dropout layers, or attention dropout in the HF config)."""
+    config = getattr(model, "config", None)
+    if any(float(getattr(config, key, 0.0) or 0.0) > 0 for key in ("attention_dropout", "dropout", "hidden_dropout")):
+        return True
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
+
+
+def _add_policy_stats(sums: Tensor, mb: MicroBatch, logprobs: Tensor, entropy: Tensor) -> None:
+    """Tokens, engine mismatch (k3 sum, max gap) and entropy of the data's own policy, into `sums[0:4]`."""
+    mask = mb.response_mask
+    gap = (logprobs - mb.rollout_logprobs) * mask
+    sums[0] += float(mask.sum())
+    sums[1] += float(((gap.exp() - 1.0 - gap) * mask).sum())
+    sums[2] = max(float(sums[2]), float(gap.abs().max()) if mask.any() else 0.0)
+    sums[3] += float((entropy * mask).sum())
 
 
 class LLMLearner:
@@ -133,6 +174,11 @@ class LLMLearner:
                 shard_policy(reference, self.device, trainer.precision)
         self.params = [p for p in model.parameters() if p.requires_grad]  # DTensor shards once sharded
         self.optimizer = build_optimizer(self.params, trainer)
+        self.old_logprobs_pass = algorithm.epochs > 1 or algorithm.minibatches > 1 or has_dropout(model)
+        """Whether each step starts with a no-grad forward for the old log-probs and the step's statistics.
+        With one epoch of one minibatch the old log-probs ARE the training forward's (detached, ratio 1), and
+        that forward gives the same statistics, so the pass is skipped (as TRL does). A model with dropout
+        keeps it: skipping would change its random stream."""
 
     def shard(self, samples: list[Sample]) -> list[list[Sample]]:
         """This rank's share of each minibatch (a seeded shuffle first, the same on every rank)."""
@@ -167,24 +213,22 @@ class LLMLearner:
         set_learning_rate(self.optimizer, lr)
         shards = self.shard(samples)
         micro = [self._micro(shard) for shard in shards]
-        reuse = algo.epochs > 1 or algo.minibatches > 1
-        old: list[list[Tensor]] = []
+        old_pass = self.old_logprobs_pass
+        old: list[list[Tensor | None]] = []
         sums = torch.zeros(8, dtype=torch.float64)
         # [tokens, mismatch k3 sum, mismatch max gap, entropy sum, kl sum, clip sum, loss sum, corrected sum]
         self.model.train()
-        with torch.no_grad():  # the data's own policy and the reference, once per step
-            for batches in micro:
-                old.append([])
-                for mb in batches:
-                    logprobs, entropy = token_logprobs(self.model, mb, self.temperature, with_entropy=True)
-                    assert entropy is not None
-                    old[-1].append(logprobs)
-                    mask = mb.response_mask
-                    gap = (logprobs - mb.rollout_logprobs) * mask
-                    sums[0] += float(mask.sum())
-                    sums[1] += float(((gap.exp() - 1.0 - gap) * mask).sum())
-                    sums[2] = max(float(sums[2]), float(gap.abs().max()) if mask.any() else 0.0)
-                    sums[3] += float((entropy * mask).sum())
+        if old_pass:
+            with torch.no_grad():  # the data's own policy, once per step
+                for batches in micro:
+                    old.append([])
+                    for mb in batches:
+                        logprobs, entropy = token_logprobs(self.model, mb, self.temperature, with_entropy=True)
+                        assert entropy is not None
+                        old[-1].append(logprobs)
+                        _add_policy_stats(sums, mb, logprobs, entropy)
+        else:  # the training forward below is the data's own policy: it adds these statistics itself
+            old = [[None] * len(batches) for batches in micro]
         refs = self._reference_logprobs(micro) if algo.kl_coef > 0 else None
         for _ in range(algo.epochs):
             for m, batches in enumerate(micro):
@@ -194,7 +238,7 @@ class LLMLearner:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
                 for j, mb in enumerate(batches):
-                    stats = self._backward(mb, old[m][j], None if refs is None else refs[m][j], normalizer, reuse)
+                    stats = self._backward(mb, old[m][j], None if refs is None else refs[m][j], normalizer, sums)
                     for k, v in stats.items():
                         sums[k] += v
                 self._sync_gradients()
@@ -219,12 +263,19 @@ class LLMLearner:
         }
 
     def _backward(
-        self, mb: MicroBatch, old: Tensor, ref: Tensor | None, normalizer: float, reuse: bool
+        self, mb: MicroBatch, old: Tensor | None, ref: Tensor | None, normalizer: float, sums: Tensor
     ) -> dict[int, float]:
         algo = self.algorithm
         mask = mb.response_mask
-        logprobs, entropy = token_logprobs(self.model, mb, self.temperature, with_entropy=algo.entropy_coef > 0)
-        old_logprobs = old if reuse else logprobs.detach()
+        # Without an old-log-prob pass this forward also reports the entropy statistic, with or without a bonus.
+        with_entropy = algo.entropy_coef > 0 or old is None
+        logprobs, entropy = token_logprobs(
+            self.model, mb, self.temperature, with_entropy=with_entropy, entropy_grad=algo.entropy_coef > 0
+        )
+        old_logprobs = logprobs.detach() if old is None else old
+        if old is None:
+            assert entropy is not None
+            _add_policy_stats(sums, mb, old_logprobs, entropy.detach())
         correction = algo.off_policy
         weights = None
         corrected = 0.0
@@ -251,7 +302,7 @@ class LLMLearner:
             kl = kl_estimate(logprobs, ref, algo.kl_estimator)
             loss = loss + algo.kl_coef * entropy_bonus(kl, norm_length=norm_length, **common)
             kl_sum = float((kl.detach() * mask).sum())
-        if entropy is not None:
+        if entropy is not None and algo.entropy_coef > 0:
             loss = loss - algo.entropy_coef * entropy_bonus(entropy, norm_length=norm_length, **common)
         loss.backward()
         tokens = float(mask.sum())

@@ -180,3 +180,73 @@ def test_a_batch_that_cannot_split_names_algorithm_minibatches():
     learner.world_size = 3  # 16 samples over 2 minibatches x 3 ranks
     with pytest.raises(BatchShapeError, match=r"algorithm\.minibatches"):
         learner.shard(make_samples(0))
+
+
+ALL_STAT_KEYS = (*STAT_KEYS, "corrected_fraction", "response_tokens")
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        AlgorithmSpec(name="grpo", clip_ratio_high=0.28),
+        AlgorithmSpec(name="grpo", entropy_coef=0.05, off_policy=OffPolicyCorrection(type="tis", high=2.0)),
+        AlgorithmSpec(name="gspo", kl_coef=0.5, loss_aggregation="seq-mean-token-mean"),
+        AlgorithmSpec(name="cispo", entropy_coef=0.05, off_policy=OffPolicyCorrection(type="icepop")),
+    ],
+    ids=["grpo", "grpo-entropy-tis", "gspo-kl", "cispo-entropy-icepop"],
+)
+def test_one_epoch_of_one_minibatch_skips_the_old_logprob_pass_with_the_same_update_and_statistics(algorithm):
+    # The training forward detached is the old policy then: the update and every statistic are those of a
+    # learner that still runs the separate no-grad pass, bit for bit, also with a loss mask and micro-batches.
+    model = make_model()
+    skipping, full = (
+        make_learner(algorithm, micro_batch_size=4, model=copy.deepcopy(model), reference=copy.deepcopy(model))
+        for _ in range(2)
+    )
+    assert not skipping.old_logprobs_pass
+    full.old_logprobs_pass = True
+    for seed in (0, 1, 2):
+        samples = make_samples(seed)
+        for sample in samples[::3]:
+            sample["loss_mask"] = [i % 2 for i in range(len(sample["response_ids"]))]
+        stats_skipping, stats_full = skipping.update(samples), full.update(samples)
+        for key in ALL_STAT_KEYS:
+            assert stats_skipping[key] == stats_full[key], key
+    assert stats_full["mismatch_kl"] > 0.1 and stats_full["entropy"] > 0.1
+    if algorithm.kl_coef:
+        assert stats_full["kl"] > 0.0
+    assert torch.equal(flat_params(skipping), flat_params(full))
+
+
+def test_epochs_minibatches_or_dropout_keep_the_old_logprob_pass():
+    assert make_learner(AlgorithmSpec(name="grpo", epochs=2)).old_logprobs_pass
+    assert make_learner(AlgorithmSpec(name="grpo", minibatches=2)).old_logprobs_pass
+    dropout = make_model()
+    dropout.config.attention_dropout = 0.1  # a training forward is random: skipping would change its stream
+    assert make_learner(AlgorithmSpec(name="grpo"), model=dropout).old_logprobs_pass
+
+
+def test_collate_lays_each_sample_out_on_the_next_token_grid():
+    samples = make_samples(0, count=5)
+    samples[1]["loss_mask"] = [i % 2 for i in range(len(samples[1]["response_ids"]))]
+    pad = TOKENIZER.pad_token_id
+    batch = collate(samples, pad)
+    width = max(len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples)
+    assert batch.input_ids.shape == (5, width) and batch.response_mask.shape == (5, width - 1)
+    for i, s in enumerate(samples):
+        p, r = len(s["prompt_ids"]), len(s["response_ids"])
+        tokens = [*s["prompt_ids"], *s["response_ids"]]
+        assert batch.input_ids[i].tolist() == tokens + [pad] * (width - p - r)
+        assert batch.attention_mask[i].tolist() == [1] * (p + r) + [0] * (width - p - r)
+        assert batch.targets[i].tolist() == batch.input_ids[i, 1:].tolist()
+        mask = [0.0] * (width - 1)
+        mask[p - 1 : p - 1 + r] = [float(m) for m in s.get("loss_mask", [1] * r)]
+        assert batch.response_mask[i].tolist() == mask
+        rollout = torch.zeros(width - 1)
+        rollout[p - 1 : p - 1 + r] = torch.tensor(s["rollout_logprobs"])
+        assert torch.equal(batch.rollout_logprobs[i], rollout)
+        advantage = torch.zeros(width - 1)
+        advantage[p - 1 : p - 1 + r] = s["advantage"]
+        assert torch.equal(batch.advantages[i], advantage)
+    assert batch.input_ids.dtype == batch.attention_mask.dtype == torch.long
+    assert batch.response_mask.dtype == batch.advantages.dtype == torch.float32
