@@ -181,6 +181,9 @@ class GenerationServer:
 def run_rollout(context: RoleContext) -> int:
     spec = context.job.spec
     torch.set_num_threads(1)
+    # Sampling draws from this process's global generator: seeded per replica, so a job with one rollout
+    # replica samples the same responses run after run (the vllm engine takes the same seed).
+    torch.manual_seed(spec.trainer.seed * 1000 + context.identity.replica)
     device = role_device(spec.roles.rollout.gpus_per_replica)
     engine = build_engine(context, device)
     from rljob.runtime.roles.health import RoleHealth
