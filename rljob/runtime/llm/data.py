@@ -36,16 +36,17 @@ class DatasetError(ValueError):
 
 
 def arithmetic_rows(size: int, seed: int, max_operand: int = 9) -> list[Row]:
-    """`size` sums of two operands in [0, max_operand]: `{"prompt": "3+5=", "answer": "8"}`.
+    """`size` sums of two operands in [0, max_operand]: `{"prompt": "3+5=", "answer": "8", "expression": "3+5"}`.
 
     Single digits keep the task learnable from scratch by a tiny model on a CPU in minutes: the answer
-    is one or two characters, so a random policy already finds some right answers to reinforce.
+    is one or two characters, so a random policy already finds some right answers to reinforce. `expression`
+    (the sum without `=`) is there for templates, e.g. a supervised warm-up's `calc({expression})`.
     """
     rng = random.Random(seed)
     rows = []
     for _ in range(size):
         a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
-        rows.append({"prompt": f"{a}+{b}=", "answer": str(a + b)})
+        rows.append({"prompt": f"{a}+{b}=", "answer": str(a + b), "expression": f"{a}+{b}"})
     return rows
 
 
