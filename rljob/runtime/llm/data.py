@@ -6,7 +6,7 @@ Sources (`spec.task.llm.dataset`, exactly one):
 - `name`: a dataset on the Hugging Face hub through `datasets` (offline from its cache when
   `HF_DATASETS_OFFLINE=1`/`HF_HUB_OFFLINE=1`);
 - `builtin: arithmetic`: `"a+b="` -> the sum, operands in 0..`maxOperand`, generated from the seed: nothing
-  to read.
+  to read (each row also carries `expression`, `"a+b"`, for templates).
 
 Every error names the field to change (`DatasetError`), before any process starts.
 """
