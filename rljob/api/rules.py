@@ -96,6 +96,7 @@ def _check_spec(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     yield from _check_batch(spec)
     yield from _check_reward(spec)
     yield from _check_roles(spec)
+    yield from _check_sft(spec)
     if spec.scheduling.gang == "kueue" and not spec.scheduling.queue:
         yield "scheduling.queue", "gang kueue needs scheduling.queue: the name of a Kueue LocalQueue"
 
@@ -146,6 +147,26 @@ def _check_task(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
             )
 
 
+def _check_sft(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    sft = spec.sft
+    if sft.steps == 0:
+        return
+    if (sft.response_template is None) == (sft.response_key is None):
+        yield (
+            "sft",
+            "sft.steps > 0 needs exactly one of sft.responseTemplate (e.g. 'calc({expression})') or "
+            "sft.responseKey (a dataset column)",
+        )
+    if sft.response_template is not None:
+        try:
+            sft.response_template.format_map(_BlankFields())
+        except (ValueError, IndexError) as exc:
+            yield (
+                "sft.responseTemplate",
+                f"is not a Python format string ({exc}); write literal braces as {{{{ and }}}}",
+            )
+
+
 def _check_text_env(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     assert spec.task.llm is not None
     env = spec.task.llm.env
@@ -185,6 +206,7 @@ _LLM_ONLY_SETTINGS: tuple[tuple[str, Callable[[RLJobSpec], object], object], ...
     ("algorithm.dynamicSampling", lambda s: bool(s.algorithm.dynamic_sampling), False),
     ("algorithm.maxSamplingRounds", lambda s: s.algorithm.max_sampling_rounds, 4),
     ("algorithm.overlong", lambda s: s.algorithm.overlong, None),
+    ("sft.steps", lambda s: s.sft.steps, 0),
 )
 
 

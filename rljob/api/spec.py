@@ -426,6 +426,32 @@ class EvaluationSpec(SpecModel):
     """Responses per held-out prompt (accuracy is their mean)."""
 
 
+class SFTSpec(SpecModel):
+    """A supervised warm-up of llm jobs before RL: the actor trains the policy on demonstrations for `steps`
+    steps, then RL starts from the warmed-up weights. For behaviour the starting policy never samples (a tool
+    call, an answer format), which RL alone cannot reinforce. The demonstration of a row is `responseTemplate`
+    filled from the row's fields, or the row's `responseKey` column: exactly one of them. The model learns to
+    write it (and then the end-of-sequence token) after the row's rendered prompt; the prompt is not trained on."""
+
+    model_config = cel(
+        (
+            "self.steps == 0 || has(self.responseTemplate) != has(self.responseKey)",
+            "sft.steps > 0 needs exactly one of sft.responseTemplate or sft.responseKey",
+        )
+    )
+
+    steps: int = Field(default=0, ge=0)
+    """Supervised steps before RL step 0; 0 turns the warm-up off."""
+    batch_size: int = Field(default=32, ge=1)
+    """Demonstrations per step (training rows, walked in a seeded order of their own)."""
+    learning_rate: float = Field(default=1e-3, gt=0.0)
+    """Constant; the optimizer kind, eps, weight decay and gradient clip are the trainer's."""
+    response_template: str | None = Field(default=None, min_length=1)
+    """A Python format string over the row's fields, e.g. `calc({expression})`."""
+    response_key: str | None = Field(default=None, min_length=1)
+    """A dataset column that holds each row's demonstration."""
+
+
 # --- checkpoint, logging ------------------------------------------------------------------------
 
 
@@ -563,6 +589,8 @@ class RLJobSpec(SpecModel):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     reward: RewardSpec = Field(default_factory=RewardSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
+    sft: SFTSpec = Field(default_factory=SFTSpec)
+    """Supervised warm-up before RL (llm jobs)."""
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
     roles: RolesSpec = Field(default_factory=RolesSpec)

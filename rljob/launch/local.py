@@ -69,11 +69,12 @@ def check_local(job: RLJob) -> None:
 
 
 def check_llm(job: RLJob) -> None:
-    """Read the dataset, find the model, load the reward functions and build the text environment (if any)
-    before any process starts."""
+    """Read the dataset, find the model, load the reward functions, fill the warm-up's demonstrations and
+    build the text environment (if any) before any process starts."""
     from rljob.runtime.llm.data import DatasetError, load_rows
     from rljob.runtime.llm.policy import ModelSourceError, check_model_source
     from rljob.runtime.llm.rewards import check_reward_columns, check_reward_spec
+    from rljob.runtime.llm.sft import check_sft_rows
 
     spec = job.spec
     assert spec.task.llm is not None
@@ -90,7 +91,11 @@ def check_llm(job: RLJob) -> None:
         check_model_source(spec.model)
     except (DatasetError, ModelSourceError) as exc:
         raise LaunchError(str(exc)) from None
-    problems = check_reward_spec(spec.reward, Path.cwd()) + check_reward_columns(spec.reward, rows)
+    problems = (
+        check_reward_spec(spec.reward, Path.cwd())
+        + check_reward_columns(spec.reward, rows)
+        + check_sft_rows(spec.sft, rows)
+    )
     if spec.task.llm.env is not None:
         from rljob.runtime.llm.textenv import check_text_env
 

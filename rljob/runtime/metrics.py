@@ -87,8 +87,10 @@ class RunMetrics:
 
             self._writer = SummaryWriter(log_dir=str(self.run_dir / "tb"))
 
-    def log(self, step: int, record: Mapping[str, Any]) -> dict[str, Any]:
-        """Append one record (a JSON object line) and its numeric scalars to TensorBoard; return what was written."""
+    def log(self, step: int, record: Mapping[str, Any], tensorboard_step: int | None = None) -> dict[str, Any]:
+        """Append one record (a JSON object line) and its numeric scalars to TensorBoard (at `tensorboard_step`,
+        default `step`: an llm job's warm-up records are all step 0, each at its own `sft_step`); return what
+        was written."""
         now = time.time()
         line = {STEP: int(step), WALL_TIME: round(now - self.start_time, 4), TIMESTAMP: round(now, 3)}
         line.update({key: _json_value(value) for key, value in record.items()})
@@ -96,9 +98,10 @@ class RunMetrics:
         self._jsonl.write(json.dumps(line) + "\n")
         self._jsonl.flush()
         if self._writer is not None:
+            at = step if tensorboard_step is None else tensorboard_step
             for key, value in line.items():
                 if key not in (STEP, TIMESTAMP) and isinstance(value, int | float) and not isinstance(value, bool):
-                    self._writer.add_scalar(key, value, global_step=step)
+                    self._writer.add_scalar(key, value, global_step=at)
         return line
 
     def close(self) -> Path | None:

@@ -55,6 +55,7 @@ VIOLATIONS = [
      "spec.algorithm.dynamicSampling"),
     ("overlong-buffer-not-below-max-response", LLM, "spec.algorithm.overlong", {"buffer": 4096},
      "spec.algorithm.overlong.buffer"),
+    ("sft-without-demonstration", LLM, "spec.sft", {"steps": 10}, "spec.sft"),
 ]  # fmt: skip
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from rljob.runtime.checkpoint import CheckpointManager
+
 EXAMPLE = "examples/grpo-tiny-calculator.yaml"
 SHORT = ("--set=spec.trainer.batchSize=8", "--set=spec.logging.tensorboard=false", "--quiet")
 EPISODE_KEYS = ("turns_mean", "tool_call_rate", "tool_calls_mean", "env_reward_mean", "env_errors")
@@ -20,6 +22,11 @@ class AlwaysAnswers(TextEnv):
         second = any(m["role"] == "assistant" for m in messages)
         return [{"role": "tool", "content": "= " + row["answer"] + "\\n"}], 0.5, second, {"tool_calls": 1}
 '''
+
+
+def split_phases(records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(warm-up records, RL records) of a metrics.jsonl."""
+    return [r for r in records if r.get("phase") == "sft"], [r for r in records if "phase" not in r]
 
 
 def job_with(repo, tmp_path, **env) -> str:
@@ -42,17 +49,22 @@ def test_grpo_tiny_calculator_runs_episodes_through_the_env_role(repo, start_run
     )
     output = run.finish()
     assert run.process.returncode == 0, output
-    records = run.metrics()
+    warmup, records = split_phases(run.metrics())
     assert [r["step"] for r in records] == [1, 2, 3]
+    # The supervised warm-up ran first (spec.sft) and taught the call: the first RL episodes use the tool.
+    assert [r["sft_step"] for r in warmup] == list(range(1, len(warmup) + 1)) and len(warmup) >= 10
+    assert all(r["step"] == 0 for r in warmup)
+    assert warmup[-1]["sft_loss"] < 0.5 * warmup[0]["sft_loss"], (warmup[0], warmup[-1])
+    assert records[0]["tool_call_rate"] > 0.5 and records[0]["turns_mean"] > 1.3, records[0]
     for record in records:
         for key in EPISODE_KEYS:
             assert record.get(key) is not None, (record["step"], key)
-        assert 1.0 <= record["turns_mean"] <= 3.0  # task.llm.env.maxTurns 3
+        assert 1.0 <= record["turns_mean"] <= 2.0  # task.llm.env.maxTurns 2
         assert 0.0 <= record["tool_call_rate"] <= 1.0
         assert record["env_errors"] == 0 and record["env_reward_mean"] == 0.0  # the calculator scores nothing
         assert record["mismatch_kl"] < 1e-6
     assert "eval_turns_mean" in records[-1] and "eval_tool_call_rate" in records[-1]
-    assert "serving the text environment calculator (maxTurns 3)" in (run.out / "logs" / "env-0.log").read_text()
+    assert "serving the text environment calculator (maxTurns 2)" in (run.out / "logs" / "env-0.log").read_text()
     assert not run.roles()
 
 
@@ -69,7 +81,7 @@ def test_a_user_environment_from_a_file_gets_two_turns_whose_replies_are_not_tra
     )
     output = run.finish()
     assert run.process.returncode == 0, output
-    for record in run.metrics():
+    for record in split_phases(run.metrics())[1]:
         assert record["turns_mean"] == 2.0 and record["tool_call_rate"] == 1.0
         assert record["env_reward_mean"] == 1.0  # 0.5 per step, two steps
         # The reply `= ANSWER\n` sits between the turns: in the response, never among the trained tokens.
@@ -110,4 +122,48 @@ def test_an_env_class_missing_from_its_file_is_refused_before_any_role_starts(re
     assert run.process.returncode != 0
     assert "spec.task.llm.env.module: " in output and "has no class 'Calculator'" in output, output
     assert "Traceback" not in output, output
+    assert not run.roles()
+
+
+@pytest.mark.slow
+def test_a_resumed_run_does_not_repeat_the_warm_up_and_continues_the_prompt_stream(repo, start_run):
+    settings = (
+        "--set=spec.sft.steps=12",
+        "--set=spec.checkpoint.interval=2",
+        "--set=spec.evaluation.interval=0",
+        "--set=spec.evaluation.size=0",
+        *SHORT,
+    )
+    first = start_run(repo / EXAMPLE, "--set=spec.trainer.steps=2", *settings, name="sft-resumed")
+    output = first.finish()
+    assert first.process.returncode == 0, output
+    assert "sft step 12/12" in (first.out / "logs" / "actor-0.log").read_text()
+
+    again = start_run(repo / EXAMPLE, "--set=spec.trainer.steps=4", *settings, name="sft-resumed")
+    output = again.finish()
+    assert again.process.returncode == 0, output
+    log = (again.out / "logs" / "actor-0.log").read_text()
+    assert "supervised warm-up: 12 steps done before the checkpoint, not repeated" in log, log
+    assert "sft step" not in log[log.index("resumed from") :]  # the log file holds both runs
+    warmup, records = split_phases(again.metrics())
+    assert [r["sft_step"] for r in warmup] == list(range(1, 13))  # the first run's, kept once
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    manager = CheckpointManager(again.out / "checkpoints", keep=10)
+    states = {step: manager.load(path)[1] for step, path in manager.checkpoints()}
+    assert {step: state["sft_steps"] for step, state in states.items()} == {2: 12, 4: 12}
+    # The warm-up walks its own order: RL took exactly batchSize prompts per step, from the stream's start.
+    assert {step: state["stream"] for step, state in states.items()} == {
+        2: {"epoch": 0, "position": 16},
+        4: {"epoch": 0, "position": 32},
+    }
+
+
+@pytest.mark.slow
+def test_a_warm_up_template_field_the_rows_lack_is_refused_before_any_role_starts(repo, start_run):
+    run = start_run(repo / EXAMPLE, "--set=spec.sft.responseTemplate=calc({expresion})", "--quiet")
+    output = run.finish(timeout=120)
+    assert run.process.returncode != 0
+    assert "spec.sft.responseTemplate: reads {expresion}, but row 0 of the dataset has no column 'expresion'" in output
+    assert "Traceback" not in output, output
+    assert not (run.out / "logs").exists() or not list((run.out / "logs").iterdir())
     assert not run.roles()

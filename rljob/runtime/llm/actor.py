@@ -10,6 +10,9 @@ trains, so generation overlaps training; every group is checked against k before
 With a text environment (`task.llm.env`) the rows travel with the prompts and the rollouts return multi-turn
 episodes (`rljob.runtime.llm.multiturn`): the reward functions score the final model turn, the environment's
 step rewards are added, and the loss mask keeps the environment's tokens out of the update.
+
+With `spec.sft` every rank first runs the supervised warm-up (`rljob.runtime.llm.sft`) on the training rows;
+its records go to metrics.jsonl as step 0 with `phase: sft`, and a resume from a checkpoint never repeats it.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from rljob.runtime.llm.multiturn import episode_metrics
 from rljob.runtime.llm.policy import ModelSourceError, load_policy
 from rljob.runtime.llm.pool import ChunkResult, RewardPool, RolloutPool
 from rljob.runtime.llm.setup import job_rows, load_job_policy, role_device, weights_dir
+from rljob.runtime.llm.sft import Warmup
 from rljob.runtime.llm.sharding import (
     CommandChannel,
     export_policy,
@@ -328,6 +332,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     stream_state = None
     samples_seen = 0
     channel = CommandChannel(rank, world)
+    sft_steps_done = 0
     if resumed is not None:
         step, state, path = resumed
         try:
@@ -336,7 +341,16 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
             raise FatalConfigError(str(exc)) from None
         restore_rng_state(state["rng"])
         stream_state, samples_seen = state["stream"], int(state["samples"])
+        sft_steps_done = int(state.get("sft_steps", 0))
         context.log.info("resumed from %s (step %d)", path, step)
+    # The warm-up runs once, before RL step 0: a checkpoint (written after it) holds its result.
+    started = time.time()
+    sft_records: list[dict[str, Any]] = []
+    if spec.sft.steps and resumed is None:
+        sft_records = Warmup(spec, learner, tokenizer, train_rows, context.log).run()
+        sft_steps_done = spec.sft.steps
+    elif spec.sft.steps:
+        context.log.info("supervised warm-up: %d steps done before the checkpoint, not repeated", sft_steps_done)
 
     total = spec.trainer.steps
     if rank != 0:
@@ -356,8 +370,16 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     run_metrics = None
     if identity.run_dir:
         # After a resume the steps past the checkpoint are redone: their old records go, wall time continues.
-        previous_wall = keep_records_until(Path(identity.run_dir) / "metrics.jsonl", learner.step)
-        run_metrics = RunMetrics(identity.run_dir, spec.logging.tensorboard, start_time=time.time() - previous_wall)
+        # Without a checkpoint everything is redone, the warm-up's records (step 0) included.
+        kept_until = learner.step if resumed is not None else -1
+        previous_wall = keep_records_until(Path(identity.run_dir) / "metrics.jsonl", kept_until)
+        run_metrics = RunMetrics(
+            identity.run_dir,
+            spec.logging.tensorboard,
+            start_time=time.time() - previous_wall if resumed is not None else started,
+        )
+        for record in sft_records:
+            run_metrics.log(0, record, tensorboard_step=record["sft_step"])
     health.ready()
     context.log.info(
         "training %d steps from step %d: %d prompts x %d samples per step, %d actor rank(s)%s, %d rollout(s)",
@@ -440,6 +462,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
                         "rng": capture_rng_state(),
                         "stream": stream_after_step,
                         "samples": samples_seen,
+                        "sft_steps": sft_steps_done,
                     },
                     channel,
                 )

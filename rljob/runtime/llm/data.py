@@ -6,7 +6,7 @@ Sources (`spec.task.llm.dataset`, exactly one):
 - `name`: a dataset on the Hugging Face hub through `datasets` (offline from its cache when
   `HF_DATASETS_OFFLINE=1`/`HF_HUB_OFFLINE=1`);
 - `builtin: arithmetic`: `"a+b="` -> the sum, operands in 0..`maxOperand`, generated from the seed: nothing
-  to read.
+  to read (each row also carries `expression`, `"a+b"`, for templates).
 
 Every error names the field to change (`DatasetError`), before any process starts.
 """
@@ -36,16 +36,17 @@ class DatasetError(ValueError):
 
 
 def arithmetic_rows(size: int, seed: int, max_operand: int = 9) -> list[Row]:
-    """`size` sums of two operands in [0, max_operand]: `{"prompt": "3+5=", "answer": "8"}`.
+    """`size` sums of two operands in [0, max_operand]: `{"prompt": "3+5=", "answer": "8", "expression": "3+5"}`.
 
     Single digits keep the task learnable from scratch by a tiny model on a CPU in minutes: the answer
-    is one or two characters, so a random policy already finds some right answers to reinforce.
+    is one or two characters, so a random policy already finds some right answers to reinforce. `expression`
+    (the sum without `=`) is there for templates, e.g. a supervised warm-up's `calc({expression})`.
     """
     rng = random.Random(seed)
     rows = []
     for _ in range(size):
         a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
-        rows.append({"prompt": f"{a}+{b}=", "answer": str(a + b)})
+        rows.append({"prompt": f"{a}+{b}=", "answer": str(a + b), "expression": f"{a}+{b}"})
     return rows
 
 

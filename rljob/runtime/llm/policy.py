@@ -88,9 +88,10 @@ def build_char_tokenizer(texts: list[str]) -> Any:
     return tokenizer
 
 
-def tokenizer_texts(task: LLMTask, rows: list[dict[str, Any]]) -> list[str]:
-    """Every text the model reads or writes: the rows, the template around them, the chat markup if used."""
-    texts = [task.prompt_template.replace("{prompt}", ""), task.system_prompt or ""]
+def tokenizer_texts(task: LLMTask, rows: list[dict[str, Any]], extra: list[str] | None = None) -> list[str]:
+    """Every text the model reads or writes: the rows, the template around them, the chat markup if used, and
+    `extra` texts (a supervised warm-up's demonstrations)."""
+    texts = [task.prompt_template.replace("{prompt}", ""), task.system_prompt or "", *(extra or [])]
     if task.system_prompt is not None:
         texts.append("\n")  # the line break after the system prompt
     if task.apply_chat_template:
@@ -172,11 +173,13 @@ def load_policy(
     device: torch.device,
     precision: str = "fp32",
     base_dir: Path | None = None,
+    extra_texts: list[str] | None = None,
 ) -> tuple[torch.nn.Module, Any]:
-    """(model on `device`, tokenizer). Every process of a job that calls this gets the same starting policy."""
+    """(model on `device`, tokenizer). Every process of a job that calls this gets the same starting policy;
+    `extra_texts` are more texts the builtin tokenizer must cover (see `tokenizer_texts`)."""
     dtype = policy_dtype(spec_model, precision, device)
     if spec_model.source == "builtin":
-        tokenizer = build_char_tokenizer(tokenizer_texts(task, rows))
+        tokenizer = build_char_tokenizer(tokenizer_texts(task, rows, extra_texts))
         max_length = 8 + 2 * (task.max_prompt_length + task.max_response_length)
         model = build_tiny_qwen2(spec_model, tokenizer, max_length, seed)
         return model.to(device=device, dtype=dtype), tokenizer

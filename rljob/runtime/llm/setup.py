@@ -11,6 +11,7 @@ import torch
 from rljob.runtime.llm.data import DatasetError, Row, load_rows
 from rljob.runtime.llm.policy import ModelSourceError, load_policy
 from rljob.runtime.llm.rewards import check_reward_columns
+from rljob.runtime.llm.sft import check_sft_rows, demonstration_texts
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
 
 
@@ -22,27 +23,36 @@ def role_device(gpus_per_replica: int) -> torch.device:
 
 
 def job_rows(context: RoleContext) -> list[Row]:
-    """The dataset's rows; a dataset that cannot be read, or lacks a column a reward function reads, is a
-    configuration error (exit 78)."""
+    """The dataset's rows; a dataset that cannot be read, or lacks a column a reward function or the supervised
+    warm-up reads, is a configuration error (exit 78)."""
     spec = context.job.spec
     assert spec.task.llm is not None
     try:
         rows = load_rows(spec.task.llm, seed=spec.trainer.seed)
     except DatasetError as exc:
         raise FatalConfigError(str(exc)) from None
-    problems = check_reward_columns(spec.reward, rows)
+    problems = check_reward_columns(spec.reward, rows) + check_sft_rows(spec.sft, rows)
     if problems:
         raise FatalConfigError("\n".join(f"{field}: {message}" for field, message in problems))
     return rows
 
 
 def load_job_policy(context: RoleContext, device: torch.device, rows: list[Row] | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) as every process of the job builds them: the same starting weights everywhere."""
+    """(model, tokenizer) as every process of the job builds them: the same starting weights everywhere (and
+    the same builtin tokenizer, which also covers the warm-up's demonstrations)."""
     spec = context.job.spec
     assert spec.task.llm is not None
     rows = job_rows(context) if rows is None else rows
     try:
-        return load_policy(spec.model, spec.task.llm, rows, spec.trainer.seed, device, spec.trainer.precision)
+        return load_policy(
+            spec.model,
+            spec.task.llm,
+            rows,
+            spec.trainer.seed,
+            device,
+            spec.trainer.precision,
+            extra_texts=demonstration_texts(spec, rows),
+        )
     except ModelSourceError as exc:
         raise FatalConfigError(str(exc)) from None
 
