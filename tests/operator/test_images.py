@@ -64,3 +64,19 @@ def test_dockerfiles_are_hadolint_clean():
     files = [str(ROOT / folder / "Dockerfile") for folder in sorted(IMAGES)]
     result = subprocess.run([hadolint, "--format", "json", *files], capture_output=True, text=True, check=False)
     assert result.returncode == 0, json.loads(result.stdout or "[]")
+
+
+def test_gpu_images_share_one_torch_with_vllm():
+    """NCCL weight sync between actor and vLLM rollout pods needs the same torch build in both images."""
+    pins = dict(
+        line.split("==", 1)
+        for line in (ROOT / "constraints" / "gpu.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+    assert {"torch", "vllm"} <= set(pins)
+    for folder in ("trainer_image", "rollout_image"):
+        steps = instructions(folder)
+        assert ("COPY", "constraints/gpu.txt /tmp/constraints-gpu.txt") in steps
+        installs = [arg for k, arg in steps if k == "RUN" and "pip install" in arg and "rljob[" in arg]
+        assert "-c /tmp/constraints-gpu.txt" in installs[0]
+    assert "!constraints/gpu.txt" in (ROOT / ".dockerignore").read_text().split()
