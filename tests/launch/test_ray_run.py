@@ -115,8 +115,10 @@ def test_cartpole_learns_through_ray_and_survives_a_killed_env_worker_and_a_kill
     assert "env-1 exited with code -9: replacing it" in output
     assert "restarting the actor group from the latest checkpoint (1/3)" in output
     log = (run.out / "logs" / "actor-0.log").read_text()
-    resumed = re.search(r"resumed from .*step-(\d+) \(step (\d+)", log)
-    assert resumed and int(resumed.group(2)) % 5 == 0 and 10 <= int(resumed.group(2)) < 40, log
+    # When the env's replacement cannot get its old port back, every replica restarts with the new
+    # addresses (a resume from step 5, not charged); the actor kill after step 12 resumes from step >= 10.
+    resumes = re.findall(r"resumed from .*step-(\d+) \(step (\d+)", log)
+    assert resumes and int(resumes[-1][1]) % 5 == 0 and 10 <= int(resumes[-1][1]) < 40, log
     records = run.metrics()
     assert [r["step"] for r in records] == list(range(1, 41))
     episodes = [ret for r in records for ret in r["episode_returns"]]

@@ -31,7 +31,7 @@ def sample(code: str, tests: object = "assert f() == 3") -> RewardInput:
 def leftovers() -> list[psutil.Process]:
     """Processes of any sandbox run still alive (zombies are dead, awaiting their reaper): below this test
     process, or under a run's own uid."""
-    found = psutil.Process().children(recursive=True)
+    found = [p for p in psutil.Process().children(recursive=True) if p.pid not in _BEFORE]
     found += [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real >= SANDBOX_UID_BASE]
     alive = []
     for process in found:
@@ -56,18 +56,32 @@ def scorer(request):
     made.close()
 
 
-def contained(scorer: RewardScorer, code: str, named: str) -> None:
-    """The bad code scores 0 with one error carrying `named`; the good code beside it scores 1; nothing lingers."""
+@pytest.fixture(autouse=True)
+def _processes_before():
+    """Processes below this test process that an earlier test left: not this test's sandbox runs."""
+    global _BEFORE
+    _BEFORE = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+
+
+_BEFORE: set[int] = set()
+
+
+def contained(scorer: RewardScorer, code: str, *named: str) -> None:
+    """The bad code scores 0 with one error carrying one of `named`; the good code beside it scores 1; nothing
+    lingers."""
     scored = scorer.score([sample(code), sample(GOOD)])
     assert scored.terms["code_exec"] == [0.0, 1.0]
     assert scored.errors == {"code_exec": 1}
-    assert named in scored.error_messages["code_exec"]
+    assert any(name in scored.error_messages["code_exec"] for name in named), scored.error_messages
     assert leftovers() == []
     assert scorer.score([sample(GOOD)]).rewards == [1.0]  # and it keeps serving
 
 
-def test_an_infinite_loop_is_killed_at_the_wall_clock_limit(scorer):
-    contained(scorer, "while True:\n    pass", "killed after the wall-clock limit")
+def test_an_infinite_loop_is_killed_at_its_cpu_or_wall_clock_limit(scorer):
+    # Which limit comes first depends on how much CPU the run gets: alone, the CPU-time limit; on a busy
+    # machine, the wall clock. Either contains it.
+    contained(scorer, "while True:\n    pass", "killed after the wall-clock limit", "CPU time limit")
 
 
 def test_a_process_that_ignores_sigterm_and_escapes_its_session_is_still_killed(scorer):

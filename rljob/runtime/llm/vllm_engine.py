@@ -159,7 +159,7 @@ class VLLMEngine:
             dtype=str(dtype).removeprefix("torch."),
             seed=seed,
             max_model_len=max_len,
-            tensor_parallel_size=settings.tensor_parallel_size,
+            tensor_parallel_size=settings.tensor_parallel_size or 1,  # unset when the job was not resolved
             enforce_eager=settings.enforce_eager,
             enable_prefix_caching=True,
             logprobs_mode=logprobs_mode(rollout),
@@ -238,7 +238,7 @@ def start_vllm_engine(context: RoleContext, sync: WeightSyncSettings) -> VLLMEng
     if not vllm_installed():
         raise FatalConfigError(NOT_INSTALLED)
     spec = context.job.spec
-    if spec.rollout.vllm.tensor_parallel_size > 1 and sync.method == "broadcast":
+    if (spec.rollout.vllm.tensor_parallel_size or 1) > 1 and sync.method == "broadcast":
         raise FatalConfigError(
             "spec.rollout.weightSync.method: broadcast reaches one vLLM worker per rollout in this version; with "
             "spec.rollout.vllm.tensorParallelSize > 1 use filesystem (every worker loads its shard from the file)"

@@ -19,7 +19,7 @@ import torch
 from rljob.api.loading import load_job_file
 from rljob.launch.local import free_ports
 from rljob.runtime.identity import RoleIdentity, local_identities, ports_needed
-from rljob.runtime.llm.engine import HFEngine, Sampling
+from rljob.runtime.llm.engine import HFEngine, Sampling, WeightSyncSettings
 from rljob.runtime.llm.membership import MembershipError, RolloutMembership, members_document, parse_members
 from rljob.runtime.llm.pool import ChunkResult, RolloutPool
 from rljob.runtime.llm.rollout import GenerationServer
@@ -103,7 +103,8 @@ class RolloutReplica:
 
     def __init__(self, identity: RoleIdentity, job, model: torch.nn.Module, tokenizer) -> None:
         self.context = RoleContext(identity=identity, job=job, log=logging.getLogger(f"rollout-{identity.replica}"))
-        self.server = GenerationServer(self.context, HFEngine(copy.deepcopy(model), tokenizer, CPU))
+        engine = HFEngine(copy.deepcopy(model), tokenizer, CPU, WeightSyncSettings.from_context(self.context))
+        self.server = GenerationServer(self.context, engine)
         self.endpoint = identity.endpoints["rollout"][identity.replica]
         handlers = {
             "status": self.server.status,
@@ -121,7 +122,11 @@ class RolloutReplica:
             finally:
                 transport.close()
 
-        self.threads = [threading.Thread(target=self.server.work, daemon=True), threading.Thread(target=serve)]
+        self.threads = [
+            threading.Thread(target=self.server.work, daemon=True),
+            threading.Thread(target=self.server.receive, daemon=True),
+            threading.Thread(target=serve),
+        ]
         for thread in self.threads:
             thread.start()
         assert bound.wait(10)
@@ -200,13 +205,13 @@ def test_a_joining_replica_gets_the_current_weights_before_work_and_a_leaving_on
         joined = pool.links[2]
         assert (joined.replica, joined.version, joined.inflight) == (2, 1, {})  # weights first, no work yet
         assert running[2].reported_version() == 1
-        for mine, theirs in zip(
-            actor_model.state_dict().values(), running[2].server.staging.state_dict().values(), strict=True
-        ):
-            assert torch.equal(mine, theirs)
         results = run_step(pool, prompts, 6)
         assert {r.replica for r in results.values()} == {0, 1, 2}  # the joiner took its share
         assert {r.version for r in results.values()} == {1}
+        for mine, theirs in zip(
+            actor_model.state_dict().values(), running[2].server.engine.model.state_dict().values(), strict=True
+        ):
+            assert torch.equal(mine, theirs)  # it generated with exactly the actor's weights
 
         # Scaled down: replica 0 leaves the membership with chunks in flight; they are sent elsewhere.
         leaving: set[int] = set()
