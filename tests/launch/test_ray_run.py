@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import time
 
 import psutil
@@ -159,3 +160,65 @@ def test_gpu_product_places_each_role_on_its_node_and_ctrl_c_leaves_no_actor_or_
     time.sleep(0.5)
     assert not run.roles()
     assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.slow
+def test_a_removed_node_is_survived_its_replica_placed_again_on_a_replacement_node_at_a_new_address(
+    cluster, cartpole_manifest, start_run, monkeypatch
+):
+    """The env replica is pinned (nodeSelector -> Ray label) to a node of its own, which is removed mid-run.
+    Its placement group bundle is re-placed on a replacement node with the same label. All nodes of a test
+    cluster share this machine's IP, so the test holds the env's old data port: the replacement comes up at
+    another address, as it would on another machine, and every replica restarts with the new addresses."""
+    monkeypatch.setenv("COLUMNS", "400")
+    test_cluster = cluster[0]
+
+    def env_bundle_node() -> str | None:
+        groups = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
+        return groups[0]["bundles_to_node_id"].get(2) if groups else None  # bundles: actor-0, rollout-0, env-0
+
+    spare = test_cluster.add_node(num_cpus=1, labels={"pool": "spare"}, object_store_memory=SMALL_STORE)
+    replacement = None
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        run = start_run(
+            cartpole_manifest(steps=30, interval=5, envs=1),
+            "--ray",
+            test_cluster.address,
+            "--quiet",
+            *("--set", "spec.roles.env.placement.nodeSelector={pool: spare}"),
+        )
+        run.wait_for_step(6, timeout=180)
+        assert env_bundle_node() == spare.node_id
+        old_port = int(run.role("env", 0).environ()["RLJOB_ENV_ENDPOINTS"].rsplit(":", 1)[1])
+        test_cluster.remove_node(spare)
+        deadline = time.monotonic() + 60
+        while True:  # the env process dies with its node's Ray worker; then its port is ours to hold
+            try:
+                held.bind(("", old_port))
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"port {old_port} of the removed node's env never freed"
+                time.sleep(0.2)
+        held.listen()
+        replacement = test_cluster.add_node(num_cpus=1, labels={"pool": "spare"}, object_store_memory=SMALL_STORE)
+        deadline = time.monotonic() + 90
+        while env_bundle_node() != replacement.node_id:  # Ray re-places the dead node's bundle
+            assert time.monotonic() < deadline and run.process.poll() is None, run.finish()
+            time.sleep(0.2)
+        output = run.finish()
+        assert run.process.returncode == 0, output
+        assert "env-0: its Ray actor died (worker process killed or node lost)" in output
+        moved = re.search(r"env-0 came back at \S+ ports \[(\d+), \d+\]: restarting every replica", output)
+        assert moved and int(moved[1]) != old_port, output
+        log = (run.out / "logs" / "actor-0.log").read_text()
+        assert re.search(r"resumed from .*step-(\d+)", log), log
+        assert [r["step"] for r in run.metrics()] == list(range(1, 31))
+        assert not run.roles()
+        assert wait_until_clean() == ([], [])
+    finally:
+        held.close()
+        if replacement is not None:
+            test_cluster.remove_node(replacement)
+        if spare in test_cluster.worker_nodes:
+            test_cluster.remove_node(spare)
