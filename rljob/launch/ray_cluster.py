@@ -58,7 +58,7 @@ from rljob.launch.ray_placement import (
     ray_problems,
     waiting_for,
 )
-from rljob.launch.supervisor import Child, LaunchError, LogSink, Supervisor
+from rljob.launch.supervisor import Child, LaunchError, LogSink, RunResult, Supervisor
 from rljob.runtime.identity import ReplicaAddress, placed_identities
 from rljob.runtime.parent_death import LAUNCHER_PID_ENV
 
@@ -66,6 +66,8 @@ STOP_GRACE_S = 10.0
 PLACEMENT_TIMEOUT_S = 120.0
 """How long a job that fits the cluster waits for its resources to be free before it fails."""
 POLL_TIMEOUT_S = 30.0
+REPLACE_QUIET_S = 5.0
+"""How long a replacement's Ray actor may take to come up before the launcher says what it waits for."""
 ACTOR_DIED = -9
 """The exit status reported for a replica whose Ray actor died (worker process killed, node lost)."""
 LOCAL_ADDRESS = "local"
@@ -439,7 +441,7 @@ class RayRun(Supervisor):
         if child.handle is None:
             before = (child.host, child.ports)
             self._new_actor(child)
-            self._locate([child])
+            self._locate_replacement(child)
             if (child.host, child.ports) != before:
                 raise AddressChanged(child.name)
         env = {**child.identity.to_env(), **self.extra_env}
@@ -449,6 +451,43 @@ class RayRun(Supervisor):
                 env[var.name] = var.value
         child.code = None
         child.pid = ray.get(child.handle.start.remote(env, self.config_text(), os.getcwd()), timeout=POLL_TIMEOUT_S)
+
+    def _locate_replacement(self, child: RayChild) -> None:
+        """Wait for a fresh Ray actor in a dead one's bundle. After a node loss Ray first re-places the bundle on
+        a node with room and matching labels, which can take long (an autoscaler adding a node): waited for up
+        to the placement timeout, then the job fails saying what its bundle needs."""
+        assert child.bundle is not None
+        ref = child.handle.address.remote(self._wanted_ports(child))
+        ready, _ = ray.wait([ref], timeout=REPLACE_QUIET_S)
+        if not ready:
+            self.log_sink(
+                "launcher",
+                f"waiting up to {self.placement_timeout_s:g}s for Ray to place {child.name} again: "
+                f"{self._bundle_needs(child.bundle)}",
+            )
+            ready, _ = ray.wait([ref], timeout=self.placement_timeout_s)
+        if not ready:
+            raise LaunchError(
+                f"{child.name} was lost with its Ray actor (node lost?) and Ray did not place it again within "
+                f"{REPLACE_QUIET_S + self.placement_timeout_s:g}s: {self._bundle_needs(child.bundle)} "
+                "(add such a node, or raise --placement-timeout)"
+            )
+        child.host, ports = ray.get(ref)
+        child.ports = tuple(ports)
+
+    @staticmethod
+    def _bundle_needs(bundle: Bundle) -> str:
+        resources = ", ".join(f"{name} {amount:g}" for name, amount in bundle.resources.items())
+        labels = ", ".join(f"{k}={v}" for k, v in bundle.labels.items())
+        return f"it needs a node with {resources} free" + (f" and the labels {labels}" if labels else "")
+
+    def supervise(self, on_tick: Any = None, poll_s: float = 0.2) -> RunResult:
+        """The supervisor's loop; a replacement that can never start (its bundle not placed) ends the run with
+        the reason, after every replica is stopped."""
+        try:
+            return super().supervise(on_tick, poll_s)
+        except LaunchError as exc:
+            return self._result(1, str(exc))
 
     def _launch(self, child: Child) -> None:
         try:

@@ -180,6 +180,7 @@ def test_a_removed_node_is_survived_its_replica_placed_again_on_a_replacement_no
     spare = test_cluster.add_node(num_cpus=1, labels={"pool": "spare"}, object_store_memory=SMALL_STORE)
     replacement = None
     held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the old port may linger in TIME_WAIT
     try:
         run = start_run(
             cartpole_manifest(steps=30, interval=5, envs=1),
@@ -222,3 +223,36 @@ def test_a_removed_node_is_survived_its_replica_placed_again_on_a_replacement_no
             test_cluster.remove_node(replacement)
         if spare in test_cluster.worker_nodes:
             test_cluster.remove_node(spare)
+
+
+@pytest.mark.slow
+def test_a_removed_node_with_no_replacement_fails_the_job_after_the_placement_timeout_saying_what_it_needs(
+    cluster, cartpole_manifest, start_run, monkeypatch
+):
+    monkeypatch.setenv("COLUMNS", "400")
+    test_cluster = cluster[0]
+    lonely = test_cluster.add_node(num_cpus=1, labels={"pool": "lonely"}, object_store_memory=SMALL_STORE)
+    try:
+        run = start_run(
+            cartpole_manifest(steps=500, interval=5, envs=1),
+            "--ray",
+            test_cluster.address,
+            "--quiet",
+            *("--placement-timeout", "3"),
+            *("--set", "spec.roles.env.placement.nodeSelector={pool: lonely}"),
+        )
+        run.wait_for_step(2, timeout=180)
+        test_cluster.remove_node(lonely)
+        output = run.finish(timeout=120)
+        assert run.process.returncode == 1, output
+        assert "env-0: its Ray actor died (worker process killed or node lost)" in output
+        assert (
+            "waiting up to 3s for Ray to place env-0 again: it needs a node with CPU 1 free and the labels pool=lonely"
+            in output
+        )
+        assert "env-0 was lost with its Ray actor (node lost?) and Ray did not place it again within 8s" in output
+        assert not run.roles()
+        assert wait_until_clean() == ([], [])
+    finally:
+        if lonely in test_cluster.worker_nodes:
+            test_cluster.remove_node(lonely)
