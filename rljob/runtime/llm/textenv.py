@@ -29,6 +29,7 @@ How an episode becomes a training sample, and how its reward is made, is `rljob.
 
 from __future__ import annotations
 
+import abc
 import importlib
 import importlib.util
 import inspect
@@ -50,14 +51,15 @@ BUILTIN_ENVS: dict[str, str] = {"calculator": "rljob.runtime.llm.calculator:Calc
 """`task.llm.env.builtin` -> the class that implements it."""
 
 
-class TextEnv:
-    """Base class of text environments (see the module docstring); subclasses override `step`, maybe `reset`."""
+class TextEnv(abc.ABC):
+    """Base class of text environments (see the module docstring); subclasses implement `step`, maybe `reset`."""
 
     def reset(self, row: Row) -> list[Message]:
         return []
 
+    @abc.abstractmethod
     def step(self, messages: list[Message], response: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
-        raise NotImplementedError(f"{type(self).__name__} must implement step(messages, response)")
+        """The environment's reply to `response` (appended to `messages`), its reward, done, and info."""
 
 
 class TextEnvConfigError(ValueError):
@@ -158,7 +160,7 @@ def _load_class(ref: str, base_dir: Path | None, field: str) -> type:
         )
     if not isinstance(found, type):
         raise TextEnvConfigError(field, f"{location}:{name} is a {type(found).__name__}, not a class")
-    if not callable(getattr(found, "step", None)):
+    if not callable(getattr(found, "step", None)) or "step" in getattr(found, "__abstractmethods__", ()):
         raise TextEnvConfigError(
             field,
             f"{location}:{name} has no step(messages, response) method: subclass rljob.runtime.llm.textenv.TextEnv",

@@ -121,6 +121,11 @@ def not_a_class():
 
 class NoStep:
     pass
+
+
+class ForgotStep(TextEnv):
+    def reset(self, row):
+        return []
 """
 
 
@@ -144,11 +149,21 @@ def test_a_user_environment_loads_from_a_file_with_its_args(tmp_path):
         ({"module": "tools.py:Gues"}, "spec.task.llm.env.module", "tools.py has no class 'Gues' (classes defined:"),
         ({"module": "tools.py:not_a_class"}, "spec.task.llm.env.module", "tools.py:not_a_class is a function, not"),
         ({"module": "tools.py:NoStep"}, "spec.task.llm.env.module", "has no step(messages, response) method"),
+        ({"module": "tools.py:ForgotStep"}, "spec.task.llm.env.module", "has no step(messages, response) method"),
         ({"module": "no_such_package.envs:Env"}, "spec.task.llm.env.module", "cannot import 'no_such_package.envs'"),
         ({"module": "tools.py:Guess", "args": {"hints": 1}}, "spec.task.llm.env.args", "cannot be built"),
         ({"builtin": "calculator", "args": {"max_expression_length": 0}}, "spec.task.llm.env.args", "building"),
     ],
-    ids=["missing-file", "missing-class", "not-a-class", "no-step", "missing-package", "bad-args", "bad-builtin-args"],
+    ids=[
+        "missing-file",
+        "missing-class",
+        "not-a-class",
+        "no-step",
+        "abstract-step",
+        "missing-package",
+        "bad-args",
+        "bad-builtin-args",
+    ],
 )
 def test_an_environment_that_cannot_be_built_is_an_error_naming_the_field(tmp_path, spec, field, message):
     (tmp_path / "tools.py").write_text(USER_ENV)
