@@ -51,6 +51,7 @@ def cluster():
             object_store_memory=SMALL_STORE,
         ),
     }
+    cluster.wait_for_nodes()  # registered with the GCS before a job looks at the cluster
     ray.init(address=cluster.address, log_to_driver=False)
     yield cluster, {name: n.node_id for name, n in nodes.items()}
     ray.shutdown()
@@ -178,6 +179,7 @@ def test_a_removed_node_is_survived_its_replica_placed_again_on_a_replacement_no
         return groups[0]["bundles_to_node_id"].get(2) if groups else None  # bundles: actor-0, rollout-0, env-0
 
     spare = test_cluster.add_node(num_cpus=1, labels={"pool": "spare"}, object_store_memory=SMALL_STORE)
+    test_cluster.wait_for_nodes()  # the launcher must see it
     replacement = None
     held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the old port may linger in TIME_WAIT
@@ -203,6 +205,7 @@ def test_a_removed_node_is_survived_its_replica_placed_again_on_a_replacement_no
                 time.sleep(0.2)
         held.listen()
         replacement = test_cluster.add_node(num_cpus=1, labels={"pool": "spare"}, object_store_memory=SMALL_STORE)
+        test_cluster.wait_for_nodes()  # the launcher must see it
         deadline = time.monotonic() + 90
         while env_bundle_node() != replacement.node_id:  # Ray re-places the dead node's bundle
             assert time.monotonic() < deadline and run.process.poll() is None, run.finish()
@@ -232,6 +235,7 @@ def test_a_removed_node_with_no_replacement_fails_the_job_after_the_placement_ti
     monkeypatch.setenv("COLUMNS", "400")
     test_cluster = cluster[0]
     lonely = test_cluster.add_node(num_cpus=1, labels={"pool": "lonely"}, object_store_memory=SMALL_STORE)
+    test_cluster.wait_for_nodes()  # the launcher must see it
     try:
         run = start_run(
             cartpole_manifest(steps=500, interval=5, envs=1),

@@ -11,6 +11,7 @@ import copy
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,14 @@ class RolloutReplica:
         finally:
             client.close()
 
+    def version_once_received(self, expected: int, within_s: float = 10.0) -> int:
+        """The version it reports once its receiver thread finished taking in `expected` (the actor's
+        broadcast completes before the rollout's thread records what arrived), or the last one seen."""
+        deadline = time.monotonic() + within_s
+        while (version := self.reported_version()) != expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return version
+
     def stop(self) -> None:
         self.context.stop.set()
         for thread in self.threads:
@@ -196,7 +205,7 @@ def test_a_joining_replica_gets_the_current_weights_before_work_and_a_leaving_on
             for p in actor_model.parameters():
                 p.add_(0.1 * torch.randn_like(p))
         pool.sync(1, actor_model)
-        assert [r.reported_version() for r in running.values()] == [1, 1]
+        assert [r.version_once_received(1) for r in running.values()] == [1, 1]
 
         # Scaled up: replica 2 starts, becomes ready, and the operator lists it.
         running[2] = RolloutReplica(rollout_ids[2], job, model, tokenizer)
@@ -204,7 +213,7 @@ def test_a_joining_replica_gets_the_current_weights_before_work_and_a_leaving_on
         pool.refresh()
         joined = pool.links[2]
         assert (joined.replica, joined.version, joined.inflight) == (2, 1, {})  # weights first, no work yet
-        assert running[2].reported_version() == 1
+        assert running[2].version_once_received(1) == 1
         results = run_step(pool, prompts, 6)
         assert {r.replica for r in results.values()} == {0, 1, 2}  # the joiner took its share
         assert {r.version for r in results.values()} == {1}
