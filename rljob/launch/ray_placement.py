@@ -243,11 +243,16 @@ def _describe(resources: Mapping[str, float]) -> str:
 
 
 def _pack(bundles: Sequence[Bundle], nodes: Sequence[ClusterNode], strategy: str, available: bool) -> Bundle | None:
-    """First-fit (largest bundles first) of every bundle on the nodes' total or available resources; the first
-    bundle that finds no room, None when all fit."""
+    """First-fit of every bundle on the nodes' total or available resources; the first bundle that finds no
+    room, None when all fit. The bundles with the fewest nodes they may use go first (a nodeSelector, a GPU
+    type), then the largest: an unconstrained replica must not take the only node a pinned one can use."""
     room = {n.node_id: dict(n.available if available else n.total) for n in nodes}
     used: set[str] = set()
-    order = sorted(bundles, key=lambda b: (-b.resources.get("GPU", 0.0), -b.resources.get("CPU", 0.0)))
+
+    def candidates(bundle: Bundle) -> int:
+        return sum(1 for n in nodes if n.matches(bundle.labels) and _fits(bundle.resources, n.total))
+
+    order = sorted(bundles, key=lambda b: (candidates(b), -b.resources.get("GPU", 0.0), -b.resources.get("CPU", 0.0)))
     for bundle in order:
         for node in nodes:
             if strategy == "STRICT_SPREAD" and node.node_id in used:

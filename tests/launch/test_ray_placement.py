@@ -98,6 +98,14 @@ def test_a_node_selector_no_node_matches_is_named():
         check_fits(job_bundles(job), [node("a", 8, pool="gpu")], "PACK")
 
 
+def test_a_replica_pinned_by_node_selector_keeps_its_only_node_whatever_order_ray_lists_the_nodes_in():
+    job = cartpole(env={"replicas": 1, "placement": {"nodeSelector": {"pool": "spare"}}})
+    bundles = job_bundles(job)  # actor, rollout and env: one CPU each; only "spare" takes the env
+    for nodes in ([node("spare", 1, pool="spare"), node("head", 2)], [node("head", 2), node("spare", 1, pool="spare")]):
+        check_fits(bundles, nodes, "PACK")
+        assert waiting_for(bundles, nodes, "PACK") is None
+
+
 def test_whole_node_actor_replicas_land_on_distinct_nodes_and_a_busy_cluster_says_what_it_waits_for():
     job = cartpole(actor={"replicas": 2, "gpusPerReplica": 8})
     nodes = [node("a", 16, 8), node("b", 16, 8)]
