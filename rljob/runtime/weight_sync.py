@@ -1,10 +1,18 @@
-"""Versioned weight sync actor -> rollout: torch.distributed broadcast groups, or safetensors files.
+"""Versioned weight sync actor -> rollouts: one torch.distributed broadcast group, or safetensors files.
 
-`weightSync.method: broadcast`: actor rank 0 hosts a TCPStore on RLJOB_SYNC_PORT. Each rollout replica
-forms a two-member group with it (actor rank 0 = broadcast root), keyed by both processes' incarnation
-tags: a restarted rollout or actor simply forms a new group under a new key, and nobody else has to
-re-join. Parameters travel flattened into buckets of at most `weightSync.bucketSizeMb`. Always gloo over
-CPU tensors: an actor that trains on CUDA sends CPU copies, and the rollouts (gym policies) run on CPU.
+`weightSync.method: broadcast`: actor rank 0 hosts a TCPStore on RLJOB_SYNC_PORT and broadcasts each version
+ONCE to one group holding every rollout replica it syncs (rank 0 = the actor; each replica takes
+`ranks_per_replica` ranks: one per vLLM tensor-parallel worker, each of which receives the full tensors and
+loads its own shard). The group is named by the actor's incarnation tag and an epoch that changes whenever the
+members (replica index and incarnation tag) change or a sync fails: a joined, left or restarted rollout makes
+the next sync form a new group, and nobody ever reuses a broken group's store keys. Parameters travel
+flattened into buckets of at most `weightSync.bucketSizeMb`.
+
+A round is two-phase, so no member is ever left blocked in a group that will not broadcast: each member
+accepts (a store key per member), the actor waits for all of them, then writes `go` (everyone joins the
+broadcast) or `abort` (a member never accepted: the others give up at once, the actor retries without it).
+
+Always gloo over CPU tensors: an actor that trains on CUDA sends CPU copies.
 
 `weightSync.method: filesystem`: actor rank 0 writes each version once as a safetensors file in a directory
 every rollout can read (atomic rename, version and actor incarnation in the name) and sends its path.
@@ -21,6 +29,7 @@ import gc
 import os
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -33,17 +42,52 @@ ACCEPT_TIMEOUT = datetime.timedelta(seconds=5)
 
 
 class SyncRefused(RuntimeError):
-    """The rollout did not accept a weight sync in time (gone, restarted, or busy)."""
+    """Rollouts did not accept a weight sync in time (gone, restarted, or busy); `replicas` names them."""
+
+    def __init__(self, message: str, replicas: frozenset[int] = frozenset()) -> None:
+        super().__init__(message)
+        self.replicas = replicas
 
 
-def accepted_key(key: str, version: int) -> str:
-    """Store key the rollout sets to say "I am the incarnation `key` names and I am joining for `version`"."""
-    return f"weights/{key}/accepted/{version}"
+class SyncAborted(RuntimeError):
+    """The actor called a round off because another member never accepted it; it retries without that one."""
 
 
-def make_pair_group(store: TCPStore, key: str, rank: int) -> torch.distributed.ProcessGroup:
-    """A two-member gloo group (0 = actor, 1 = rollout) on its own key of the shared store; blocks until both join."""
-    return ProcessGroupGloo(PrefixStore(f"weights/{key}/", store), rank, 2, GROUP_TIMEOUT)
+@dataclass(frozen=True)
+class SyncTicket:
+    """What a rollout's `sync_weights` request carries as `key` with `broadcast`: its place in one round.
+
+    `rank` is the member's first rank in the group (its tensor-parallel workers take `rank + tp_rank`);
+    `round` numbers the actor's rounds, so the accept and go keys of two rounds never meet.
+    """
+
+    group: str
+    rank: int
+    world: int
+    round: int
+
+    def encode(self) -> str:
+        return f"{self.group}|{self.rank}|{self.world}|{self.round}"
+
+    @classmethod
+    def decode(cls, key: str) -> SyncTicket:
+        group, rank, world, round_ = key.rsplit("|", 3)
+        return cls(group, int(rank), int(world), int(round_))
+
+    @property
+    def accepted_key(self) -> str:
+        """Set by the member: "this incarnation joins this round"."""
+        return f"weights/{self.group}/accepted/{self.round}/{self.rank}"
+
+    @property
+    def go_key(self) -> str:
+        """Set by the actor once every member accepted (b"go") or when one never did (b"abort")."""
+        return f"weights/{self.group}/go/{self.round}"
+
+
+def make_group(store: TCPStore, group: str, rank: int, world: int) -> torch.distributed.ProcessGroup:
+    """The gloo group of one epoch on its own prefix of the shared store; blocks until all `world` members join."""
+    return ProcessGroupGloo(PrefixStore(f"weights/{group}/pg/", store), rank, world, GROUP_TIMEOUT)
 
 
 def buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
@@ -91,7 +135,7 @@ def broadcast_state(
     bucket_bytes: int,
     materialize: Callable[[int], torch.Tensor] | None = None,
 ) -> None:
-    """Root side (rank 0) and receiving side alike: after the call, rank 1's tensors equal rank 0's.
+    """Root side (rank 0) and receiving side alike: after the call, every member's tensors equal rank 0's.
 
     With `materialize` (root side only) `tensors` only size the buckets and tensor i is `materialize(i)`,
     built when its bucket is: one bucket of full tensors exists at a time. Those calls are collectives of
@@ -111,7 +155,7 @@ def broadcast_state(
                 raise
             failure = exc
             continue
-        if materialize is not None:
+        if group.rank() == 0:
             continue  # the root's own copies: nothing to write back
         offset = 0
         for p in parts:
@@ -123,62 +167,97 @@ def broadcast_state(
 
 
 class WeightPublisher:
-    """Actor rank 0 side: one store, one group per (actor incarnation, rollout incarnation)."""
+    """Actor rank 0 side: one store, one group per epoch of members, one broadcast per round.
 
-    def __init__(self, host: str, port: int, actor_tag: str, bucket_mb: int) -> None:
+    `plan` names the round's members and returns each one's ticket (sent in its `sync_weights` request);
+    `publish` waits until all accepted, then broadcasts once to all of them.
+    """
+
+    def __init__(self, host: str, port: int, actor_tag: str, bucket_mb: int, ranks_per_replica: int = 1) -> None:
         self.store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=GROUP_TIMEOUT)
         self.actor_tag = actor_tag
         self.bucket_bytes = bucket_mb * 2**20
-        self._groups: dict[int, tuple[str, torch.distributed.ProcessGroup]] = {}
-        self._generation: dict[int, int] = {}
+        self.ranks_per_replica = ranks_per_replica
+        self._epoch = 0
+        self._members: list[tuple[int, str]] | None = None
+        self._group: torch.distributed.ProcessGroup | None = None
+        self._round = 0
+        self._tickets: dict[int, SyncTicket] = {}
 
-    def group_key(self, replica: int, rollout_tag: str) -> str:
-        # The generation changes after a failed sync: a new group never reuses a broken group's store keys.
-        return f"{self.actor_tag}/{replica}/{rollout_tag}/{self._generation.get(replica, 0)}"
+    def plan(
+        self, members: Iterable[tuple[int, str]], version: int, model: nn.Module | GatheredWeights
+    ) -> dict[int, str]:
+        """Tickets (the `key` of each member's `sync_weights` request) for one broadcast of `version` to
+        `members` (replica index, incarnation tag). Another set of members than the last round's forms a new group."""
+        chosen = sorted(members)
+        if chosen != self._members:
+            self._epoch += 1
+            self._members = chosen
+            self._group = None
+        self._round += 1
+        world = 1 + len(chosen) * self.ranks_per_replica
+        group = f"{self.actor_tag}/{self._epoch}"
+        self._tickets = {
+            replica: SyncTicket(group, 1 + i * self.ranks_per_replica, world, self._round)
+            for i, (replica, _) in enumerate(chosen)
+        }
+        return {replica: ticket.encode() for replica, ticket in self._tickets.items()}
 
-    def sync_key(self, replica: int, rollout_tag: str, version: int, model: nn.Module | GatheredWeights) -> str:
-        """What the rollout's `sync_weights` request carries as `key`: the pair group's name."""
-        return self.group_key(replica, rollout_tag)
+    def publish(self, version: int, model: nn.Module | GatheredWeights) -> None:
+        """Broadcast `model`'s state to the planned members once every one has accepted this round.
 
-    def publish(self, replica: int, key: str, version: int, model: nn.Module | GatheredWeights) -> None:
-        """Broadcast `model`'s state to rollout `replica` once it has accepted this sync (see `accepted_key`).
-
-        A rollout that is gone, or is a newer incarnation than `key` names, never accepts: after
-        ACCEPT_TIMEOUT this raises SyncRefused and nobody is left blocked in a group.
+        A member that is gone, or is another incarnation than its ticket names, never accepts: after
+        ACCEPT_TIMEOUT the round is aborted (the members that accepted stop waiting at once) and this raises
+        SyncRefused naming the replicas that did not accept; the next `plan` forms a new group.
         """
-        flag = accepted_key(key, version)
-        try:
-            self.store.wait([flag], ACCEPT_TIMEOUT)
-        except RuntimeError as exc:  # torch raises a DistStoreError (a RuntimeError) on timeout
-            raise SyncRefused(f"rollout {replica} did not accept weights version {version}") from exc
-        self.store.delete_key(flag)
-        cached = self._groups.get(replica)
-        if cached is None or cached[0] != key:
-            self._groups[replica] = (key, make_pair_group(self.store, key, 0))
-        group = self._groups[replica][1]
-        if not isinstance(model, nn.Module):  # a GatheredWeights
-            model.begin_gather()  # only now: a refused or unjoined sync never starts gathers on the other ranks
-            broadcast_state(group, model.placeholders(), self.bucket_bytes, materialize=model.full)
+        tickets = self._tickets
+        if not tickets:
             return
-        tensors = [t.cpu() for t in state_tensors(model)]  # a CUDA-trained actor still syncs over gloo
-        broadcast_state(group, tensors, self.bucket_bytes)
+        ticket = next(iter(tickets.values()))
+        flags = {replica: t.accepted_key for replica, t in tickets.items()}
+        try:
+            self.store.wait(list(flags.values()), ACCEPT_TIMEOUT)
+        except RuntimeError:  # torch raises a DistStoreError (a RuntimeError) on timeout
+            missing = frozenset(r for r, flag in flags.items() if not self.store.check([flag]))
+            if missing:
+                self.store.set(ticket.go_key, b"abort")
+                self._members = None
+                raise SyncRefused(
+                    f"rollout(s) {sorted(missing)} did not accept weights version {version}", missing
+                ) from None
+        self.store.set(ticket.go_key, b"go")
+        for flag in flags.values():
+            self.store.delete_key(flag)
+        try:
+            if self._group is None:
+                self._group = make_group(self.store, ticket.group, 0, ticket.world)
+            if not isinstance(model, nn.Module):  # a GatheredWeights
+                model.begin_gather()  # only now: a refused round never starts gathers on the other ranks
+                broadcast_state(self._group, model.placeholders(), self.bucket_bytes, materialize=model.full)
+                return
+            tensors = [t.cpu() for t in state_tensors(model)]  # a CUDA-trained actor still syncs over gloo
+            broadcast_state(self._group, tensors, self.bucket_bytes)
+        except RuntimeError:
+            self._group, self._members = None, None  # a member died mid-round: the next round forms a new group
+            raise
 
     def forget(self, replica: int) -> None:
-        """Drop the group of a rollout that went away or failed a sync; the next sync forms a new one."""
-        self._groups.pop(replica, None)
-        self._generation[replica] = self._generation.get(replica, 0) + 1
+        """A rollout went away or restarted: the next round forms a new group."""
+        if self._members is not None and any(r == replica for r, _ in self._members):
+            self._group, self._members = None, None
 
     def close(self) -> None:
-        """Release every group now, not during interpreter teardown, where gloo's threads die in no set order."""
-        self._groups.clear()
+        """Release the group now, not during interpreter teardown, where gloo's threads die in no set order."""
+        self._group = None
         gc.collect()
 
 
 class WeightSubscriber:
-    """Rollout side: joins the actor's store (again, when the actor restarted) and receives into `model`.
+    """Rollout side: joins the actor's store (again, when the actor restarted) and receives into tensors.
 
     `accept` and `receive_tensors` are the two halves of `receive`, for a receiver whose tensors live in
-    another process (a vLLM worker): the rollout accepts at once, the worker joins and receives.
+    other processes (vLLM workers, one per tensor-parallel rank): the rollout accepts at once for all of
+    them, each worker joins the group at its rank and receives.
     """
 
     def __init__(self, host: str, port: int, bucket_mb: int) -> None:
@@ -186,7 +265,7 @@ class WeightSubscriber:
         self.bucket_bytes = bucket_mb * 2**20
         self._store: TCPStore | None = None
         self._store_actor = ""
-        self._key = ""
+        self._group_name = ""
         self._group: torch.distributed.ProcessGroup | None = None
 
     def _connect(self, actor_tag: str) -> TCPStore:
@@ -197,20 +276,33 @@ class WeightSubscriber:
         return self._store
 
     def accept(self, key: str, version: int, actor_tag: str) -> None:
-        """Tell the actor this incarnation joins the sync `key` names (it waits for that before it joins)."""
-        self._connect(actor_tag).set(accepted_key(key, version), b"1")
+        """Tell the actor this incarnation joins the round its ticket `key` names."""
+        self._connect(actor_tag).set(SyncTicket.decode(key).accepted_key, b"1")
 
-    def receive_tensors(self, key: str, actor_tag: str, tensors: list[torch.Tensor]) -> None:
-        """Join the pair group of `key` (once per key) and receive the actor's state into `tensors`, in order."""
+    def wait_go(self, key: str, actor_tag: str) -> None:
+        """Block until the actor starts the round (every member accepted); SyncAborted when it called it off."""
+        ticket = SyncTicket.decode(key)
+        store = self._connect(actor_tag)
+        store.wait([ticket.go_key], GROUP_TIMEOUT)
+        if store.get(ticket.go_key) != b"go":
+            raise SyncAborted(f"the actor called weight round {ticket.round} off: a member never accepted")
+
+    def receive_tensors(self, key: str, actor_tag: str, tensors: list[torch.Tensor], rank_offset: int = 0) -> None:
+        """Wait for the round's go, join the group (once per epoch) at rank `ticket.rank + rank_offset` and
+        receive the actor's state into `tensors`, in order. SyncAborted when the actor called the round off."""
+        ticket = SyncTicket.decode(key)
         store = self._connect(actor_tag)
         try:
-            if self._group is None or self._key != key:
-                self._group = make_pair_group(store, key, 1)
-                self._key = key
+            self.wait_go(key, actor_tag)
+            if self._group is None or self._group_name != ticket.group:
+                self._group = make_group(store, ticket.group, ticket.rank + rank_offset, ticket.world)
+                self._group_name = ticket.group
             with torch.no_grad():
                 broadcast_state(self._group, tensors, self.bucket_bytes)
+        except SyncAborted:
+            raise
         except RuntimeError:
-            self._group = None  # the actor forms a new group under a new key after a failure
+            self._group = None  # the actor forms a new group after a failure
             raise
 
     def receive(self, key: str, version: int, actor_tag: str, model: nn.Module) -> None:
@@ -345,7 +437,7 @@ def read_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
 class FileWeightPublisher:
     """Actor rank 0 side of `weightSync.method: filesystem`, with WeightPublisher's interface.
 
-    The sync key a rollout gets is the path of the version's file, written once whatever the replica count.
+    Every member's key is the path of the version's file, written once whatever the replica count.
     """
 
     def __init__(self, directory: str | Path, actor_tag: str) -> None:
@@ -353,13 +445,15 @@ class FileWeightPublisher:
         self.actor_tag = actor_tag
         self._written: tuple[int, Path] | None = None
 
-    def sync_key(self, replica: int, rollout_tag: str, version: int, model: nn.Module | GatheredWeights) -> str:
+    def plan(
+        self, members: Iterable[tuple[int, str]], version: int, model: nn.Module | GatheredWeights
+    ) -> dict[int, str]:
         if self._written is None or self._written[0] != version:
             self._written = (version, write_weights_file(self.directory, version, self.actor_tag, model))
-        return str(self._written[1])
+        return {replica: str(self._written[1]) for replica, _ in members}
 
-    def publish(self, replica: int, key: str, version: int, model: nn.Module | GatheredWeights) -> None:
-        """Nothing to send: the rollout reads the file `key` names."""
+    def publish(self, version: int, model: nn.Module | GatheredWeights) -> None:
+        """Nothing to send: the rollouts read the file their key names."""
 
     def forget(self, replica: int) -> None:
         pass

@@ -1,4 +1,4 @@
-"""Weight sync over a real torch.distributed (gloo) pair group: the rollout's copy equals the actor's."""
+"""Weight sync over real torch.distributed (gloo) groups: every rollout's copy equals the actor's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rljob.runtime.gym.models import MLPActorCritic
-from rljob.runtime.weight_sync import SyncRefused, WeightPublisher, WeightSubscriber
+from rljob.runtime.weight_sync import SyncAborted, SyncRefused, WeightPublisher, WeightSubscriber, state_tensors
 
 
 def free_port() -> int:
@@ -19,35 +19,146 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_weights_reach_the_rollout_and_a_restarted_rollout_joins_a_new_group():
+def perturb(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+
+
+def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    for mine, theirs in zip(a.state_dict().values(), b.state_dict().values(), strict=True):
+        assert torch.equal(mine, theirs)
+
+
+def sync_round(
+    publisher: WeightPublisher,
+    actor: torch.nn.Module,
+    version: int,
+    rollouts: dict[int, tuple[str, WeightSubscriber, torch.nn.Module]],
+) -> dict[int, BaseException | None]:
+    """One round to `rollouts` (replica -> incarnation, subscriber, model); each replica's error, or None."""
+    keys = publisher.plan([(replica, tag) for replica, (tag, _, _) in rollouts.items()], version, actor)
+    errors: dict[int, BaseException | None] = {}
+
+    def receive(replica: int) -> None:
+        _, subscriber, model = rollouts[replica]
+        try:
+            subscriber.receive(keys[replica], version, "actor-a", model)
+            errors[replica] = None
+        except BaseException as exc:
+            errors[replica] = exc
+
+    threads = [threading.Thread(target=receive, args=(replica,)) for replica in rollouts]
+    for thread in threads:
+        thread.start()
+    publisher.publish(version, actor)
+    for thread in threads:
+        thread.join(timeout=30)
+    return errors
+
+
+def test_one_broadcast_reaches_every_rollout_and_the_group_is_kept_while_members_stay():
     space = gymnasium.make("CartPole-v1").action_space
     actor, port = MLPActorCritic(4, space), free_port()
     publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
-    version = 0
-    for incarnation in ("rollout-1", "rollout-2"):  # the second one is a restarted rollout process
-        rollout = MLPActorCritic(4, space)
-        subscriber = WeightSubscriber("127.0.0.1", port, bucket_mb=1)
-        if incarnation == "rollout-2":
-            publisher.forget(0)
-        for _ in range(2):  # the second sync reuses the group
-            with torch.no_grad():
-                for p in actor.parameters():
-                    p.add_(torch.randn_like(p))
-            key = publisher.group_key(0, incarnation)
-            version += 1
-            receiver = threading.Thread(target=subscriber.receive, args=(key, version, "actor-a", rollout))
-            receiver.start()
-            publisher.publish(0, key, version, actor)
-            receiver.join(timeout=30)
-            for mine, theirs in zip(actor.state_dict().values(), rollout.state_dict().values(), strict=True):
-                assert torch.equal(mine, theirs)
+    rollouts = {i: (f"rollout-{i}", WeightSubscriber("127.0.0.1", port, 1), MLPActorCritic(4, space)) for i in range(3)}
+    keys = []
+    for version in (1, 2):
+        perturb(actor)
+        keys.append(publisher.plan([(i, tag) for i, (tag, _, _) in rollouts.items()], version, actor))
+        errors = sync_round(publisher, actor, version, rollouts)
+        assert errors == {0: None, 1: None, 2: None}
+        for _, _, model in rollouts.values():
+            assert_same_weights(actor, model)
+    group_of = {key.rsplit("|", 3)[0] for plan in keys for key in plan.values()}
+    assert len(group_of) == 1  # same members, same group: no re-forming between versions
+    publisher.close()
+
+
+def test_a_joined_or_restarted_rollout_makes_the_next_round_form_a_new_group():
+    space = gymnasium.make("CartPole-v1").action_space
+    actor, port = MLPActorCritic(4, space), free_port()
+    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
+    rollouts = {0: ("rollout-0", WeightSubscriber("127.0.0.1", port, 1), MLPActorCritic(4, space))}
+    perturb(actor)
+    assert sync_round(publisher, actor, 1, rollouts) == {0: None}
+    first_group = publisher.plan([(0, "rollout-0")], 2, actor)[0].rsplit("|", 3)[0]
+
+    rollouts[1] = ("rollout-1", WeightSubscriber("127.0.0.1", port, 1), MLPActorCritic(4, space))  # joins
+    perturb(actor)
+    assert sync_round(publisher, actor, 2, rollouts) == {0: None, 1: None}
+    publisher.forget(0)  # replica 0 restarted: a new process, a new subscriber
+    rollouts[0] = ("rollout-0b", WeightSubscriber("127.0.0.1", port, 1), MLPActorCritic(4, space))
+    perturb(actor)
+    assert sync_round(publisher, actor, 3, rollouts) == {0: None, 1: None}
+    for _, _, model in rollouts.values():
+        assert_same_weights(actor, model)
+    last_group = publisher.plan([(0, "rollout-0b"), (1, "rollout-1")], 4, actor)[0].rsplit("|", 3)[0]
+    assert last_group != first_group
+    publisher.close()
+
+
+def test_a_rollout_that_never_accepts_aborts_the_round_for_the_others_who_stop_waiting_at_once():
+    space = gymnasium.make("CartPole-v1").action_space
+    actor, port = MLPActorCritic(4, space), free_port()
+    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
+    alive = WeightSubscriber("127.0.0.1", port, 1)
+    model = MLPActorCritic(4, space)
+    keys = publisher.plan([(0, "rollout-0"), (1, "gone")], 1, actor)
+    outcome: list[BaseException] = []
+
+    def receive() -> None:
+        try:
+            alive.receive(keys[0], 1, "actor-a", model)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    with pytest.raises(SyncRefused, match=r"rollout\(s\) \[1\] did not accept weights version 1") as refused:
+        publisher.publish(1, actor)
+    assert refused.value.replicas == {1}
+    thread.join(timeout=10)  # well under the group timeout: the abort reached it
+    assert not thread.is_alive() and isinstance(outcome[0], SyncAborted)
+
+    perturb(actor)  # the retry without the absent replica
+    assert sync_round(publisher, actor, 1, {0: ("rollout-0", alive, model)}) == {0: None}
+    assert_same_weights(actor, model)
+    publisher.close()
+
+
+def test_a_member_with_several_ranks_receives_on_each_of_them():
+    """A vLLM rollout with tensor-parallel workers: every worker joins at its rank and gets the full tensors."""
+    space = gymnasium.make("CartPole-v1").action_space
+    actor, port = MLPActorCritic(4, space), free_port()
+    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1, ranks_per_replica=2)
+    perturb(actor)
+    keys = publisher.plan([(0, "rollout-0"), (1, "rollout-1")], 1, actor)
+    workers = [(replica, tp_rank, MLPActorCritic(4, space)) for replica in (0, 1) for tp_rank in (0, 1)]
+
+    def receive(replica: int, tp_rank: int, model: torch.nn.Module) -> None:
+        subscriber = WeightSubscriber("127.0.0.1", port, 1)
+        if tp_rank == 0:
+            subscriber.accept(keys[replica], 1, "actor-a")  # the rollout accepts once for its workers
+        subscriber.receive_tensors(keys[replica], "actor-a", state_tensors(model), rank_offset=tp_rank)
+
+    threads = [threading.Thread(target=receive, args=worker) for worker in workers]
+    for thread in threads:
+        thread.start()
+    publisher.publish(1, actor)
+    for thread in threads:
+        thread.join(timeout=30)
+    for _, _, model in workers:
+        assert_same_weights(actor, model)
+    publisher.close()
 
 
 def test_a_sync_nobody_accepts_is_refused_quickly():
     publisher = WeightPublisher("127.0.0.1", free_port(), "actor-a", bucket_mb=1)
     model = MLPActorCritic(4, gymnasium.make("CartPole-v1").action_space)
+    publisher.plan([(0, "gone")], 3, model)
     with pytest.raises(SyncRefused, match="did not accept weights version 3"):
-        publisher.publish(0, publisher.group_key(0, "gone"), 3, model)
+        publisher.publish(3, model)
 
 
 def test_weight_files_are_written_whole_versioned_and_pruned(tmp_path):
@@ -61,8 +172,9 @@ def test_weight_files_are_written_whole_versioned_and_pruned(tmp_path):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1.0)
-        path = publisher.sync_key(0, "rollout-1", version, model)
-        assert publisher.sync_key(1, "rollout-2", version, model) == path  # one file per version, any replica
+        plan = publisher.plan([(0, "rollout-1"), (1, "rollout-2")], version, model)
+        path = plan[0]
+        assert plan[1] == path  # one file per version, any replica
         paths.append(path)
         loaded = read_weights_file(path)
         assert sorted(loaded) == sorted(model.state_dict())  # by name: safetensors sorts them

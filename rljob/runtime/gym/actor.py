@@ -125,20 +125,31 @@ class Controller:
             # Its receiving side lost a sync the broadcast completed (the rollout reports it): send them again.
             link.version = -1
 
-    def sync(self, link: RolloutLink, version: int) -> None:
-        if not link.tag:
-            self._status(link)
-        key = self.publisher.group_key(link.replica, link.tag)
-        request = link.client.send(
-            "sync_weights", {"version": version, "key": key, "actor_tag": self.tag, "rollout_tag": link.tag}
-        )
+    def sync(self, links: list[RolloutLink], version: int) -> None:
+        """Send `version` to `links` in one broadcast round; TransportError when any of them did not get it."""
+        for link in links:
+            if not link.tag:
+                self._status(link)
+        keys = self.publisher.plan([(link.replica, link.tag) for link in links], version, self.learner.model)
+        requests = [
+            (
+                link,
+                link.client.send(
+                    "sync_weights",
+                    {"version": version, "key": keys[link.replica], "actor_tag": self.tag, "rollout_tag": link.tag},
+                ),
+            )
+            for link in links
+        ]
         try:
-            self.publisher.publish(link.replica, key, version, self.learner.model)
-        except RuntimeError as exc:  # torch.distributed errors: the rollout died mid-sync or never joined
-            self.publisher.forget(link.replica)
-            raise TransportError(f"weight sync to rollout {link.replica} failed: {exc}") from exc
-        link.client.receive(request, timeout=30.0, retries=0)
-        link.version = version
+            self.publisher.publish(version, self.learner.model)
+        except RuntimeError as exc:  # torch.distributed errors or SyncRefused: a rollout died or never joined
+            for link in links:
+                self.publisher.forget(link.replica)
+            raise TransportError(f"weight sync to rollouts {[link.replica for link in links]} failed: {exc}") from exc
+        for link, request in requests:
+            link.client.receive(request, timeout=30.0, retries=0)
+            link.version = version
 
     def push(self, version: int) -> float:
         """Send the new weights right after an update, so rollouts collect while rank 0 logs and checkpoints.
@@ -146,12 +157,12 @@ class Controller:
         A failure here is left to `fetch`, which checks the replicas and syncs again.
         """
         started = time.perf_counter()
-        for link in self.links:
-            if link.version != version:
-                try:
-                    self.sync(link, version)
-                except TransportError as exc:
-                    self.log.warning("weight push to rollout %d failed (%s); fetch retries", link.replica, exc)
+        behind = [link for link in self.links if link.version != version]
+        if behind:
+            try:
+                self.sync(behind, version)
+            except TransportError as exc:
+                self.log.warning("weight push failed (%s); fetch retries", exc)
         return time.perf_counter() - started
 
     def fetch(self, version: int) -> tuple[list[dict[str, Any]], float]:
@@ -163,11 +174,11 @@ class Controller:
                 raise InterruptedError("stopping")
             pending = [link for link in self.links if link.replica not in batches]
             try:
-                for link in pending:
-                    if link.version != version:
-                        started = time.perf_counter()
-                        self.sync(link, version)
-                        sync_s += time.perf_counter() - started
+                behind = [link for link in pending if link.version != version]
+                if behind:
+                    started = time.perf_counter()
+                    self.sync(behind, version)
+                    sync_s += time.perf_counter() - started
                 requests = [
                     (
                         link,

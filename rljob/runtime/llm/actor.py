@@ -100,6 +100,7 @@ class Controller:
                 identity.sync_port,
                 self.tag,
                 spec.rollout.weight_sync.bucket_size_mb,
+                ranks_per_replica=sync_ranks_per_replica(spec),
             )
         membership = RolloutMembership(identity.endpoints["rollout"], identity.rollout_members_file)
         self.rollouts = RolloutPool(membership, publisher, self.tag)
@@ -217,6 +218,13 @@ class Controller:
 
     def sync(self, version: int) -> float:
         return self.rollouts.sync(version, self.weights)
+
+
+def sync_ranks_per_replica(spec: Any) -> int:
+    """Group ranks one rollout replica takes in a broadcast: one per vLLM tensor-parallel worker."""
+    if spec.rollout.engine != "vllm":
+        return 1
+    return spec.rollout.vllm.tensor_parallel_size or 1
 
 
 def _wire_safe(value: Any) -> bool:

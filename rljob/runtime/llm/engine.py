@@ -80,7 +80,7 @@ class WeightSyncSettings:
     """The rollout end of `spec.rollout.weightSync`: where the actor's store is, how weights travel."""
 
     method: str
-    """`broadcast` (a pair group on the actor's TCPStore) or `filesystem` (safetensors files)."""
+    """`broadcast` (one group of all rollouts on the actor's TCPStore) or `filesystem` (safetensors files)."""
     host: str
     port: int
     bucket_mb: int
@@ -93,7 +93,7 @@ class WeightSyncSettings:
 
 @dataclass(frozen=True)
 class WeightUpdate:
-    """One policy version offered by the actor: `key` names the pair group (broadcast) or the file (filesystem)."""
+    """One policy version offered by the actor: `key` is the round's `SyncTicket` (broadcast) or the file."""
 
     version: int
     actor_tag: str

@@ -22,7 +22,7 @@ import torch
 
 from rljob.runtime.llm.membership import RolloutMembership
 from rljob.runtime.transport import RequestClient, RequestTimeout, TransportError
-from rljob.runtime.weight_sync import FileWeightPublisher, WeightPublisher
+from rljob.runtime.weight_sync import FileWeightPublisher, SyncRefused, WeightPublisher
 
 log = logging.getLogger("rljob.actor")
 SYNC_REPLY_TIMEOUT_S = 60.0
@@ -112,14 +112,13 @@ class RolloutPool:
             if replica not in known
         ]
         self.links = sorted(kept + joined, key=lambda link: link.replica)
+        if self._weights is None or not joined:
+            return  # before the first sync: the first `sync` reaches joiners like every other replica
         for link in joined:
-            if self._weights is None:
-                continue  # before the first sync: the first `sync` reaches it like every other replica
             log.info(
                 "rollout %d (%s) joined: sending it weights version %d", link.replica, link.endpoint, self._weights[0]
             )
-            if self._check(link):
-                self._sync_link(link, *self._weights)
+        self._sync_links([link for link in joined if self._check(link)], *self._weights)
 
     def _retire(self, link: RolloutLink) -> None:
         log.info("rollout %d (%s) left the rollout membership", link.replica, link.endpoint)
@@ -151,32 +150,56 @@ class RolloutPool:
         link.version = -1
 
     def sync(self, version: int, model: torch.nn.Module) -> float:
-        """Send weights `version` to every live replica that lacks them; seconds spent."""
+        """Send weights `version` to every live replica that lacks them, in one broadcast; seconds spent."""
         started = time.perf_counter()
         self._weights = (version, model)
         self.refresh()
-        for link in self.links:
-            if link.version == version:
-                continue
+        behind = [
+            link
+            for link in self.links
+            if link.version != version
             # A replica never reached, or lost, answers a status request first: a dead one costs no sync timeout.
-            if (not link.tag or link.version < 0) and not self._check(link):
-                continue
-            self._sync_link(link, version, model)
+            and ((link.tag and link.version >= 0) or self._check(link))
+        ]
+        self._sync_links(behind, version, model)
         return time.perf_counter() - started
 
-    def _sync_link(self, link: RolloutLink, version: int, model: torch.nn.Module) -> None:
-        key = self.publisher.sync_key(link.replica, link.tag, version, model)
-        request = link.client.send(
-            "sync_weights", {"version": version, "key": key, "actor_tag": self.actor_tag, "rollout_tag": link.tag}
-        )
-        try:
-            self.publisher.publish(link.replica, key, version, model)
-            link.client.receive(request, timeout=SYNC_REPLY_TIMEOUT_S, retries=0)
-            link.version = version
-        except (RuntimeError, TransportError) as exc:  # gone mid-sync, or restarted: check it, sync later
-            log.warning("weight sync to rollout %d failed (%s)", link.replica, exc)
-            self.publisher.forget(link.replica)
-            self._check(link)
+    def _sync_links(self, links: list[RolloutLink], version: int, model: torch.nn.Module) -> None:
+        """One round to all of `links`; when some never accept, one more round to the others."""
+        for _ in range(2):
+            if not links:
+                return
+            keys = self.publisher.plan([(link.replica, link.tag) for link in links], version, model)
+            requests = {}
+            for link in links:
+                request = {"version": version, "key": keys[link.replica], "actor_tag": self.actor_tag}
+                requests[link.replica] = link.client.send("sync_weights", request | {"rollout_tag": link.tag})
+            refused: frozenset[int] = frozenset()
+            failure: Exception | None = None
+            try:
+                self.publisher.publish(version, model)
+            except SyncRefused as exc:
+                refused = exc.replicas
+                log.warning("%s; syncing the others without them", exc)
+            except RuntimeError as exc:  # a member died mid-broadcast: check them all, sync later
+                failure = exc
+                log.warning("weight sync to rollouts %s failed (%s)", [link.replica for link in links], exc)
+            for link in links:
+                try:
+                    link.client.receive(requests[link.replica], timeout=SYNC_REPLY_TIMEOUT_S, retries=0)
+                except TransportError as exc:  # gone, or restarted: check it, sync later
+                    log.warning("weight sync to rollout %d failed (%s)", link.replica, exc)
+                    refused |= {link.replica}
+                    continue
+                if failure is None and link.replica not in refused:
+                    link.version = version
+            for link in links:
+                if link.replica in refused or failure is not None:
+                    self.publisher.forget(link.replica)
+                    self._check(link)
+            if failure is not None or not refused:
+                return
+            links = [link for link in links if link.version != version and link.replica not in refused]
 
     def _revive(self) -> None:
         """Give the latest weights to replicas that lost theirs (restarted, or gone and back) and answer now.
@@ -188,9 +211,7 @@ class RolloutPool:
             return
         self._next_revive = time.monotonic() + REVIVE_INTERVAL_S
         version, model = self._weights
-        for link in self.links:
-            if link.version < 0 and self._check(link):
-                self._sync_link(link, version, model)
+        self._sync_links([link for link in self.links if link.version < 0 and self._check(link)], version, model)
 
     def submit(
         self,

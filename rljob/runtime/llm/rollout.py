@@ -30,6 +30,7 @@ from rljob.runtime.llm.multiturn import EpisodeRunner, episode_runner
 from rljob.runtime.llm.setup import role_device
 from rljob.runtime.roles.common import RoleContext
 from rljob.runtime.transport import Payload, RequestServer, process_tag
+from rljob.runtime.weight_sync import SyncAborted
 
 RESULTS_WAIT_S = 0.2
 
@@ -118,6 +119,9 @@ class GenerationServer:
                 continue
             try:
                 self.engine.receive_weights(update)
+            except SyncAborted as exc:  # another replica never accepted: the actor retries without it
+                self.context.log.info("weights version %d: %s", update.version, exc)
+                continue
             except Exception as exc:
                 with self.lock:
                     superseded = self.pending is not None or update.actor_tag != self.actor_tag

@@ -206,6 +206,7 @@ class VLLMEngine:
             # Accepted now, joined by the worker once the current chunk is done: the actor waits in the
             # group's join (GROUP_TIMEOUT), not for an acceptance that a long chunk would make it miss.
             self._accepting.accept(update.key, update.version, update.actor_tag)
+            self._accepting.wait_go(update.key, update.actor_tag)  # an aborted round stops here, as SyncAborted
             with self.lock:
                 self.llm.collective_rpc("rljob_receive", args=(update.key, update.actor_tag))
         self._staged_version = update.version
@@ -238,11 +239,6 @@ def start_vllm_engine(context: RoleContext, sync: WeightSyncSettings) -> VLLMEng
     if not vllm_installed():
         raise FatalConfigError(NOT_INSTALLED)
     spec = context.job.spec
-    if (spec.rollout.vllm.tensor_parallel_size or 1) > 1 and sync.method == "broadcast":
-        raise FatalConfigError(
-            "spec.rollout.weightSync.method: broadcast reaches one vLLM worker per rollout in this version; with "
-            "spec.rollout.vllm.tensorParallelSize > 1 use filesystem (every worker loads its shard from the file)"
-        )
     # The staging tensors must match what the actor sends: its dtype, which follows the actor's device.
     actor_device = torch.device("cuda" if spec.roles.actor.gpus_per_replica > 0 else "cpu")
     dtype = policy_dtype(spec.model, spec.trainer.precision, actor_device)

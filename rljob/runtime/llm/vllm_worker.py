@@ -3,9 +3,10 @@
 vLLM mixes `WeightReceiver` into its worker class; the rollout calls its methods with `LLM.collective_rpc`.
 The worker receives the actor's full state dict (Hugging Face names, tied weights included) into a staging
 copy on the CPU, by the same protocol as every other rollout (`WeightSubscriber`: the actor's TCPStore, the
-pair group its sync key names, the same buckets) or from the version's safetensors file, and `rljob_swap_in`
-loads the staged tensors into the running model in place. Staging keeps the swap between two chunks: a
-version that arrives while a chunk is generated never mixes into it.
+round and group its ticket names, the same buckets; every tensor-parallel worker is a member of the group)
+or from the version's safetensors file, and `rljob_swap_in` loads the staged tensors into the running model
+in place. Staging keeps the swap between two chunks: a version that arrives while a chunk is generated never
+mixes into it.
 
 This module is imported in vLLM's worker processes: it imports nothing of vLLM at module level, and only
 the weight-sync parts of rljob.
@@ -31,8 +32,10 @@ class WeightReceiver:
         self.rljob_subscriber = WeightSubscriber(host, port, bucket_mb)
 
     def rljob_receive(self, key: str, actor_tag: str) -> None:
-        """Join the pair group `key` names (the rollout has accepted the sync) and receive into staging."""
-        self.rljob_subscriber.receive_tensors(key, actor_tag, self.rljob_staging)
+        """Join the round `key` names (the rollout has accepted it for every worker) at this worker's rank in
+        the replica's block and receive the full tensors into staging; `rljob_swap_in` loads this worker's
+        shard of each (vLLM's weight loaders slice full tensors by tensor-parallel rank)."""
+        self.rljob_subscriber.receive_tensors(key, actor_tag, self.rljob_staging, rank_offset=self.rank)
 
     def rljob_read_file(self, path: str) -> None:
         """Stage the version written by the actor as a safetensors file."""

