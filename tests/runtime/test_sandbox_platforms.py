@@ -8,6 +8,7 @@ unprivileged path (both isolation modes) and the tests here that need root to ch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -43,16 +44,31 @@ needs_root = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def battery_dir() -> Iterator[Path]:
+@contextlib.contextmanager
+def battery_directory() -> Iterator[Path]:
     """Where a battery's runs work: reachable by a run's own uid (as root a run drops to one), owned by
     the uid the battery runs as. Not under pytest's tmp_path, whose parent only its owner may enter."""
     base = Path(tempfile.mkdtemp(prefix="rljob-battery-"))
-    base.chmod(0o755)
-    (base / "tmp").mkdir(mode=0o755)
-    (base / "staging").mkdir()
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    try:
+        base.chmod(0o755)
+        (base / "tmp").mkdir(mode=0o755)
+        (base / "staging").mkdir()
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def battery_dir() -> Iterator[Path]:
+    with battery_directory() as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def seccomp_report() -> dict:
+    """The battery as root under the RuntimeDefault fixture, run once for the tests that read it."""
+    with battery_directory() as base:
+        return battery(base, "auto", seccomp=True, uid=None)
 
 
 def battery(base: Path, isolation: str, *, seccomp: bool, uid: int | None) -> dict:
@@ -108,9 +124,8 @@ def namespaced_runs(report: dict) -> set[bool]:
 
 
 @needs_linux_seccomp
-def test_the_runtime_default_seccomp_fixture_refuses_namespaces_as_the_profile_does(battery_dir):
-    report = battery(battery_dir, "rlimits", seccomp=True, uid=None)
-    assert report["kernel_answers"] == {
+def test_the_runtime_default_seccomp_fixture_refuses_namespaces_as_the_profile_does(seccomp_report):
+    assert seccomp_report["kernel_answers"] == {
         "unshare": "EPERM",
         "clone_newnet": "EPERM",
         "clone3": "ENOSYS",  # so that the C library falls back to clone, whose flags seccomp can read
@@ -119,10 +134,9 @@ def test_the_runtime_default_seccomp_fixture_refuses_namespaces_as_the_profile_d
 
 
 @needs_linux_seccomp
-def test_under_runtime_default_seccomp_the_sandbox_falls_back_and_contains_every_case(battery_dir):
-    report = battery(battery_dir, "auto", seccomp=True, uid=None)
-    assert namespaced_runs(report) == {False}  # unshare refused: the fallback, not a setup error
-    assert_contained(report)
+def test_under_runtime_default_seccomp_the_sandbox_falls_back_and_contains_every_case(seccomp_report):
+    assert namespaced_runs(seccomp_report) == {False}  # unshare refused: the fallback, not a setup error
+    assert_contained(seccomp_report)
 
 
 @needs_linux_seccomp
