@@ -10,7 +10,8 @@ profiles/seccomp/default.json and containerd's contrib/seccomp/seccomp_default.g
 - answer `clone3` with ENOSYS (errnoRet 38): its flags sit behind a pointer seccomp cannot read, and ENOSYS
   makes the C library fall back to `clone`.
 
-Everything else is allowed here (the profile's other rules do not concern namespaces). The filter is a
+Everything else is allowed here (the profile's other rules do not concern namespaces). A second rule set,
+`mount-refused`, emulates a platform whose namespaces can be made but not set up. The filter is a
 classic BPF program installed with prctl(PR_SET_NO_NEW_PRIVS) + prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER) on
 the calling thread; children inherit it and it can never be removed, so install it in a process made for it.
 """
@@ -88,10 +89,28 @@ def program() -> list[tuple[int, int, int, int]]:
     return [*head, allow, eperm, enosys]
 
 
-def install() -> None:
-    """Confine the calling thread (and every process it starts) to the profile's namespace rules."""
+def mount_refused_program() -> list[tuple[int, int, int, int]]:
+    """Namespaces allowed, `mount` refused (EPERM): a platform where `unshare` succeeds but the namespaces
+    cannot be set up, like Ubuntu's AppArmor restriction of unprivileged user namespaces (the new namespace
+    holds no capabilities)."""
+    arch, nr = SYSCALLS[platform.machine()]
+    return [
+        (BPF_LD_W_ABS, 0, 0, OFFSET_ARCH),
+        (BPF_JEQ_K, 0, 2, arch),  # -> 4 (allow)
+        (BPF_LD_W_ABS, 0, 0, OFFSET_NR),
+        (BPF_JEQ_K, 1, 0, nr["mount"]),  # -> 5
+        (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+        (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM),
+    ]
+
+
+PROGRAMS = {"runtime-default": program, "mount-refused": mount_refused_program}
+
+
+def install(rules: str = "runtime-default") -> None:
+    """Confine the calling thread (and every process it starts) to `rules` (a key of PROGRAMS)."""
     libc = ctypes.CDLL(None, use_errno=True)
-    instructions = program()
+    instructions = PROGRAMS[rules]()
     filters = (SockFilter * len(instructions))(*[SockFilter(*i) for i in instructions])
     fprog = SockFprog(len(instructions), filters)
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:

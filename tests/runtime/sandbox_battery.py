@@ -1,10 +1,10 @@
 """The sandbox's containment battery as a program, for platforms a test process cannot become itself.
 
-`python -m tests.runtime.sandbox_battery --isolation auto [--seccomp] --tmp DIR` runs each bad program of
+`python -m tests.runtime.sandbox_battery --isolation auto [--seccomp RULES] --tmp DIR` runs each bad program of
 tests/runtime/test_sandbox.py once through `rljob.runtime.sandbox.Sandbox` (beside a good one) and prints one
 JSON object: per case what the run reported (error, passed/total, namespaced, uid) and which of its
-processes were still alive afterwards. With `--seccomp` it first confines itself to the RuntimeDefault
-profile's namespace rules (tests/runtime/runtime_default_seccomp.py) and reports what the kernel then
+processes were still alive afterwards. With `--seccomp runtime-default` it first confines itself to the
+RuntimeDefault profile's namespace rules (tests/runtime/runtime_default_seccomp.py) and reports what the kernel then
 answers to unshare, clone with a namespace flag, and clone3. The test that starts it (as another uid,
 under seccomp) asserts on the report; this program asserts nothing.
 """
@@ -60,29 +60,39 @@ GOOD = "def f():\n    return 3\n"
 
 
 def probe_namespace_calls() -> dict[str, str]:
-    """What the kernel answers (errno name, or "allowed") to the calls the RuntimeDefault profile refuses."""
+    """What the kernel answers (errno name, or "allowed") to the calls the RuntimeDefault profile refuses.
+
+    Each call is made in a child made for it: one that succeeds changes only that child."""
+    import errno
+
     from tests.runtime import runtime_default_seccomp as profile
 
     libc = ctypes.CDLL(None, use_errno=True)
     numbers = profile.syscall_numbers()
 
-    def answer(result: int) -> str:
-        return "allowed" if result >= 0 else __import__("errno").errorcode[ctypes.get_errno()]
+    def answer(call) -> str:
+        pid = os.fork()
+        if pid == 0:
+            result = call()
+            os._exit(0 if result >= 0 else ctypes.get_errno())
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        return "allowed" if code == 0 else errno.errorcode.get(code, f"exit {code}")
 
-    found = {"unshare": answer(libc.syscall(numbers["unshare"], CLONE_NEWUSER))}
-    # A raw clone with SIGCHLD and no stack behaves like fork: a child that gets through exits at once.
-    child = libc.syscall(numbers["clone"], CLONE_NEWNET | signal.SIGCHLD, 0, 0, 0, 0)
-    if child == 0:
-        os._exit(0)
-    found["clone_newnet"] = answer(child)
-    if child > 0:
-        os.waitpid(child, 0)
-    found["clone3"] = answer(libc.syscall(numbers["clone3"], 0, 0))
-    pid = os.fork()  # a plain fork (clone without namespace flags) still works
-    if pid == 0:
-        os._exit(0)
-    found["fork"] = "allowed" if os.waitpid(pid, 0)[1] == 0 else "failed"
-    return found
+    def clone_newnet() -> int:
+        # A raw clone with SIGCHLD and no stack behaves like fork: a child that gets through exits at once.
+        child = libc.syscall(numbers["clone"], CLONE_NEWNET | signal.SIGCHLD, 0, 0, 0, 0)
+        if child == 0:
+            os._exit(0)
+        if child > 0:
+            os.waitpid(child, 0)
+        return child
+
+    return {
+        "unshare": answer(lambda: libc.syscall(numbers["unshare"], CLONE_NEWUSER)),
+        "clone_newnet": answer(clone_newnet),
+        "clone3": answer(lambda: libc.syscall(numbers["clone3"], 0, 0)),
+        "fork": answer(lambda: 0),  # a plain fork (clone without namespace flags) still works
+    }
 
 
 def leftovers(root: Path) -> list[str]:
@@ -106,14 +116,14 @@ def leftovers(root: Path) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--isolation", choices=["auto", "rlimits"], required=True)
-    parser.add_argument("--seccomp", action="store_true")
+    parser.add_argument("--seccomp", choices=["runtime-default", "mount-refused"])
     parser.add_argument("--tmp", required=True, help="a directory this uid owns; runs and targets go there")
     args = parser.parse_args()
     report: dict = {"uid": os.getuid()}
     if args.seccomp:
         from tests.runtime import runtime_default_seccomp
 
-        runtime_default_seccomp.install()
+        runtime_default_seccomp.install(args.seccomp)
         report["kernel_answers"] = probe_namespace_calls()
     root = Path(args.tmp)
     tempfile.tempdir = str(root)  # the runs' working directories: leftovers are found by where they work
