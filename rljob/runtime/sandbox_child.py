@@ -16,9 +16,8 @@ This process (the supervisor) confines what it can, forks the runner and waits f
    an audit hook that refuses sockets (unless `network`) and writes outside the working directory, and only
    then runs the untrusted code.
 3. Without namespaces (seccomp or the kernel refuse them, or refuse setting them up: tried in a child
-   first) the rlimits and the audit hook still apply, the
-   supervisor becomes a child subreaper so that escaped descendants stay in its tree, and it kills whatever
-   is left before it exits.
+   first) the rlimits and the audit hook still apply, the supervisor becomes a child subreaper so that
+   escaped descendants stay in its tree, and it kills whatever is left before it exits.
 
 The result is one line `<token> <json>` written to a descriptor the runner opened before the untrusted code
 ran; the parent ignores lines without its per-run token.
