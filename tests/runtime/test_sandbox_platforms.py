@@ -66,7 +66,7 @@ def battery_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def seccomp_report() -> dict:
-    """The battery as root under the RuntimeDefault fixture, run once for the tests that read it."""
+    """The battery as this process's uid under the RuntimeDefault fixture, run once for the tests that read it."""
     with battery_directory() as base:
         return battery(base, "auto", seccomp="runtime-default", uid=None)
 
