@@ -1,1 +1,1 @@
-"""The kopf operator: RLJob -> pods, services, configmaps, podgroups; status from observed pods."""
+"""The kopf operator: RLJob -> pods, services, configmaps, podgroups, networkpolicies; status from observed pods."""

@@ -28,6 +28,7 @@ _PLURALS = {
     "ConfigMap": "configmaps",
     "Event": "events",
     "PodGroup": "podgroups",
+    "NetworkPolicy": "networkpolicies",
     "KopfPeering": "kopfpeerings",
     "ClusterKopfPeering": "clusterkopfpeerings",
     KIND: PLURAL,

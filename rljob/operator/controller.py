@@ -29,8 +29,9 @@ from rljob.operator.client import ApiError, KubeClient
 from rljob.operator.manifests import build_children
 from rljob.operator.manifests.config import restart_relevant
 from rljob.operator.manifests.members import build_rollout_members
+from rljob.operator.manifests.network import NETWORK_POLICY_API
 from rljob.operator.metrics import OperatorMetrics
-from rljob.operator.naming import CONFIG_KEY, LABEL_ROLE
+from rljob.operator.naming import CONFIG_KEY, LABEL_ROLE, reward_egress_policy_name
 from rljob.operator.peering import PeeringGate
 from rljob.operator.podstate import PodState, observe_pod
 from rljob.operator.progress import ProgressReader
@@ -224,7 +225,7 @@ class JobWorker:
         sync = ConfigSync()
         active = self.status.phase not in TERMINAL_PHASES and job is not None and not job.spec.suspend
         if active and self.synced_generation != generation:
-            sync = await self.sync_children(others)
+            sync = await self.sync_children(job, others)
         progress = await self.pull_progress(job, raws) if job is not None else None
         obs = Observation(
             job=job,
@@ -274,11 +275,13 @@ class JobWorker:
         self.built = (key, (job, invalid, desired_pods, others))
         return self.built[1]
 
-    async def sync_children(self, others: list[Raw]) -> ConfigSync:
-        """Create the ConfigMap, Service and PodGroup if absent; read back what exists to spot spec edits."""
+    async def sync_children(self, job: RLJob, others: list[Raw]) -> ConfigSync:
+        """Create the ConfigMap, Service, PodGroup and NetworkPolicy if absent; read back what exists to spot
+        spec edits (and follow them: a PodGroup's or NetworkPolicy's spec, a NetworkPolicy no longer needed)."""
         ctl = self.controller
         namespace = self.key[0]
         sync = ConfigSync()
+        edited = False
         for manifest in others:
             try:
                 await ctl.client.create(namespace, manifest)
@@ -294,12 +297,31 @@ class JobWorker:
                 if old.get("spec") != new.get("spec"):
                     sync.spec_changed = restart_relevant(old.get("spec") or {}) != restart_relevant(new["spec"])
                     sync.patches.append((existing, {"data": manifest["data"]}))
+                    edited = True
             elif manifest["kind"] == "PodGroup":
                 patch = merge_patch_between(existing.get("spec") or {}, manifest.get("spec") or {})
                 patch = {k: v for k, v in patch.items() if v is not None}
                 if patch:
                     sync.patches.append((existing, {"spec": patch}))
+            elif manifest["kind"] == "NetworkPolicy" and existing.get("spec") != manifest["spec"]:
+                sync.patches.append((existing, {"spec": manifest["spec"]}))
+        if edited and not any(m["kind"] == "NetworkPolicy" for m in others):
+            await self.delete_reward_egress_policy(job)
         return sync
+
+    async def delete_reward_egress_policy(self, job: RLJob) -> None:
+        """After a spec edit that leaves the job without sandboxed rewards (or gives them network): the
+        policy this job made, if any, goes. A namesake the job does not control is left alone."""
+        client = self.controller.client
+        name = reward_egress_policy_name(job)
+        try:
+            existing = await client.get(NETWORK_POLICY_API, "NetworkPolicy", self.key[0], name)
+            if controlled_by(existing, self.body["metadata"].get("uid")):
+                uid = existing["metadata"]["uid"]
+                await client.delete(NETWORK_POLICY_API, "NetworkPolicy", self.key[0], name, uid=uid)
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
 
     async def write_members(self, job: RLJob, members: list[int]) -> None:
         """Keep the job's rollout membership ConfigMap equal to `members` (created when absent)."""

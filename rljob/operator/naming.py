@@ -36,6 +36,11 @@ def service_name(job: RLJob) -> str:
     return job.name
 
 
+def reward_egress_policy_name(job: RLJob) -> str:
+    """The NetworkPolicy limiting the egress of a job's reward pods (rljob/operator/manifests/network.py)."""
+    return f"{job.name}-reward-egress"
+
+
 def pod_group_name(job: RLJob) -> str:
     return job.name
 

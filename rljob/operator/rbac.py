@@ -73,6 +73,14 @@ OPERATOR_API_ACCESS: tuple[ApiAccess, ...] = (
         "namespaced",
         "gang: scheduler-plugins; minMember follows rollout scaling",
     ),
+    ApiAccess(
+        "networking.k8s.io",
+        "networkpolicies",
+        ("get", "create", "patch", "delete"),
+        "namespaced",
+        "reward pods running sandboxed code without network may send DNS only: created if absent, patched or "
+        "deleted when a spec edit changes what the job needs",
+    ),
     ApiAccess("", "namespaces", ("list", "watch"), "cluster", "kopf follows namespaces matching --namespace globs"),
     ApiAccess(
         "apiextensions.k8s.io",

@@ -15,9 +15,9 @@ This process (the supervisor) confines what it can, forks the runner and waits f
    CPU seconds, processes, file size, core dumps), forbids new privileges, drops every capability, installs
    an audit hook that refuses sockets (unless `network`) and writes outside the working directory, and only
    then runs the untrusted code.
-3. Without namespaces (seccomp or the kernel refuse them) the rlimits and the audit hook still apply, the
-   supervisor becomes a child subreaper so that escaped descendants stay in its tree, and it kills whatever
-   is left before it exits.
+3. Without namespaces (seccomp or the kernel refuse them, or refuse setting them up: tried in a child
+   first) the rlimits and the audit hook still apply, the supervisor becomes a child subreaper so that
+   escaped descendants stay in its tree, and it kills whatever is left before it exits.
 
 The result is one line `<token> <json>` written to a descriptor the runner opened before the untrusted code
 ran; the parent ignores lines without its per-run token.
@@ -109,7 +109,7 @@ def enter_namespaces(request):
         # The runner drops to a uid of its own; an interpreter under e.g. /root (0700) would be unreadable to
         # it: show the installation (read-only, like everything) where that uid can reach it.
         alias = os.path.join(os.path.dirname(workdir), "python")
-        os.mkdir(alias)
+        os.makedirs(alias, exist_ok=True)  # made already when `namespaces_usable` tried this in a child
         _mount(sys.base_prefix, alias, None, MS_BIND | MS_REC)
         request["stdlib_alias"] = alias
     for point, keep in _mountpoints():
@@ -123,6 +123,22 @@ def enter_namespaces(request):
             if point == "/":
                 raise
     return True
+
+
+def namespaces_usable(request):
+    """Whether `enter_namespaces` works here, tried in a child first: once `unshare` succeeds this process
+    cannot leave the namespaces, and some platforms allow `unshare` but refuse setting them up (AppArmor's
+    restriction of unprivileged user namespaces leaves the new one without capabilities; a seccomp profile
+    may refuse `mount` alone). Found out here, such a platform gets the fallback, not a failed run."""
+    child = os.fork()
+    if child == 0:
+        try:
+            usable = enter_namespaces(dict(request))
+        except OSError:
+            usable = False
+        os._exit(0 if usable else 1)
+    _, status = os.waitpid(child, 0)
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 def _reachable_by_others(path):
@@ -416,7 +432,7 @@ def main():
     os.dup2(2, 1)
     supervisor_pid = os.getpid()
     namespaced = False
-    if request["isolation"] == "auto":
+    if request["isolation"] == "auto" and namespaces_usable(request):
         try:
             namespaced = enter_namespaces(request)
         except OSError as exc:

@@ -39,6 +39,13 @@ def test_render_only_job_or_only_children():
     assert children[0]["kind"] == "ConfigMap" and len(children) == 11
 
 
+def test_render_shows_the_reward_egress_policy_of_a_code_exec_job():
+    children = list(yaml.safe_load_all(render("--only", "children", str(EXAMPLES / "grpo-tiny-code.yaml")).stdout))
+    kinds = [c["kind"] for c in children]
+    assert kinds == ["ConfigMap", "Service", "NetworkPolicy"] + ["Pod"] * 3
+    assert children[2]["metadata"]["name"] == "grpo-tiny-code-reward-egress"
+
+
 def test_render_uses_the_operator_image_settings(monkeypatch):
     monkeypatch.setenv("RLJOB_OPERATOR_TRAINER_IMAGE", "registry.local/trainer:7")
     pods = [d for d in yaml.safe_load_all(render("--only", "children", str(H100_JOB)).stdout) if d["kind"] == "Pod"]

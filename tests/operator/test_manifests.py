@@ -569,3 +569,49 @@ def test_filesystem_weight_sync_without_a_shared_volume_is_an_invalid_spec(examp
         spec__roles__rollout__volumeMounts=mounted,
     )
     assert build_children(job, settings)
+
+
+# --- the reward pods' egress NetworkPolicy ------------------------------------------------------------
+
+
+def egress_policies(children):
+    return [c for c in children if c["kind"] == "NetworkPolicy"]
+
+
+def test_reward_pods_running_code_exec_without_network_may_send_dns_only(
+    example_documents, job_from, settings, validate_manifest
+):
+    job = job_from(example_documents["grpo-tiny-code"])
+    job.metadata.uid, job.metadata.namespace = "uid-1", "default"
+    children = build_children(job, settings)
+    (policy,) = egress_policies(children)
+    validate_manifest(policy)
+    assert policy["metadata"]["name"] == "grpo-tiny-code-reward-egress"
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-1"  # garbage-collected with the job
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Egress"]  # ingress (the actor's requests, health probes) untouched
+    assert spec["egress"] == [{"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}]
+    selected = [
+        pod["metadata"]["name"]
+        for pod in pods_by_name(children).values()
+        if spec["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    ]
+    assert selected == ["grpo-tiny-code-reward-0"]
+    kinds = [c["kind"] for c in children]
+    assert kinds.index("NetworkPolicy") < kinds.index("Pod")  # in force before a reward pod runs code
+
+
+def test_user_reward_modules_count_as_sandboxed_code(example_documents, job_from, settings):
+    job = job_from(
+        example_documents["grpo-tiny-arithmetic"], spec__reward__functions=[{"module": "my_rewards.py:score"}]
+    )
+    assert len(egress_policies(build_children(job, settings))) == 1
+
+
+def test_no_egress_policy_for_jobs_with_network_or_without_sandboxed_rewards(example_documents, job_from, settings):
+    with_network = job_from(example_documents["grpo-tiny-code"], spec__reward__sandbox__network=True)
+    builtins_only = job_from(example_documents["grpo-tiny-arithmetic"])
+    gym = job_from(example_documents["cartpole-ppo"])
+    for job in (with_network, builtins_only, gym):
+        assert egress_policies(build_children(job, settings)) == [], job.name
+    assert all(f.builtin != "code_exec" and f.module is None for f in builtins_only.spec.reward.functions)

@@ -81,6 +81,9 @@ checks it). Each block below is plain YAML with no template actions inside.
 - apiGroups: ["scheduling.x-k8s.io"]
   resources: ["podgroups"]
   verbs: ["get", "create", "patch"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch", "delete"]
 {{- end }}
 
 {{- define "rljob-operator.rules.cluster" -}}

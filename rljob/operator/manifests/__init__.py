@@ -8,6 +8,7 @@ from rljob.operator.manifests.checks import build_problems, checkpoint_dir_in_po
 from rljob.operator.manifests.children import build_children
 from rljob.operator.manifests.config import build_config_map, config_hash, resolved_job_yaml
 from rljob.operator.manifests.gang import build_pod_group, gang_size, replica_counts
+from rljob.operator.manifests.network import build_reward_egress_policy, runs_sandboxed_rewards
 from rljob.operator.manifests.pods import build_job_pods, build_pod, build_pods, role_image
 from rljob.operator.manifests.service import build_service
 
@@ -19,6 +20,7 @@ __all__ = [
     "build_pod_group",
     "build_pods",
     "build_problems",
+    "build_reward_egress_policy",
     "build_service",
     "checkpoint_dir_in_pod",
     "config_hash",
@@ -27,4 +29,5 @@ __all__ = [
     "replica_counts",
     "resolved_job_yaml",
     "role_image",
+    "runs_sandboxed_rewards",
 ]

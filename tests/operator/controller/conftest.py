@@ -33,6 +33,7 @@ PODS = kmock.resource("", "v1", "pods")
 CONFIGMAPS = kmock.resource("", "v1", "configmaps")
 SERVICES = kmock.resource("", "v1", "services")
 EVENTS = kmock.resource("", "v1", "events")
+NETWORK_POLICIES = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
 SCALE_PATH = ("spec", "roles", "rollout", "replicas")
 
 RESOURCES: dict[str, dict[str, Any]] = {
@@ -46,6 +47,7 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "kopf.dev/v1/clusterkopfpeerings": {"kind": "ClusterKopfPeering", "namespaced": False},
     "scheduling.volcano.sh/v1beta1/podgroups": {"kind": "PodGroup", "namespaced": True},
     "scheduling.x-k8s.io/v1alpha1/podgroups": {"kind": "PodGroup", "namespaced": True},
+    "networking.k8s.io/v1/networkpolicies": {"kind": "NetworkPolicy", "namespaced": True},
 }
 
 
@@ -115,6 +117,13 @@ async def start_cartpole(cluster: Cluster) -> None:
 def arithmetic_job(name: str = "ar") -> dict[str, Any]:
     """The tiny GRPO arithmetic example (1 actor, 1 rollout, 1 reward pod): an llm task."""
     job = yaml.safe_load((EXAMPLES / "grpo-tiny-arithmetic.yaml").read_text())
+    job["metadata"] = {"name": name, "namespace": NS}
+    return job
+
+
+def code_job(name: str = "gc") -> dict[str, Any]:
+    """The tiny code example (1 actor, 1 rollout, 1 reward pod): code_exec rewards, sandbox network off."""
+    job = yaml.safe_load((EXAMPLES / "grpo-tiny-code.yaml").read_text())
     job["metadata"] = {"name": name, "namespace": NS}
     return job
 

@@ -14,11 +14,13 @@ from tests.operator.controller.conftest import (
     CARTPOLE_PODS,
     CONFIGMAPS,
     FAST,
+    NETWORK_POLICIES,
     NS,
     SERVICES,
     Cluster,
     arithmetic_job,
     cartpole_job,
+    code_job,
     eventually,
     operator_running,
     start_cartpole,
@@ -242,3 +244,22 @@ async def test_volcano_pod_group_covers_every_pod_and_follows_scaling(
         cluster.patch_job("cp", {"spec": {"roles": {"rollout": {"replicas": 2}}}})
         await eventually(lambda: kube.read_object(podgroups, NS, "cp")["spec"]["minMember"] == 5, what="minMember")
         await eventually(lambda: "cp-rollout-1" in cluster.pods("cp"), what="scaled up")
+
+
+async def test_reward_pods_running_sandboxed_code_without_network_get_a_dns_only_egress_policy(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    async with operator_running(kube):
+        code = cluster.create_job(code_job())
+        cluster.create_job(arithmetic_job())  # builtin rewards only: no policy
+        policy = await eventually(lambda: kube.read_object(NETWORK_POLICIES, NS, "gc-reward-egress"), what="policy")
+        assert policy["metadata"]["ownerReferences"][0]["uid"] == code["metadata"]["uid"]
+        assert policy["spec"]["podSelector"]["matchLabels"] == {"rljob.io/job": "gc", "rljob.io/role": "reward"}
+        await eventually(lambda: "gc-reward-0" in cluster.pods("gc") and "ar-reward-0" in cluster.pods("ar"))
+        assert [p["metadata"]["name"] for p in kube.list_objects(NETWORK_POLICIES, NS)] == ["gc-reward-egress"]
+
+        # The sandbox gets network: the policy goes; taken away again: it comes back.
+        cluster.patch_job("gc", {"spec": {"reward": {"sandbox": {"network": True}}}})
+        await eventually(lambda: kube.read_object(NETWORK_POLICIES, NS, "gc-reward-egress") is None, what="deleted")
+        cluster.patch_job("gc", {"spec": {"reward": {"sandbox": {"network": False}}}})
+        await eventually(lambda: kube.read_object(NETWORK_POLICIES, NS, "gc-reward-egress"), what="recreated")

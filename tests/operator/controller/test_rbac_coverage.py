@@ -1,9 +1,9 @@
 """The chart's RBAC (checked equal to rljob/operator/rbac.py) grants every request the operator makes.
 
 A job's whole life runs through the real operator against the emulator, with the gang PodGroup,
-rollout scaling, a replaced pod, success and TTL deletion; every request the emulator served is
-then mapped to its RBAC (group, resource, verb). Test-side writes go straight to the emulator's store,
-so the request log holds the operator's calls only (kopf's included).
+rollout scaling, a replaced pod, success and TTL deletion, then a code job's egress NetworkPolicy; every
+request the emulator served is then mapped to its RBAC (group, resource, verb). Test-side writes go straight
+to the emulator's store, so the request log holds the operator's calls only (kopf's included).
 """
 
 from __future__ import annotations
@@ -11,8 +11,11 @@ from __future__ import annotations
 from rljob.operator.rbac import required_access
 from tests.operator.controller.conftest import (
     CARTPOLE_PODS,
+    NETWORK_POLICIES,
+    NS,
     Cluster,
     cartpole_job,
+    code_job,
     eventually,
     operator_running,
 )
@@ -54,6 +57,11 @@ async def test_every_request_of_a_job_lifecycle_is_granted_by_rbac(kube: Kuberne
         cluster.run_all("cp")
         cluster.exit("cp-actor-0", 0)
         await eventually(lambda: cluster.job("cp") is None, timeout=15, what="deleted after its TTL")
+        # A job whose reward pods run code without network: its egress NetworkPolicy, gone when network is on.
+        cluster.create_job(code_job())
+        await eventually(lambda: kube.read_object(NETWORK_POLICIES, NS, "gc-reward-egress"), what="policy")
+        cluster.patch_job("gc", {"spec": {"reward": {"sandbox": {"network": True}}}})
+        await eventually(lambda: kube.read_object(NETWORK_POLICIES, NS, "gc-reward-egress") is None, what="deleted")
 
     requested = {
         (r.resource.group, r.resource.plural + (f"/{r.subresource}" if r.subresource else ""), rbac_verb(r))
