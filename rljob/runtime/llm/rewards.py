@@ -64,6 +64,7 @@ from rljob.runtime.sandbox import (
     check_sandbox,
     parse_tests,
 )
+from rljob.runtime.sandboxed_module import WORKER_START_SECONDS, ModuleCallError, ModuleLoadError, SandboxedFunction
 from rljob.runtime.user_code import describe_exception, load_user_module
 
 RewardFn = Callable[..., float]
@@ -389,15 +390,21 @@ class RewardScorer:
             )
         self.timeout = reward.sandbox.timeout_seconds
         self.concurrency = reward.sandbox.max_concurrency
+        self._limits = SandboxLimits.from_spec(reward.sandbox)
         self._terms: list[_Term] = []
         labels: dict[str, int] = {}
         sandbox = Sandbox.from_spec(reward.sandbox, isolation)
-        for spec, function in resolved:
+        self._modules: list[SandboxedFunction] = []
+        for index, (spec, function) in enumerate(resolved):
             assert function is not None  # no problems: every function resolved
             timeout = self.timeout
+            sample_fields = _sample_fields(function)  # of the user's own function, loaded for the checks
             if spec.builtin == "code_exec":
                 function = CodeExec(sandbox)
                 timeout = self.timeout + STARTUP_ALLOWANCE_SECONDS + CODE_EXEC_TIMEOUT_MARGIN
+            elif spec.module is not None:
+                function = self._sandboxed(spec.module, f"spec.reward.functions[{index}].module", base_dir, isolation)
+                timeout = self.timeout + WORKER_START_SECONDS + CODE_EXEC_TIMEOUT_MARGIN
             label = spec.name or spec.builtin or (spec.module or "").rpartition(":")[2]
             labels[label] = labels.get(label, 0) + 1
             kwargs = dict(spec.args)
@@ -409,7 +416,7 @@ class RewardScorer:
                     function=function,
                     weight=spec.weight,
                     kwargs=kwargs,
-                    sample_fields=_sample_fields(function),
+                    sample_fields=sample_fields,
                     timeout=timeout,
                 )
             )
@@ -421,6 +428,26 @@ class RewardScorer:
         self._abandoned_threads = 0
         for _ in range(self.concurrency):
             self._start_worker()
+
+    def _sandboxed(self, ref: str, field: str, base_dir: Path | None, isolation: Isolation) -> SandboxedFunction:
+        """The module function in its sandboxed workers; the first worker is started now, so that a module
+        the sandbox cannot import (e.g. a file its uid cannot read) is refused before any sample."""
+        location, _, name = ref.rpartition(":")
+        if location.endswith(".py") and not Path(location).is_absolute():
+            ref = f"{(Path.cwd() if base_dir is None else Path(base_dir)) / location}:{name}"
+        function = SandboxedFunction(ref, self._limits, self.concurrency, isolation)
+        self._modules.append(function)
+        try:
+            function.start()
+        except ModuleLoadError as exc:
+            for started in self._modules:  # no thread is running yet: the workers are all there is to stop
+                started.close()
+            raise RewardConfigError(
+                field,
+                f"the reward sandbox cannot load it: {exc} (see docs/sandbox.md: the module and what it "
+                "imports must be readable by the sandbox's uid)",
+            ) from None
+        return function
 
     @property
     def names(self) -> list[str]:
@@ -483,6 +510,8 @@ class RewardScorer:
         try:
             extra = {name: sample[name] for name in term.sample_fields}  # type: ignore[literal-required]
             value = term.function(sample["prompt"], sample["response"], sample["row"], **extra, **term.kwargs)
+        except ModuleCallError as exc:  # what the sandboxed call raised, or why the sandbox stopped it
+            return 0.0, str(exc)
         except (Exception, SystemExit) as exc:  # user code must not take a worker thread down with it
             return 0.0, describe_exception(exc)
         if not isinstance(value, numbers.Real) or not math.isfinite(value):
@@ -490,9 +519,12 @@ class RewardScorer:
         return float(value), None
 
     def close(self) -> None:
-        """Stops the worker threads once they finish their current call (abandoned ones are daemons)."""
+        """Stops the worker threads once they finish their current call (abandoned ones are daemons), and every
+        sandboxed module worker."""
         for _ in range(self.concurrency):
             self._queue.put(None)
+        for module in self._modules:
+            module.close()
 
 
 def _sample_fields(function: RewardFn) -> tuple[str, ...]:
