@@ -43,8 +43,10 @@ import inspect
 import logging
 import math
 import numbers
+import os
 import queue
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -433,8 +435,12 @@ class RewardScorer:
         """The module function in its sandboxed workers; the first worker is started now, so that a module
         the sandbox cannot import (e.g. a file its uid cannot read) is refused before any sample."""
         location, _, name = ref.rpartition(":")
-        if location.endswith(".py") and not Path(location).is_absolute():
-            ref = f"{(Path.cwd() if base_dir is None else Path(base_dir)) / location}:{name}"
+        if location.endswith(".py"):
+            path = Path(location) if Path(location).is_absolute() else (base_dir or Path.cwd()) / location
+            problem = unreadable_by_the_sandbox(path)
+            if problem:
+                raise RewardConfigError(field, problem)
+            ref = f"{path}:{name}"
         function = SandboxedFunction(ref, self._limits, self.concurrency, isolation)
         self._modules.append(function)
         try:
@@ -525,6 +531,26 @@ class RewardScorer:
             self._queue.put(None)
         for module in self._modules:
             module.close()
+
+
+def unreadable_by_the_sandbox(path: Path) -> str | None:
+    """Why a sandboxed worker cannot import the module file at `path`, or None. Run as root, the worker drops to
+    a uid of its own before it imports the module: the file must be readable, and its directory searchable, by
+    other users (the directories above it need not be: see `sandbox_child.hold_open_directories`)."""
+    if os.geteuid() != 0:
+        return None  # the worker keeps this process's uid (mapped to itself in a user namespace)
+    directory = path.resolve().parent
+    if not directory.stat().st_mode & stat.S_IXOTH:
+        return (
+            f"the reward sandbox imports {path} as an unprivileged uid of its own, which cannot enter {directory} "
+            f"(mode {stat.filemode(directory.stat().st_mode)}): chmod o+rx {directory}"
+        )
+    if not path.stat().st_mode & stat.S_IROTH:
+        return (
+            f"the reward sandbox imports {path} as an unprivileged uid of its own, which cannot read it "
+            f"(mode {stat.filemode(path.stat().st_mode)}): chmod o+r {path}"
+        )
+    return None
 
 
 def _sample_fields(function: RewardFn) -> tuple[str, ...]:
