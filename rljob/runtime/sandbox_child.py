@@ -180,9 +180,11 @@ def move_import_paths(mapping):
 def hold_open_directories(paths):
     """As root, before dropping to the run's own uid: each directory of `paths` that uid could not reach (e.g.
     below /root, 0700) is opened here and named `/proc/self/fd/N` from then on. A process may always follow its
-    own descriptors, and a lookup through one checks only the directories below it, so the run reads what it
-    must import (the interpreter, site-packages, the user's module) without any other file becoming reachable
-    and without running the user's code as root. Returns {path: alias}."""
+    own descriptors, and a lookup through one skips the directories above it that this uid cannot enter, so the
+    run reads what it must import (the interpreter, site-packages, the user's module) without running the
+    user's code as root. What else becomes reachable is what other users could read between the held directory
+    and the closed one above it (`..` works): never the closed directory's other contents. Returns
+    {path: alias}."""
     if os.geteuid() != 0:
         return {}
     held = {}
@@ -389,10 +391,12 @@ def runner(request, namespaced, supervisor_pid, result_fd, request_fd):
         _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
         if request["kind"] == "module":
             # The scorer's import path first (its PYTHONPATH and working directory included), then what `site`
-            # added here (e.g. the finders of editable installs).
-            sys.path[:] = request["sys_path"] + [p for p in sys.path if p not in request["sys_path"]]
-            held = hold_open_directories([*sys.path, os.path.dirname(request["ref"].rpartition(":")[0])])
-            request["ref"] = move_import_paths(held)(request["ref"])
+            # added here (e.g. the finders of editable installs). It takes effect only once the runner is
+            # confined: a file in the scorer's working directory must not shadow a module imported as root.
+            import_path = request["sys_path"] + [p for p in sys.path if p not in request["sys_path"]]
+            held = hold_open_directories([*import_path, os.path.dirname(request["ref"].rpartition(":")[0])])
+            moved = move_import_paths(held)
+            request["ref"], request["import_path"] = moved(request["ref"]), [moved(p) for p in import_path]
         report["uid"] = confine(request, namespaced, supervisor_pid)
         os.chdir(request["workdir"])
         sys.dont_write_bytecode = True
@@ -447,6 +451,7 @@ def serve_module(request, report, spawned, request_fd, result_fd):
 
     pid = os.getpid()
     violations = report["violations"]
+    sys.path[:] = request["import_path"]
     try:
         from rljob.runtime.user_code import describe_exception, load_user_module
 

@@ -99,6 +99,11 @@ class ModuleWorker:
                 start_new_session=True,  # its own process group and session: killed as a whole
                 pass_fds=(lifeline_read,),
             )
+        except OSError as exc:
+            for fd in (self._requests, self._results, self._lifeline):
+                os.close(fd)
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise ModuleLoadError(f"the sandboxed worker could not be started: {exc}") from None
         finally:
             for fd in (request_read, result_write, lifeline_read):
                 os.close(fd)
@@ -122,7 +127,10 @@ class ModuleWorker:
         }
         try:
             self._send(json.dumps(setup).encode() + b"\n")
-            ready = self._receive(time.monotonic() + WORKER_START_SECONDS)
+            ready = self._receive(
+                time.monotonic() + WORKER_START_SECONDS,
+                f"not ready within {WORKER_START_SECONDS:g}s (interpreter, confinement and the module's imports)",
+            )
         except ModuleCallError as exc:
             self.stop()
             raise ModuleLoadError(f"the sandboxed worker did not start: {exc}") from None
@@ -143,7 +151,10 @@ class ModuleWorker:
         payload = pickle.dumps({"prompt": prompt, "response": response, "row": row, "kwargs": kwargs}, protocol=5)
         deadline = time.monotonic() + self.limits.timeout_seconds
         self._send(len(payload).to_bytes(8, "big") + payload)
-        reply = self._receive(deadline)
+        reply = self._receive(
+            deadline,
+            f"killed after the wall-clock limit (spec.reward.sandbox.timeoutSeconds: {self.limits.timeout_seconds:g}s)",
+        )
         if "error" in reply:
             raise ModuleCallError(reply["error"]) if not reply.get("recycle") else _Recycle(reply["error"])
         return reply["value"], not reply.get("recycle")
@@ -162,11 +173,12 @@ class ModuleWorker:
         try:
             while data:
                 data = data[os.write(self._requests, data) :]
-        except (BrokenPipeError, OSError):
+        except OSError:  # a broken pipe: the worker is gone
             raise _Recycle(self._died()) from None
 
-    def _receive(self, deadline: float) -> dict[str, Any]:
-        """The next reply line carrying this worker's token; ModuleCallError when none comes by `deadline`."""
+    def _receive(self, deadline: float, late: str) -> dict[str, Any]:
+        """The next reply line carrying this worker's token. When none comes by `deadline` the worker is killed
+        and ModuleCallError says `late`."""
         poller = select.poll()
         poller.register(self._results, select.POLLIN)
         while True:
@@ -182,10 +194,7 @@ class ModuleWorker:
                 if time.monotonic() < deadline:
                     continue
                 kill_run(self.pid)  # not reaped yet: its pid still names this worker's supervisor
-                raise _Recycle(
-                    "killed after the wall-clock limit (spec.reward.sandbox.timeoutSeconds: "
-                    f"{self.limits.timeout_seconds:g}s)"
-                )
+                raise _Recycle(late)
             chunk = os.read(self._results, 1 << 16)
             if not chunk:
                 raise _Recycle(self._died())

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -31,7 +34,7 @@ def sample(response: str) -> RewardInput:
 def module(misbehaviour: str) -> str:
     """A reward module whose `bad` scores len(response), except on the response "bad", where it misbehaves."""
     return (
-        "import os, signal, socket, time\n\n"
+        "import os, signal, socket, sys, time\n\n"
         "def bad(prompt, response, row):\n"
         '    if response == "bad":\n'
         f"{textwrap.indent(textwrap.dedent(misbehaviour), ' ' * 8)}\n"
@@ -49,11 +52,21 @@ def _processes_before():
     _BEFORE = {p.pid for p in psutil.Process().children(recursive=True)}
 
 
+def module_worker_escapee(process: psutil.Process) -> bool:
+    """A process under a sandbox's own uid in a module worker's directory, wherever it was reparented (other
+    work on this machine may run code_exec sandboxes, whose directories are named rljob-sandbox-)."""
+    try:
+        uids = process.uids()
+        return uids.real >= SANDBOX_UID_BASE and "/rljob-module-" in process.cwd()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
 def sandbox_processes() -> list[psutil.Process]:
-    """Live processes of any sandbox (zombies are dead, awaiting their reaper): below this test process, or
-    under a sandbox's own uid."""
+    """Live processes of any module worker (zombies are dead, awaiting their reaper): below this test process,
+    or under a sandbox's own uid in a worker's directory."""
     found = [p for p in psutil.Process().children(recursive=True) if p.pid not in _BEFORE]
-    found += [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real >= SANDBOX_UID_BASE]
+    found += [p for p in psutil.process_iter() if module_worker_escapee(p)]
     alive = {}
     for process in found:
         try:
@@ -62,6 +75,13 @@ def sandbox_processes() -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             continue
     return list(alive.values())
+
+
+def alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def strays(scorer: RewardScorer) -> list[psutil.Process]:
@@ -191,6 +211,47 @@ def test_the_function_runs_as_its_own_uid_in_a_private_working_directory(make_sc
         assert worker.uid == SANDBOX_UID_BASE + worker.pid
 
 
+SCORER_THAT_GETS_KILLED = """\
+import sys
+from rljob.api.spec import RewardSpec
+from rljob.runtime.llm.rewards import RewardScorer
+
+spec = RewardSpec.model_validate(
+    {"functions": [{"module": sys.argv[1]}], "sandbox": {"timeoutSeconds": 600, "maxConcurrency": 1}}
+)
+scorer = RewardScorer(spec, isolation=sys.argv[2])
+print(scorer._modules[0].worker_pids()[0], flush=True)
+sample = {"prompt": "p", "response": "bad", "row": {}, "finish_reason": "stop", "response_tokens": 1}
+scorer.score([sample])
+"""
+
+
+@pytest.mark.parametrize("isolation", ["auto", "rlimits"])
+def test_workers_die_with_a_reward_role_killed_mid_call(tmp_path, isolation):
+    tmp_path.chmod(0o755)
+    (tmp_path / "rewards.py").write_text(module("print('looping', file=sys.stderr, flush=True)\nwhile True:\n    pass"))
+    role = subprocess.Popen(
+        [sys.executable, "-c", SCORER_THAT_GETS_KILLED, f"{tmp_path / 'rewards.py'}:bad", isolation],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        supervisor = psutil.Process(int(role.stdout.readline()))
+        worker = [supervisor, *supervisor.children(recursive=True)]
+        assert role.stderr.readline().strip() == "looping"  # the worker is inside the call
+    finally:
+        role.kill()
+        role.wait()
+    # The worker's supervisor sees its lifeline close and kills the call; it is not this test's child.
+    deadline = time.monotonic() + 30  # a bound, not a timing: the kill comes as soon as the lifeline closes
+    while any(alive(process) for process in worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [process for process in worker if alive(process)] == []
+    role.stderr.close()
+    role.stdout.close()
+
+
 # --- what the worker can import ------------------------------------------------------------------
 
 
@@ -225,3 +286,21 @@ def test_a_module_its_sandbox_uid_cannot_read_is_refused_before_start_naming_the
         RewardScorer(spec, base_dir=tmp_path)
     assert str(caught.value).startswith("spec.reward.functions[1].module: the reward sandbox imports ")
     assert f"chmod o+rx {private}" in str(caught.value)
+
+
+def test_a_file_on_the_import_path_never_shadows_a_module_the_worker_imports_as_root(tmp_path, monkeypatch):
+    tmp_path.chmod(0o755)
+    marker = tmp_path / "imported-as"
+    (tmp_path / "random.py").write_text(f"import os\nopen({str(marker)!r}, 'w').write(str(os.geteuid()))\n")
+    (tmp_path / "rewards.py").write_text(
+        "import random\n\ndef where(prompt, response, row):\n    return float(random.__file__.endswith('/random.py')"
+        f" and not random.__file__.startswith({str(tmp_path)!r}))\n"
+    )
+    spec = RewardSpec.model_validate({"functions": [{"module": "rewards.py:where"}]})
+    monkeypatch.syspath_prepend(str(tmp_path))  # as the reward role's working directory is
+    scorer = RewardScorer(spec, base_dir=tmp_path)
+    try:
+        assert scorer.score([sample("x")]).terms == {"where": [1.0]}
+    finally:
+        scorer.close()
+    assert not marker.exists()
