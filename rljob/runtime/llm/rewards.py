@@ -13,10 +13,17 @@ the role's working directory) or `package.module:fn` (importable by the reward r
 The reward of a sample is the weighted sum of its terms. A call that raises, runs past
 `spec.reward.sandbox.timeoutSeconds`, or returns something other than a finite number scores 0 and
 counts one error under the function's name; it never stops the job. Calls run on
-`sandbox.maxConcurrency` threads, so a function that keeps state must guard it with a lock. A call
-past its timeout is abandoned, not killed (Python cannot stop a thread): its thread is replaced and
-keeps running until the function returns. User functions run in the reward role's own process (see
-docs/sandbox.md for why); the code of `code_exec` runs in the sandbox (`rljob.runtime.sandbox`).
+`sandbox.maxConcurrency` threads.
+
+User functions run confined, under the same `spec.reward.sandbox` limits as `code_exec`, in a pool of
+at most `maxConcurrency` sandboxed worker processes per function that each import the module once
+(`rljob.runtime.sandboxed_module`): a call past its timeout kills its worker (every process of it) and
+the next sample gets a fresh one; module state is kept per worker, not shared between workers. The
+module is also loaded once in the reward role's own process before start, for the checks that name the
+spec field (missing file or function, wrong signature). Builtins other than `code_exec` run in the
+reward role's process (they are rljob's own code); a builtin past its timeout is abandoned, not killed
+(Python cannot stop a thread): its thread is replaced and keeps running until the function returns.
+The code of `code_exec` runs in a fresh sandboxed process per sample (`rljob.runtime.sandbox`).
 
 Builtins:
 - `exact_match`: 1.0 when the final answer of the response equals `row[answer_key]`, after `final_answer`
