@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -230,6 +231,7 @@ def kill_run(supervisor_pid: int) -> None:
     except psutil.NoSuchProcess:
         kill_group(supervisor_pid)
         return
+    killed: list[psutil.Process] = []
     for _ in range(100):  # a fork bomb under its process limit cannot outrun this for long
         left = supervisor.children(recursive=True)
         if not left:
@@ -237,9 +239,26 @@ def kill_run(supervisor_pid: int) -> None:
         for process in left:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
+                killed.append(process)
     kill_group(supervisor_pid)
     with contextlib.suppress(psutil.NoSuchProcess):
         supervisor.kill()
+    # SIGKILL takes effect when the process next runs: on a busy machine a killed process can still look alive
+    # for a moment. Return only once each is dead (a zombie awaiting its reaper is).
+    deadline = time.monotonic() + 5.0
+    while killed and time.monotonic() < deadline:
+        killed = [process for process in killed if _alive(process)]
+        if killed:
+            time.sleep(0.005)
+
+
+def _alive(process: Any) -> bool:
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 # --- tests of a row ------------------------------------------------------------------------------

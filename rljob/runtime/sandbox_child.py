@@ -21,6 +21,10 @@ This process (the supervisor) confines what it can, forks the runner and waits f
 
 The result is one line `<token> <json>` written to a descriptor the runner opened before the untrusted code
 ran; the parent ignores lines without its per-run token.
+
+The same program confines a worker for a user's reward module (`"kind": "module"`, started by
+`rljob.runtime.sandboxed_module` as `python -I -c`, with site-packages): the runner imports the module after
+confining itself and then scores samples one request at a time (`serve_module`) until the scorer stops it.
 """
 
 import contextlib
@@ -171,6 +175,41 @@ PRELOADED = [
 run started as root could import nothing else from an installation other users cannot read."""
 
 
+def move_import_paths(mapping):
+    """Imports from each directory of `mapping` come from the path it maps to (the longest match wins), for
+    `sys.path` and the packages imported so far (so that they find their submodules there too)."""
+    prefixes = sorted(mapping, key=len, reverse=True)
+
+    def moved(path):
+        for prefix in prefixes:
+            if path == prefix or path.startswith(prefix.rstrip(os.sep) + os.sep):
+                return mapping[prefix] + path[len(prefix) :]
+        return path
+
+    sys.path[:] = [moved(p) for p in sys.path]
+    for module in list(sys.modules.values()):
+        if isinstance(getattr(module, "__path__", None), list):
+            module.__path__[:] = [moved(p) for p in module.__path__]
+    return moved
+
+
+def hold_open_directories(paths):
+    """As root, before dropping to the run's own uid: each directory of `paths` that uid could not reach (e.g.
+    below /root, 0700) is opened here and named `/proc/self/fd/N` from then on. A process may always follow its
+    own descriptors, and a lookup through one skips the directories above it that this uid cannot enter, so the
+    run reads what it must import (the interpreter, site-packages, the user's module) without running the
+    user's code as root. What else becomes reachable is what other users could read between the held directory
+    and the closed one above it (`..` works): never the closed directory's other contents. Returns
+    {path: alias}."""
+    if os.geteuid() != 0:
+        return {}
+    held = {}
+    for path in paths:
+        if path and os.path.isdir(path) and not _reachable_by_others(path):
+            held[path] = f"/proc/self/fd/{os.open(path, os.O_RDONLY | os.O_DIRECTORY)}"
+    return held
+
+
 def count_own_tasks():
     """Threads of every process of this real uid (what RLIMIT_NPROC counts)."""
     uid, count = os.getuid(), 0
@@ -193,14 +232,7 @@ def confine(request, namespaced, supervisor_pid):
         __import__(name)
     alias = request.get("stdlib_alias")
     if alias:
-
-        def moved(paths):
-            return [p.replace(sys.base_prefix, alias, 1) if p.startswith(sys.base_prefix) else p for p in paths]
-
-        sys.path[:] = moved(sys.path)
-        for module in list(sys.modules.values()):  # packages imported so far find their submodules there too
-            if isinstance(getattr(module, "__path__", None), list):
-                module.__path__[:] = moved(module.__path__)
+        move_import_paths({sys.base_prefix: alias})
     if os.geteuid() == 0:
         uid = SANDBOX_UID_BASE + supervisor_pid
         os.chown(request["workdir"], uid, uid)
@@ -215,7 +247,8 @@ def confine(request, namespaced, supervisor_pid):
     memory = limits["memory_mb"] * 1024 * 1024
     cpu = limits["cpu_seconds"]
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU, then SIGKILL one second later
+    if cpu is not None:  # None for a long-lived module worker: CPU time adds up over its samples
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU, then SIGKILL one second later
     resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_bytes"], limits["file_bytes"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -366,28 +399,35 @@ def run_tests(request, violations):
     return passed, len(tests["cases"]), crash
 
 
-def runner(request, namespaced, supervisor_pid, result_fd):
+def runner(request, namespaced, supervisor_pid, result_fd, request_fd):
     """Pid 1 of the sandbox (when namespaced): confine, run, report. Never returns."""
     pid = os.getpid()
     report = {"namespaced": namespaced, "violations": []}
     try:
         _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+        if request["kind"] == "module":
+            # The scorer's import path first (its PYTHONPATH and working directory included), then what `site`
+            # added here (e.g. the finders of editable installs). It takes effect only once the runner is
+            # confined: a file in the scorer's working directory must not shadow a module imported as root.
+            import_path = request["sys_path"] + [p for p in sys.path if p not in request["sys_path"]]
+            held = hold_open_directories([*import_path, os.path.dirname(request["ref"].rpartition(":")[0])])
+            moved = move_import_paths(held)
+            request["ref"], request["import_path"] = moved(request["ref"]), [moved(p) for p in import_path]
         report["uid"] = confine(request, namespaced, supervisor_pid)
         os.chdir(request["workdir"])
         sys.dont_write_bytecode = True
         spawned = []
         install_guard(request, report["violations"], spawned)
+        if request["kind"] == "module":
+            serve_module(request, report, spawned, request_fd, result_fd)  # never returns
         try:
             passed, total, crash = run_tests(request, report["violations"])
             report.update(passed=passed, total=total, crash=crash)
         except MemoryError:
-            report["violations"].append(
-                f"out of memory (spec.reward.sandbox.memoryMb: {request['limits']['memory_mb']})"
-            )
+            report["violations"].append(_out_of_memory(request))
         except BlockingIOError as exc:
             if spawned:
-                limit = request["limits"]["processes"]
-                report["violations"].append(f"process limit reached ({limit} processes per run): {exc}")
+                report["violations"].append(_process_limit(request, exc))
             else:  # a non-blocking call of the code's own: its failure, not the sandbox's
                 report.update(passed=0, total=1, crash=f"BlockingIOError: {exc}")
     except BaseException as exc:
@@ -395,9 +435,79 @@ def runner(request, namespaced, supervisor_pid, result_fd):
             report["setup_error"] = f"{type(exc).__name__}: {exc}"
     if os.getpid() != pid:
         os._exit(0)  # a process the code forked came back out of it: only the runner reports
-    line = f"{request['token']} {json.dumps(report)}\n".encode()
-    os.write(result_fd, line)
+    _reply(request, result_fd, report)
     os._exit(0)
+
+
+def _out_of_memory(request):
+    return f"out of memory (spec.reward.sandbox.memoryMb: {request['limits']['memory_mb']})"
+
+
+def _process_limit(request, exc):
+    return f"process limit reached ({request['limits']['processes']} processes per run): {exc}"
+
+
+def _reply(request, result_fd, report):
+    line = f"{request['token']} {json.dumps(report)}\n".encode()
+    while line:
+        line = line[os.write(result_fd, line) :]
+
+
+# --- a user's reward module ----------------------------------------------------------------------
+
+
+def serve_module(request, report, spawned, request_fd, result_fd):
+    """The runner of a module worker: imports the user's reward function once (confined already), then scores
+    one sample per request until the scorer closes the pipe. A request is an 8-byte length and a pickle of
+    {prompt, response, row, kwargs} (from the scorer: trusted); a reply is a JSON line `{"value": float}` or
+    `{"error": str}`, plus `"recycle": true` when this process must not serve again (a limit was hit, a rule
+    broken, a process started: what is left of it dies with the worker). Never returns."""
+    import numbers
+    import pickle
+
+    pid = os.getpid()
+    violations = report["violations"]
+    sys.path[:] = request["import_path"]
+    try:
+        from rljob.runtime.user_code import describe_exception, load_user_module
+
+        module, _, name = load_user_module(request["ref"], None, ValueError, "rewards.py", "reward")
+        function = getattr(module, name)
+    except BaseException as exc:  # the user's import-time failure, or a file this uid cannot read
+        if os.getpid() != pid:
+            os._exit(0)
+        report["load_error"] = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError) else str(exc)
+        _reply(request, result_fd, report)
+        os._exit(0)
+    report["ready"] = True
+    _reply(request, result_fd, report)
+    requests = os.fdopen(request_fd, "rb")
+    while True:
+        header = requests.read(8)
+        if len(header) < 8:
+            os._exit(0)  # the scorer closed the pipe: it stops this worker or is gone
+        sample = pickle.loads(requests.read(int.from_bytes(header, "big")))
+        del violations[:], spawned[:]
+        outcome = {}
+        try:
+            value = function(sample["prompt"], sample["response"], sample["row"], **sample["kwargs"])
+            if isinstance(value, numbers.Real):
+                outcome["value"] = float(value)  # the scorer refuses what is not finite
+            else:
+                outcome["error"] = f"returned {value!r:.200}, not a finite number"
+        except MemoryError:
+            outcome.update(error=_out_of_memory(request), recycle=True)
+        except BlockingIOError as exc:
+            outcome["error"] = _process_limit(request, exc) if spawned else describe_exception(exc)
+        except BaseException as exc:  # the function's own failure (SystemExit included): it scores 0
+            outcome["error"] = describe_exception(exc)
+        if os.getpid() != pid:
+            os._exit(0)  # a process the function forked came back out of it: only the runner replies
+        if violations:
+            outcome = {"error": violations[0], "recycle": True}
+        if spawned:
+            outcome["recycle"] = True
+        _reply(request, result_fd, outcome)
 
 
 def kill_descendants():
@@ -424,8 +534,38 @@ def kill_descendants():
                 os.waitpid(child, 0)
 
 
+def wait_for_runner(child, lifeline_fd):
+    """The runner's wait status. With a lifeline (a module worker, which outlives any one request), the runner
+    is killed as soon as the scorer's end of the lifeline closes: the reward role is gone, e.g. SIGKILLed while
+    a call was still running."""
+    if lifeline_fd is None:
+        return os.waitpid(child, 0)[1]
+    import select
+
+    poller = select.poll()
+    poller.register(lifeline_fd, select.POLLIN)
+    try:
+        child_fd = os.pidfd_open(child)
+        poller.register(child_fd, select.POLLIN)
+        interval = None
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3): look at the runner every 0.2 s
+        interval = 200
+    while True:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            return status
+        if any(fd == lifeline_fd for fd, _ in poller.poll(interval)):
+            with contextlib.suppress(OSError):
+                os.kill(child, signal.SIGKILL)
+            return os.waitpid(child, 0)[1]
+
+
 def main():
-    request = json.loads(sys.stdin.read())
+    # One JSON line: a module worker's scorer sends nothing more before the worker says it is ready, so
+    # reading it buffered takes nothing that belongs to the runner.
+    request = json.loads(sys.stdin.buffer.readline())
+    request.setdefault("kind", "code")
+    request_fd = os.dup(0) if request["kind"] == "module" else None
     null = os.open("/dev/null", os.O_RDWR)
     os.dup2(null, 0)
     result_fd = os.dup(1)  # not inheritable across exec; the code's prints go to the log instead
@@ -442,9 +582,11 @@ def main():
     _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
     child = os.fork()
     if child == 0:
-        runner(request, namespaced, supervisor_pid, result_fd)
+        runner(request, namespaced, supervisor_pid, result_fd, request_fd)
     os.close(result_fd)
-    _, status = os.waitpid(child, 0)
+    if request_fd is not None:
+        os.close(request_fd)  # the runner's alone: its end of file is the runner's signal to stop
+    status = wait_for_runner(child, request.get("lifeline_fd"))
     kill_descendants()
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 

@@ -147,6 +147,34 @@ def test_bad_llm_input_is_refused_before_any_role_starts(repo, tmp_path, start_r
     assert not run.roles()
 
 
+ONE_DIGIT = """\
+def one_digit(prompt, response, row):
+    return float(len(response.strip()) == 1 and response.strip().isdigit())
+"""
+
+
+@pytest.mark.slow
+def test_a_user_reward_module_scores_in_its_sandbox_end_to_end(repo, tmp_path, start_run):
+    tmp_path.chmod(0o755)  # run as root, the sandboxed worker imports the module as a uid of its own
+    (tmp_path / "rewards.py").write_text(ONE_DIGIT)
+    job = yaml.safe_load((repo / EXAMPLE).read_text())
+    job["spec"]["reward"]["functions"] = [
+        {"builtin": "exact_match", "weight": 1.0},
+        {"module": f"{tmp_path / 'rewards.py'}:one_digit", "weight": 0.2},
+    ]
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    run = start_run(path, "--set=spec.trainer.steps=2", *SHORT)
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    records = run.metrics()
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        assert 0.0 <= record["reward/one_digit"] <= 1.0
+        assert record["reward_errors/one_digit"] == 0
+    assert not run.roles()
+
+
 @pytest.mark.slow
 def test_a_killed_rollout_is_replaced_and_the_run_reaches_its_steps(repo, start_run):
     run = start_run(repo / EXAMPLE, "--set=spec.trainer.steps=30", "--set=spec.checkpoint.interval=0", *SHORT)

@@ -13,10 +13,17 @@ the role's working directory) or `package.module:fn` (importable by the reward r
 The reward of a sample is the weighted sum of its terms. A call that raises, runs past
 `spec.reward.sandbox.timeoutSeconds`, or returns something other than a finite number scores 0 and
 counts one error under the function's name; it never stops the job. Calls run on
-`sandbox.maxConcurrency` threads, so a function that keeps state must guard it with a lock. A call
-past its timeout is abandoned, not killed (Python cannot stop a thread): its thread is replaced and
-keeps running until the function returns. User functions run in the reward role's own process (see
-docs/sandbox.md for why); the code of `code_exec` runs in the sandbox (`rljob.runtime.sandbox`).
+`sandbox.maxConcurrency` threads.
+
+User functions run confined, under the same `spec.reward.sandbox` limits as `code_exec`, in a pool of
+at most `maxConcurrency` sandboxed worker processes per function that each import the module once
+(`rljob.runtime.sandboxed_module`): a call past its timeout kills its worker (every process of it) and
+the next sample gets a fresh one; module state is kept per worker, not shared between workers. The
+module is also loaded once in the reward role's own process before start, for the checks that name the
+spec field (missing file or function, wrong signature). Builtins other than `code_exec` run in the
+reward role's process (they are rljob's own code); a builtin past its timeout is abandoned, not killed
+(Python cannot stop a thread): its thread is replaced and keeps running until the function returns.
+The code of `code_exec` runs in a fresh sandboxed process per sample (`rljob.runtime.sandbox`).
 
 Builtins:
 - `exact_match`: 1.0 when the final answer of the response equals `row[answer_key]`, after `final_answer`
@@ -43,8 +50,10 @@ import inspect
 import logging
 import math
 import numbers
+import os
 import queue
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -64,6 +73,7 @@ from rljob.runtime.sandbox import (
     check_sandbox,
     parse_tests,
 )
+from rljob.runtime.sandboxed_module import WORKER_START_SECONDS, ModuleCallError, ModuleLoadError, SandboxedFunction
 from rljob.runtime.user_code import describe_exception, load_user_module
 
 RewardFn = Callable[..., float]
@@ -389,15 +399,21 @@ class RewardScorer:
             )
         self.timeout = reward.sandbox.timeout_seconds
         self.concurrency = reward.sandbox.max_concurrency
+        self._limits = SandboxLimits.from_spec(reward.sandbox)
         self._terms: list[_Term] = []
         labels: dict[str, int] = {}
         sandbox = Sandbox.from_spec(reward.sandbox, isolation)
-        for spec, function in resolved:
+        self._modules: list[SandboxedFunction] = []
+        for index, (spec, function) in enumerate(resolved):
             assert function is not None  # no problems: every function resolved
             timeout = self.timeout
+            sample_fields = _sample_fields(function)  # of the user's own function, loaded for the checks
             if spec.builtin == "code_exec":
                 function = CodeExec(sandbox)
                 timeout = self.timeout + STARTUP_ALLOWANCE_SECONDS + CODE_EXEC_TIMEOUT_MARGIN
+            elif spec.module is not None:
+                function = self._sandboxed(spec.module, f"spec.reward.functions[{index}].module", base_dir, isolation)
+                timeout = self.timeout + WORKER_START_SECONDS + CODE_EXEC_TIMEOUT_MARGIN
             label = spec.name or spec.builtin or (spec.module or "").rpartition(":")[2]
             labels[label] = labels.get(label, 0) + 1
             kwargs = dict(spec.args)
@@ -409,7 +425,7 @@ class RewardScorer:
                     function=function,
                     weight=spec.weight,
                     kwargs=kwargs,
-                    sample_fields=_sample_fields(function),
+                    sample_fields=sample_fields,
                     timeout=timeout,
                 )
             )
@@ -421,6 +437,30 @@ class RewardScorer:
         self._abandoned_threads = 0
         for _ in range(self.concurrency):
             self._start_worker()
+
+    def _sandboxed(self, ref: str, field: str, base_dir: Path | None, isolation: Isolation) -> SandboxedFunction:
+        """The module function in its sandboxed workers; the first worker is started now, so that a module
+        the sandbox cannot import (e.g. a file its uid cannot read) is refused before any sample."""
+        location, _, name = ref.rpartition(":")
+        if location.endswith(".py"):
+            path = Path(location) if Path(location).is_absolute() else (base_dir or Path.cwd()) / location
+            problem = unreadable_by_the_sandbox(path)
+            if problem:
+                raise RewardConfigError(field, problem)
+            ref = f"{path}:{name}"
+        function = SandboxedFunction(ref, self._limits, self.concurrency, isolation)
+        self._modules.append(function)
+        try:
+            function.start()
+        except ModuleLoadError as exc:
+            for started in self._modules:  # no thread is running yet: the workers are all there is to stop
+                started.close()
+            raise RewardConfigError(
+                field,
+                f"the reward sandbox cannot load it: {exc} (see docs/sandbox.md: the module and what it "
+                "imports must be readable by the sandbox's uid)",
+            ) from None
+        return function
 
     @property
     def names(self) -> list[str]:
@@ -483,6 +523,8 @@ class RewardScorer:
         try:
             extra = {name: sample[name] for name in term.sample_fields}  # type: ignore[literal-required]
             value = term.function(sample["prompt"], sample["response"], sample["row"], **extra, **term.kwargs)
+        except ModuleCallError as exc:  # what the sandboxed call raised, or why the sandbox stopped it
+            return 0.0, str(exc)
         except (Exception, SystemExit) as exc:  # user code must not take a worker thread down with it
             return 0.0, describe_exception(exc)
         if not isinstance(value, numbers.Real) or not math.isfinite(value):
@@ -490,9 +532,32 @@ class RewardScorer:
         return float(value), None
 
     def close(self) -> None:
-        """Stops the worker threads once they finish their current call (abandoned ones are daemons)."""
+        """Stops the worker threads once they finish their current call (abandoned ones are daemons), and every
+        sandboxed module worker."""
         for _ in range(self.concurrency):
             self._queue.put(None)
+        for module in self._modules:
+            module.close()
+
+
+def unreadable_by_the_sandbox(path: Path) -> str | None:
+    """Why a sandboxed worker cannot import the module file at `path`, or None. Run as root, the worker drops to
+    a uid of its own before it imports the module: the file must be readable, and its directory searchable, by
+    other users (the directories above it need not be: see `sandbox_child.hold_open_directories`)."""
+    if os.geteuid() != 0:
+        return None  # the worker keeps this process's uid (mapped to itself in a user namespace)
+    directory = path.resolve().parent
+    if not directory.stat().st_mode & stat.S_IXOTH:
+        return (
+            f"the reward sandbox imports {path} as an unprivileged uid of its own, which cannot enter {directory} "
+            f"(mode {stat.filemode(directory.stat().st_mode)}): chmod o+rx {directory}"
+        )
+    if not path.stat().st_mode & stat.S_IROTH:
+        return (
+            f"the reward sandbox imports {path} as an unprivileged uid of its own, which cannot read it "
+            f"(mode {stat.filemode(path.stat().st_mode)}): chmod o+r {path}"
+        )
+    return None
 
 
 def _sample_fields(function: RewardFn) -> tuple[str, ...]:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +49,13 @@ def reward(*functions: dict, timeout: float = 10.0, concurrency: int = 4) -> Rew
     return RewardSpec.model_validate(
         {"functions": list(functions), "sandbox": {"timeoutSeconds": timeout, "maxConcurrency": concurrency}}
     )
+
+
+@pytest.fixture(autouse=True)
+def _modules_readable_by_the_sandbox(tmp_path):
+    """pytest makes tmp_path 0700; run as root, the sandboxed worker imports user modules as a uid of its own,
+    which needs the module's directory searchable (the 0700 directories above it may stay as they are)."""
+    tmp_path.chmod(0o755)
 
 
 @pytest.fixture
@@ -188,7 +197,7 @@ def not_a_number(prompt, response, row):
 
 def hangs(prompt, response, row):
     if response == "boom":
-        time.sleep(600)  # abandoned by the scorer, and killed with the test process (a daemon thread)
+        time.sleep(600)  # its sandboxed worker is SIGKILLed at the wall clock
     return 1.0
 
 threshold = 0.5
@@ -302,12 +311,12 @@ def test_unusable_builtin_is_an_error_naming_the_field(function, field, message)
         ("explodes", "RuntimeError: boom happened"),
         ("text", "returned 'abc', not a finite number"),
         ("not_a_number", "returned nan, not a finite number"),
-        ("hangs", "no result within sandbox.timeoutSeconds (0.5s)"),
+        ("hangs", "killed after the wall-clock limit (spec.reward.sandbox.timeoutSeconds: 0.5s)"),
     ],
 )
 def test_a_failing_call_scores_zero_and_is_counted_while_the_rest_still_score(tmp_path, scorers, function, error):
     (tmp_path / "rewards.py").write_text(USER_REWARDS)
-    # One thread: a hung call must be abandoned and its thread replaced, or the samples after it never score.
+    # One worker: a hung call's worker must be killed and replaced, or the samples after it never score.
     spec = reward({"builtin": "exact_match"}, {"module": f"rewards.py:{function}"}, timeout=0.5, concurrency=1)
     scorer = scorers(spec, base_dir=tmp_path)
     scored = scorer.score([sample("boom"), sample("19"), sample("The answer is 19."), sample("boom")])
@@ -320,36 +329,53 @@ def test_a_failing_call_scores_zero_and_is_counted_while_the_rest_still_score(tm
 
 
 CONCURRENCY_PROBE = """\
-import threading
+import socket
 
-lock = threading.Lock()
-active = 0
-most = 0
-# Every call waits until {n} calls are inside at once: fewer threads break the barrier (an error), more
-# threads show up in `most`.
-together = threading.Barrier({n}, timeout=30)
-
-def probe(prompt, response, row):
-    global active, most
-    with lock:
-        active += 1
-        most = max(most, active)
-    try:
-        together.wait()
-        with lock:
-            return float(most)
-    finally:
-        with lock:
-            active -= 1
+def probe(prompt, response, row, *, port):
+    # Waits at the test's barrier (a TCP listener) until it lets {n} calls through at once.
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as barrier:
+        return float(barrier.recv(16).decode())
 """
 
 
-def test_scoring_runs_max_concurrency_calls_at_once(tmp_path, scorers):
-    (tmp_path / "probe.py").write_text(CONCURRENCY_PROBE.format(n=3))
-    scorer = scorers(reward({"module": "probe.py:probe"}, timeout=60, concurrency=3), base_dir=tmp_path)
-    scored = scorer.score([sample(str(i)) for i in range(9)])
+def test_scoring_runs_max_concurrency_calls_at_once_in_separate_workers(tmp_path, scorers):
+    # Each call holds a connection open until 3 are open together: fewer workers would never get there (the
+    # calls would time out), and the test's listener reports how many it held when it let them go.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        port = listener.getsockname()[1]
+
+        def barrier() -> None:
+            for _ in range(3):  # 9 samples: 3 rounds of 3
+                held = [listener.accept()[0] for _ in range(3)]
+                for connection in held:
+                    connection.sendall(str(len(held)).encode())
+                    connection.close()
+
+        releaser = threading.Thread(target=barrier, daemon=True)
+        releaser.start()
+        (tmp_path / "probe.py").write_text(CONCURRENCY_PROBE.format(n=3))
+        spec = RewardSpec.model_validate(
+            {
+                "functions": [{"module": "probe.py:probe", "args": {"port": port}}],
+                "sandbox": {"timeoutSeconds": 60, "maxConcurrency": 3, "network": True},
+            }
+        )
+        scorer = scorers(spec, base_dir=tmp_path)
+        scored = scorer.score([sample(str(i)) for i in range(9)])
+        releaser.join(timeout=60)
     assert scored.errors == {"probe": 0}
-    assert max(scored.terms["probe"]) == 3.0
+    assert scored.terms["probe"] == [3.0] * 9
+    assert len(scorer._modules[0].worker_pids()) == 3  # and no more workers than maxConcurrency
+
+
+def test_a_worker_imports_the_module_once_and_keeps_its_state_between_samples(tmp_path, scorers):
+    (tmp_path / "counter.py").write_text(
+        "calls = 0\n\ndef count(prompt, response, row):\n    global calls\n    calls += 1\n    return float(calls)\n"
+    )
+    scorer = scorers(reward({"module": "counter.py:count"}, concurrency=1), base_dir=tmp_path)
+    assert scorer.score([sample("a"), sample("b"), sample("c")]).terms["count"] == [1.0, 2.0, 3.0]
 
 
 # --- the role ------------------------------------------------------------------------------------
