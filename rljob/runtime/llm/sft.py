@@ -264,6 +264,22 @@ class Warmup:
         total = float(learner._all_reduce(torch.tensor([loss_sum], dtype=torch.float64))[0])
         return {"sft_loss": total / max(tokens, 1.0), "sft_tokens": tokens, "sft_grad_norm": grad_norm}
 
+    def _first_example(self) -> dict[str, Any]:
+        return next(e for e in self._examples.values() if e is not None)
+
+    def describe(self, example: dict[str, Any]) -> str:
+        """An example as text: the prompt, then the trained turns as `model[...]` and the environment's tokens
+        as `env[...]`, special tokens shown (a turn ends with the end-of-sequence token)."""
+        parts = [repr(self.tokenizer.decode(example["prompt_ids"], skip_special_tokens=True))]
+        tokens, mask = example["response_ids"], example["loss_mask"]
+        start = 0
+        for end in range(1, len(tokens) + 1):
+            if end == len(tokens) or mask[end] != mask[start]:
+                text = self.tokenizer.decode(tokens[start:end], skip_special_tokens=False)
+                parts.append(f"{'model' if mask[start] else 'env'}[{text!r}]")
+                start = end
+        return " ".join(parts)
+
     def run(self) -> list[dict[str, Any]]:
         """`sft.steps` steps; one metrics record per step (`phase: sft`, `sft_step`, `sft_loss`, ...)."""
         started = time.perf_counter()
@@ -285,6 +301,8 @@ class Warmup:
         )
         for k in range(1, total + 1):
             stats = self.step()
+            if k == 1:
+                self.log.info("supervised warm-up: first example %s", self.describe(self._first_example()))
             records.append(
                 {
                     "phase": PHASE,

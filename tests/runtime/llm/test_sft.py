@@ -183,6 +183,8 @@ def test_a_whole_episode_example_trains_the_turns_and_masks_the_calculators_repl
     assert calculator.service.steps == 1  # the reply to the call; nothing after the last turn
     batch = collate([example], tokenizer.pad_token_id)
     assert int(batch.response_mask.sum()) == len(call) + len(answer)
+    end = tokenizer.eos_token  # what the actor's log shows of the example
+    assert run.describe(example) == f"'3+4=' model['calc(3+4){end}'] env['= 7\\n'] model['7{end}']"
 
 
 def model_turns(completion):
