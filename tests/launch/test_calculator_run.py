@@ -51,7 +51,7 @@ WHOLE_EPISODE = re.compile(
 def test_grpo_tiny_calculator_runs_episodes_through_the_env_role(repo, start_run):
     run = start_run(
         repo / EXAMPLE,
-        "--set=spec.sft.steps=150",
+        "--set=spec.sft.steps=200",
         "--set=spec.trainer.steps=3",
         "--set=spec.evaluation.interval=3",
         "--set=spec.evaluation.size=16",
@@ -63,7 +63,7 @@ def test_grpo_tiny_calculator_runs_episodes_through_the_env_role(repo, start_run
     warmup, records = split_phases(run.metrics())
     assert [r["step"] for r in records] == [1, 2, 3]
     # The supervised warm-up ran first (spec.sft) on whole episodes: call, calculator reply, answer.
-    assert [r["sft_step"] for r in warmup] == list(range(1, 151))
+    assert [r["sft_step"] for r in warmup] == list(range(1, 201))
     assert all(r["step"] == 0 for r in warmup)
     assert warmup[-1]["sft_loss"] < 0.5 * warmup[0]["sft_loss"], (warmup[0], warmup[-1])
     actor_log = (run.out / "logs" / "actor-0.log").read_text()
