@@ -151,19 +151,33 @@ def _check_sft(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     sft = spec.sft
     if sft.steps == 0:
         return
-    if (sft.response_template is None) == (sft.response_key is None):
+    given = [sft.response_template is not None, sft.response_key is not None, sft.turns is not None]
+    if sum(given) != 1:
         yield (
             "sft",
-            "sft.steps > 0 needs exactly one of sft.responseTemplate (e.g. 'calc({expression})') or "
-            "sft.responseKey (a dataset column)",
+            "sft.steps > 0 needs exactly one of sft.responseTemplate (e.g. 'calc({expression})'), "
+            "sft.responseKey (a dataset column) or sft.turns (e.g. ['calc({expression})', '{answer}'])",
         )
-    if sft.response_template is not None:
+    templates = [("sft.responseTemplate", sft.response_template)] if sft.response_template is not None else []
+    templates += [(f"sft.turns[{i}]", turn) for i, turn in enumerate(sft.turns or [])]
+    for field, template in templates:
         try:
-            sft.response_template.format_map(_BlankFields())
+            template.format_map(_BlankFields())
         except (ValueError, IndexError) as exc:
+            yield field, f"is not a Python format string ({exc}); write literal braces as {{{{ and }}}}"
+    if sft.turns is not None and len(sft.turns) > 1 and spec.task.llm is not None:
+        env = spec.task.llm.env
+        if env is None:
             yield (
-                "sft.responseTemplate",
-                f"is not a Python format string ({exc}); write literal braces as {{{{ and }}}}",
+                "sft.turns",
+                f"{len(sft.turns)} turns need a text environment (task.llm.env) to reply between them; configure "
+                "one, or demonstrate a single turn",
+            )
+        elif len(sft.turns) > env.max_turns:
+            yield (
+                "sft.turns",
+                f"{len(sft.turns)} turns, but an episode has at most task.llm.env.maxTurns ({env.max_turns}): a "
+                "rollout never reaches the later ones; demonstrate fewer turns or raise maxTurns",
             )
 
 

@@ -430,13 +430,16 @@ class SFTSpec(SpecModel):
     """A supervised warm-up of llm jobs before RL: the actor trains the policy on demonstrations for `steps`
     steps, then RL starts from the warmed-up weights. For behaviour the starting policy never samples (a tool
     call, an answer format), which RL alone cannot reinforce. The demonstration of a row is `responseTemplate`
-    filled from the row's fields, or the row's `responseKey` column: exactly one of them. The model learns to
-    write it (and then the end-of-sequence token) after the row's rendered prompt; the prompt is not trained on."""
+    filled from the row's fields, the row's `responseKey` column, or whole episodes: `turns`, one template per
+    model turn, with the text environment's replies between them (obtained from the env role, as in rollouts):
+    exactly one of the three. The model learns to write each turn (and then the end-of-sequence token) after
+    the row's rendered prompt; the prompt and the environment's replies are not trained on."""
 
     model_config = cel(
         (
-            "self.steps == 0 || has(self.responseTemplate) != has(self.responseKey)",
-            "sft.steps > 0 needs exactly one of sft.responseTemplate or sft.responseKey",
+            "self.steps == 0 || [has(self.responseTemplate), has(self.responseKey), has(self.turns)]"
+            ".filter(x, x).size() == 1",
+            "sft.steps > 0 needs exactly one of sft.responseTemplate, sft.responseKey or sft.turns",
         )
     )
 
@@ -450,6 +453,9 @@ class SFTSpec(SpecModel):
     """A Python format string over the row's fields, e.g. `calc({expression})`."""
     response_key: str | None = Field(default=None, min_length=1)
     """A dataset column that holds each row's demonstration."""
+    turns: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1, max_length=32)
+    """Whole episodes: a format string per model turn, e.g. `["calc({expression})", "{answer}"]`; between two
+    turns the job's text environment (`task.llm.env`, at most `maxTurns` turns) replies to the previous one."""
 
 
 # --- checkpoint, logging ------------------------------------------------------------------------

@@ -56,6 +56,8 @@ VIOLATIONS = [
     ("overlong-buffer-not-below-max-response", LLM, "spec.algorithm.overlong", {"buffer": 4096},
      "spec.algorithm.overlong.buffer"),
     ("sft-without-demonstration", LLM, "spec.sft", {"steps": 10}, "spec.sft"),
+    ("sft-template-and-turns", LLM, "spec.sft",
+     {"steps": 10, "responseTemplate": "calc({expression})", "turns": ["calc({expression})"]}, "spec.sft"),
 ]  # fmt: skip
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
@@ -37,10 +39,19 @@ def job_with(repo, tmp_path, **env) -> str:
     return path
 
 
+# The warm-up's first example, as the actor logs it: the call, the calculator's reply (from the env role, not
+# trained on), then the answer turn, which is the reply's value; each turn ends with the end-of-sequence token.
+WHOLE_EPISODE = re.compile(
+    r"supervised warm-up: first example '(\d+\+\d+)=' model\['calc\(\1\)([^']+)'\] env\['= (\d+)\\n'\] "
+    r"model\['\3\2'\]"
+)
+
+
 @pytest.mark.slow
 def test_grpo_tiny_calculator_runs_episodes_through_the_env_role(repo, start_run):
     run = start_run(
         repo / EXAMPLE,
+        "--set=spec.sft.steps=200",
         "--set=spec.trainer.steps=3",
         "--set=spec.evaluation.interval=3",
         "--set=spec.evaluation.size=16",
@@ -51,11 +62,19 @@ def test_grpo_tiny_calculator_runs_episodes_through_the_env_role(repo, start_run
     assert run.process.returncode == 0, output
     warmup, records = split_phases(run.metrics())
     assert [r["step"] for r in records] == [1, 2, 3]
-    # The supervised warm-up ran first (spec.sft) and taught the call: the first RL episodes use the tool.
-    assert [r["sft_step"] for r in warmup] == list(range(1, len(warmup) + 1)) and len(warmup) >= 10
+    # The supervised warm-up ran first (spec.sft) on whole episodes: call, calculator reply, answer.
+    assert [r["sft_step"] for r in warmup] == list(range(1, 201))
     assert all(r["step"] == 0 for r in warmup)
     assert warmup[-1]["sft_loss"] < 0.5 * warmup[0]["sft_loss"], (warmup[0], warmup[-1])
-    assert records[0]["tool_call_rate"] > 0.5 and records[0]["turns_mean"] > 1.3, records[0]
+    actor_log = (run.out / "logs" / "actor-0.log").read_text()
+    example = WHOLE_EPISODE.search(actor_log)
+    assert example is not None, actor_log
+    a, b = map(int, example.group(1).split("+"))
+    assert int(example.group(3)) == a + b  # the env role's calculator computed the reply
+    assert "environment replies from the env role" in actor_log
+    # So the first RL episodes call the tool, then answer with a bare number (the `format` reward's pattern).
+    first = records[0]
+    assert first["tool_call_rate"] > 0.5 and first["turns_mean"] > 1.5 and first["reward/format"] > 0.5, first
     for record in records:
         for key in EPISODE_KEYS:
             assert record.get(key) is not None, (record["step"], key)
@@ -159,11 +178,21 @@ def test_a_resumed_run_does_not_repeat_the_warm_up_and_continues_the_prompt_stre
 
 
 @pytest.mark.slow
-def test_a_warm_up_template_field_the_rows_lack_is_refused_before_any_role_starts(repo, start_run):
-    run = start_run(repo / EXAMPLE, "--set=spec.sft.responseTemplate=calc({expresion})", "--quiet")
+def test_a_warm_up_turn_field_the_rows_lack_is_refused_before_any_role_starts(repo, start_run):
+    run = start_run(repo / EXAMPLE, '--set=spec.sft.turns=["calc({expression})", "{result}"]', "--quiet")
     output = run.finish(timeout=120)
     assert run.process.returncode != 0
-    assert "spec.sft.responseTemplate: reads {expresion}, but row 0 of the dataset has no column 'expresion'" in output
+    assert "spec.sft.turns[1]: reads {result}, but row 0 of the dataset has no column 'result'" in output
     assert "Traceback" not in output, output
     assert not (run.out / "logs").exists() or not list((run.out / "logs").iterdir())
+    assert not run.roles()
+
+
+@pytest.mark.slow
+def test_more_warm_up_turns_than_the_environment_allows_are_refused_before_any_role_starts(repo, start_run):
+    run = start_run(repo / EXAMPLE, "--set=spec.task.llm.env.maxTurns=1", "--quiet")
+    output = run.finish(timeout=120)
+    assert run.process.returncode != 0
+    assert "spec.sft.turns: 2 turns, but an episode has at most task.llm.env.maxTurns (1)" in output, output
+    assert "Traceback" not in output, output
     assert not run.roles()

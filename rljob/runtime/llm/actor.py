@@ -40,7 +40,7 @@ from rljob.runtime.llm.data import PromptStream, Row, render_prompt, split_off
 from rljob.runtime.llm.engine import Sampling
 from rljob.runtime.llm.learner import LLMLearner, Sample
 from rljob.runtime.llm.membership import RolloutMembership
-from rljob.runtime.llm.multiturn import episode_metrics
+from rljob.runtime.llm.multiturn import episode_metrics, episode_runner
 from rljob.runtime.llm.policy import ModelSourceError, load_policy
 from rljob.runtime.llm.pool import ChunkResult, RewardPool, RolloutPool
 from rljob.runtime.llm.setup import job_rows, load_job_policy, role_device, weights_dir
@@ -61,6 +61,8 @@ from rljob.runtime.transport import process_tag
 from rljob.runtime.weight_sync import FileWeightPublisher, WeightPublisher
 
 GROUP_TIMEOUT_MINUTES = 10
+ENV_WAIT_S = 600.0
+"""How long the warm-up waits for an env replica to answer (they start beside the actor)."""
 CORRECTNESS_FUNCTIONS = ("exact_match", "math_verify", "code_exec")
 
 
@@ -355,7 +357,15 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     started = time.time()
     sft_records: list[dict[str, Any]] = []
     if spec.sft.steps and resumed is None:
-        sft_records = Warmup(spec, learner, tokenizer, train_rows, context.log).run()
+        # With a text environment the demonstrations are episodes: the env role replies between their turns.
+        episodes = episode_runner(context, None, tokenizer)
+        try:
+            if episodes is not None:
+                episodes.env.wait_ready(ENV_WAIT_S, context.stop, context.log)
+            sft_records = Warmup(spec, learner, tokenizer, train_rows, context.log, episodes).run()
+        finally:
+            if episodes is not None:
+                episodes.close()
         sft_steps_done = spec.sft.steps
     elif spec.sft.steps:
         context.log.info("supervised warm-up: %d steps done before the checkpoint, not repeated", sft_steps_done)

@@ -29,6 +29,7 @@ configured (`rljob.runtime.llm.policy`); characters it lacks are dropped from wh
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -37,6 +38,7 @@ import numpy as np
 
 from rljob.runtime.llm.engine import GenerationEngine, Sampling
 from rljob.runtime.llm.textenv import Message, Row
+from rljob.runtime.retry import retry
 from rljob.runtime.transport import RequestClient, TransportError
 
 ENV_TIMEOUT_S = 30.0
@@ -101,6 +103,29 @@ class TextEnvClient:
                 failure = exc
                 self._down_until[other] = time.monotonic() + ENV_RETRY_S
         raise TextEnvUnavailable(f"no env replica answered {method}: {failure}")
+
+    def wait_ready(self, deadline_s: float, stop: threading.Event | None = None, log: Any = None) -> None:
+        """Return once some env replica answers `status` (they start beside the caller); TextEnvUnavailable
+        after `deadline_s`."""
+
+        def probe() -> Any:
+            failure: Exception | None = None
+            for client in self.clients:
+                try:
+                    return client.call("status", {}, timeout=2.0, retries=0)
+                except TransportError as exc:
+                    failure = exc
+            assert failure is not None
+            raise failure
+
+        def waiting(exc: Exception, _: float) -> None:
+            if log is not None:
+                log.info("waiting for an env replica to answer (%s)", exc)
+
+        try:
+            retry(probe, retry_on=(TransportError,), deadline_s=deadline_s, stop=stop, on_retry=waiting)
+        except TransportError as exc:
+            raise TextEnvUnavailable(f"no env replica answered in {deadline_s:.0f}s: {exc}") from None
 
     def reset(self, rows: list[Row]) -> list[list[Message]]:
         return self._call("reset", "rows", rows, "messages")
@@ -177,14 +202,16 @@ class EpisodeRunner:
 
     def __init__(
         self,
-        engine: GenerationEngine,
+        engine: GenerationEngine | None,
         tokenizer: Any,
         env: TextEnvClient,
         max_turns: int,
         max_response_tokens: int,
         chat: bool,
     ) -> None:
-        self.engine, self.tokenizer, self.env = engine, tokenizer, env
+        self.engine = engine
+        """None for the warm-up's demonstrations (`demonstrate`), whose turns are given, not generated."""
+        self.tokenizer, self.env = tokenizer, env
         self.max_turns = max_turns
         self.max_response_tokens = max_response_tokens
         self.chat = chat
@@ -216,6 +243,43 @@ class EpisodeRunner:
             self._turn(running, sampling)
         return [[e.to_wire() for e in episodes if e.prompt == p] for p in range(len(prompts))]
 
+    def demonstrate(
+        self, prompts: list[list[int]], rows: list[Row], turns: list[list[list[int]]]
+    ) -> list[tuple[dict[str, Any] | None, str]]:
+        """One episode per prompt whose model turns are `turns[p]` (token ids, each ending as the engine ends a
+        turn: with the end-of-sequence token) in place of generated ones, the environment opening and replying
+        between them through the same steps as `run`: the sample a rollout gives when the model writes exactly
+        these turns (logprobs 0). The environment is not stepped after the last turn (what it would append
+        is never trained on). (completion, "") each, or (None, why) for a demonstration no rollout can give:
+        the environment ended the episode before its last turn, or it is over maxResponseLength."""
+        openings = self.env.reset(rows)
+        episodes: list[Episode] = []
+        for p, (prompt, opening) in enumerate(zip(prompts, openings, strict=True)):
+            episode = Episode(p, list(prompt), self.max_response_tokens, messages=list(opening))
+            if not episode.add(self.encode(opening), None):
+                episode.done, episode.finish_reason = True, "length"
+            episodes.append(episode)
+        for k in range(max((len(t) for t in turns), default=0)):
+            if k:
+                self._step_env([e for e in episodes if len(turns[e.prompt]) > k], rows)
+            for episode in episodes:
+                if not episode.done and len(turns[episode.prompt]) > k:
+                    tokens = turns[episode.prompt][k]
+                    self._take(episode, tokens, [0.0] * len(tokens), "stop")
+        results: list[tuple[dict[str, Any] | None, str]] = []
+        for episode in episodes:
+            wanted = len(turns[episode.prompt])
+            if episode.finish_reason == "length":
+                why = f"the episode is over task.llm.maxResponseLength ({self.max_response_tokens} tokens)"
+                results.append((None, why))
+            elif episode.env_errors:
+                results.append((None, f"the environment failed on turn {episode.turns}"))
+            elif episode.turns < wanted:
+                results.append((None, f"the environment ended the episode after turn {episode.turns} of {wanted}"))
+            else:
+                results.append((episode.to_wire(), ""))
+        return results
+
     def _first_turn(self, episodes: list[Episode], prompts: int, sampling: Sampling) -> None:
         """`n` first turns per prompt in one call: the episodes of a prompt share their context until here."""
         firsts = [next((e for e in episodes if e.prompt == p and not e.done), None) for p in range(prompts)]
@@ -223,6 +287,7 @@ class EpisodeRunner:
         if not live:
             return
         cap = min(sampling.max_tokens, max(e.budget for e in live))
+        assert self.engine is not None
         outputs = self.engine.generate([e.context for e in live], replace(sampling, max_tokens=cap))
         for first, completions in zip(live, outputs, strict=True):
             siblings = [e for e in episodes if e.prompt == first.prompt and not e.done]
@@ -231,6 +296,7 @@ class EpisodeRunner:
 
     def _turn(self, running: list[Episode], sampling: Sampling) -> None:
         cap = min(sampling.max_tokens, max(e.budget for e in running))
+        assert self.engine is not None
         outputs = self.engine.generate([e.context for e in running], replace(sampling, n=1, max_tokens=cap))
         for episode, (completion,) in zip(running, outputs, strict=True):
             self._take(episode, completion.token_ids, completion.logprobs, completion.finish_reason)
@@ -269,8 +335,9 @@ class EpisodeRunner:
                 episode.done, episode.finish_reason = True, "length"  # no room left for another turn
 
 
-def episode_runner(context: Any, engine: GenerationEngine, tokenizer: Any) -> EpisodeRunner | None:
-    """The rollout replica's runner for the job's text environment (on the env replicas), None without one."""
+def episode_runner(context: Any, engine: GenerationEngine | None, tokenizer: Any) -> EpisodeRunner | None:
+    """The rollout replica's runner for the job's text environment (on the env replicas), None without one;
+    the actor's warm-up builds one without an engine for its demonstrations."""
     task = context.job.spec.task.llm
     if task is None or task.env is None:
         return None

@@ -7,20 +7,24 @@ import logging
 import pytest
 import torch
 
-from rljob.api import validate_job
+from rljob.api import InvalidRLJob, validate_job
 from rljob.api.spec import BuiltinNetwork, ModelSpec
+from rljob.runtime.llm.calculator import Calculator
 from rljob.runtime.llm.data import arithmetic_rows
+from rljob.runtime.llm.engine import HFEngine, Sampling
 from rljob.runtime.llm.learner import LLMLearner, collate
+from rljob.runtime.llm.multiturn import EpisodeRunner, TextEnvClient
 from rljob.runtime.llm.policy import build_char_tokenizer, build_tiny_qwen2, load_policy
-from rljob.runtime.llm.sft import Warmup, check_sft_rows, demonstration, demonstration_texts, sft_loss
+from rljob.runtime.llm.sft import Warmup, check_sft_rows, demonstration_texts, demonstration_turns, sft_loss
 from rljob.runtime.roles.common import FatalConfigError
+from tests.runtime.llm.test_multiturn import EnvServer, encode
 
 TOKENIZER = build_char_tokenizer(["0123456789+=()calc"])
 TINY = ModelSpec(source="builtin", builtin=BuiltinNetwork(architecture="tiny-qwen2", hidden_size=32, num_layers=1))
 LOG = logging.getLogger("test-sft")
 
 
-def job(**sft):
+def job(env=False, max_turns=2, **sft):
     manifest = {
         "apiVersion": "rljob.io/v1alpha1",
         "kind": "RLJob",
@@ -48,10 +52,15 @@ def job(**sft):
             "reward": {"functions": [{"builtin": "exact_match"}]},
         },
     }
+    if env:
+        manifest["spec"]["task"]["llm"]["env"] = {"builtin": "calculator", "maxTurns": max_turns}
+        manifest["spec"]["task"]["llm"]["maxResponseLength"] = 32
+        manifest["spec"]["rollout"]["maxTokens"] = 12
+        manifest["spec"]["roles"] = {"env": {"replicas": 1}}
     return validate_job(manifest).spec
 
 
-def warmup(spec, rows=None):
+def warmup(spec, rows=None, env_endpoint=None):
     rows = arithmetic_rows(64, 0) if rows is None else rows
     model, tokenizer = load_policy(
         spec.model, spec.task.llm, rows, 0, torch.device("cpu"), extra_texts=demonstration_texts(spec, rows)
@@ -59,14 +68,17 @@ def warmup(spec, rows=None):
     learner = LLMLearner(
         model, spec.algorithm, spec.trainer, pad_id=tokenizer.pad_token_id, temperature=1.0, max_response_tokens=12
     )
-    return Warmup(spec, learner, tokenizer, rows, LOG), tokenizer
+    episodes = episodes_for(spec, tokenizer, env_endpoint) if env_endpoint is not None else None
+    return Warmup(spec, learner, tokenizer, rows, LOG, episodes), tokenizer
 
 
 def test_the_arithmetic_rows_carry_an_expression_for_templates():
     row = arithmetic_rows(1, 0)[0]
     assert row["prompt"] == row["expression"] + "="
-    assert demonstration(job().sft, row) == f"calc({row['expression']})"
-    assert demonstration(job(responseTemplate=None, responseKey="answer").sft, row) == row["answer"]
+    assert demonstration_turns(job().sft, row) == [f"calc({row['expression']})"]
+    assert demonstration_turns(job(responseTemplate=None, responseKey="answer").sft, row) == [row["answer"]]
+    whole = job(responseTemplate=None, turns=["calc({expression})", "{answer}"], env=True).sft
+    assert demonstration_turns(whole, row) == [f"calc({row['expression']})", row["answer"]]
 
 
 def test_the_loss_is_the_cross_entropy_of_the_demonstration_tokens_only():
@@ -133,3 +145,127 @@ def test_demonstrations_longer_than_one_turn_stop_the_job_naming_the_template():
     run, _ = warmup(spec)
     with pytest.raises(FatalConfigError, match=r"spec\.sft\.responseTemplate: no row gives a usable example"):
         run.step()
+
+
+# --- whole episodes (sft.turns): the environment's replies come from the env role, as in rollouts -------------
+
+WHOLE = {"responseTemplate": None, "turns": ["calc({expression})", "{answer}"]}
+
+
+@pytest.fixture
+def calculator():
+    server = EnvServer(Calculator())
+    yield server
+    server.close()
+
+
+def episodes_for(spec, tokenizer, endpoint, engine=None):
+    task = spec.task.llm
+    client = TextEnvClient([endpoint], timeout=5.0)
+    return EpisodeRunner(engine, tokenizer, client, task.env.max_turns, task.max_response_length, False)
+
+
+def whole_warmup(spec, rows, endpoint):
+    return warmup(spec, rows, env_endpoint=endpoint)
+
+
+def test_a_whole_episode_example_trains_the_turns_and_masks_the_calculators_reply(calculator):
+    spec = job(env=True, **WHOLE)
+    row = {"prompt": "3+4=", "answer": "7", "expression": "3+4"}
+    run, tokenizer = whole_warmup(spec, [row], calculator.endpoint)
+    example = run.example(0)
+    run.episodes.close()
+    eos = [tokenizer.eos_token_id]
+    call, reply, answer = encode(tokenizer, "calc(3+4)") + eos, encode(tokenizer, "= 7\n"), encode(tokenizer, "7") + eos
+    assert example["prompt_ids"] == tokenizer("3+4=")["input_ids"]
+    assert example["response_ids"] == call + reply + answer
+    assert example["loss_mask"] == [1] * len(call) + [0] * len(reply) + [1] * len(answer)
+    assert calculator.service.steps == 1  # the reply to the call; nothing after the last turn
+    batch = collate([example], tokenizer.pad_token_id)
+    assert int(batch.response_mask.sum()) == len(call) + len(answer)
+    end = tokenizer.eos_token  # what the actor's log shows of the example
+    assert run.describe(example) == f"'3+4=' model['calc(3+4){end}'] env['= 7\\n'] model['7{end}']"
+
+
+def model_turns(completion):
+    """The model's turns of a rollout episode: its runs of loss-mask-1 tokens."""
+    turns, current = [], []
+    for token, trained in zip(completion["token_ids"], completion["loss_mask"], strict=True):
+        if trained:
+            current.append(token)
+        elif current:
+            turns, current = [*turns, current], []
+    return [*turns, current] if current else turns
+
+
+def test_a_rollout_episode_and_the_warm_up_example_of_the_same_turns_are_the_same_tokens_and_mask(calculator):
+    # The warm-up teaches calls and answers; the rollout (real engine, real calculator over the transport) then
+    # writes two-turn episodes; demonstrating exactly the turns it wrote gives the same tokens and the same mask.
+    spec = job(env=True, steps=60, batchSize=8, **WHOLE)
+    rows = arithmetic_rows(4, 3)
+    run, tokenizer = whole_warmup(spec, rows, calculator.endpoint)
+    run.run()
+    run.episodes.close()
+    model = run.learner.model.eval()
+    rollout = episodes_for(spec, tokenizer, calculator.endpoint, HFEngine(model, tokenizer, torch.device("cpu")))
+    prompts = [tokenizer(r["prompt"])["input_ids"] for r in rows]
+    groups = rollout.run(prompts, rows, Sampling(n=1, max_tokens=12, greedy=True))
+    rollout.close()
+    completions = [group[0] for group in groups]
+    assert [(c["turns"], c["tool_calls"], c["finish_reason"]) for c in completions] == [(2, 1, "stop")] * 4
+    written = []
+    for row, completion in zip(rows, completions, strict=True):
+        call, answer = model_turns(completion)
+        assert call[-1] == answer[-1] == tokenizer.eos_token_id  # each turn ends where the engine ends a turn
+        texts = [tokenizer.decode(turn, skip_special_tokens=True) for turn in (call, answer)]
+        assert texts[0].startswith("calc(") and completion["response_text"] == texts[1]
+        written.append({**row, "call": texts[0], "answer_turn": texts[1]})
+    same = job(env=True, responseTemplate=None, turns=["{call}", "{answer_turn}"])
+    demonstrated, _ = whole_warmup(same, written, calculator.endpoint)
+    for index, completion in enumerate(completions):
+        example = demonstrated.example(index)
+        assert example["prompt_ids"] == prompts[index]
+        assert example["response_ids"] == completion["token_ids"]
+        assert example["loss_mask"] == completion["loss_mask"]
+    demonstrated.episodes.close()
+
+
+def test_turns_the_environment_never_reaches_stop_the_job_saying_why(calculator):
+    # A first turn without a call is the calculator's final answer: a second turn never comes.
+    spec = job(env=True, responseTemplate=None, turns=["{answer}", "{answer}"])
+    run, _ = whole_warmup(spec, arithmetic_rows(8, 0), calculator.endpoint)
+    with pytest.raises(
+        FatalConfigError,
+        match=r"spec\.sft\.turns: no row gives a usable example \(8 row\(s\): the "
+        r"environment ended the episode after turn 1 of 2\)",
+    ):
+        run.step()
+    run.episodes.close()
+
+
+def test_a_turn_template_field_the_rows_lack_is_named_with_its_index():
+    spec = job(env=True, responseTemplate=None, turns=["calc({expression})", "{result}"])
+    ((field, message),) = check_sft_rows(spec.sft, arithmetic_rows(4, 0))
+    assert field == "spec.sft.turns[1]"
+    assert "reads {result}, but row 0 of the dataset has no column 'result'" in message
+
+
+@pytest.mark.parametrize(
+    ("env", "turns", "message"),
+    [
+        (True, ["calc({expression})", "{answer}", "{answer}"], "3 turns, but an episode has at most "
+         "task.llm.env.maxTurns (2)"),
+        (False, ["calc({expression})", "{answer}"], "2 turns need a text environment (task.llm.env)"),
+    ],
+    ids=["more-turns-than-maxTurns", "no-environment"],
+)  # fmt: skip
+def test_turns_an_episode_cannot_have_are_refused_before_start(env, turns, message):
+    with pytest.raises(InvalidRLJob) as caught:
+        job(env=env, responseTemplate=None, turns=turns)
+    assert [(p.path, message in p.message) for p in caught.value.problems] == [("spec.sft.turns", True)]
+
+
+def test_a_turn_that_is_not_a_format_string_is_named_with_its_index():
+    with pytest.raises(InvalidRLJob) as caught:
+        job(env=True, responseTemplate=None, turns=["calc({expression)", "{answer}"])
+    assert [p.path for p in caught.value.problems] == ["spec.sft.turns[0]"]
