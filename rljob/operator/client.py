@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -105,7 +106,7 @@ class KubeClient:
         except ApiException as exc:
             self.on_call(verb, exc.status or 0)
             raise ApiError(exc.status or 0, verb, path, _status_message(exc)) from None
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, aiohttp.ClientError) as exc:  # aiohttp's are not all OSErrors
             self.on_call(verb, 0)
             raise ApiError(0, verb, path, f"cannot reach the API server: {exc}") from None
         self.on_call(verb, 200)

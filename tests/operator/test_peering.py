@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from rljob.operator.app import OperatorOptions, kopf_settings
 
 
@@ -31,3 +34,37 @@ def test_kopfs_rule_decides_when_an_operator_stands_by():
     assert "same peering priority" in standby_reason(peering(me=(10, 60), b=(10, 60)), "me", 10, now)
     assert standby_reason(peering(me=(10, 60), b=(5, 60)), "me", 10, now) is None
     assert standby_reason(peering(me=(10, 60), b=(20, 0)), "me", 10, now) is None  # b's record expired
+
+
+async def test_a_dropped_connection_is_an_api_error_the_peering_gate_survives():
+    """aiohttp's connection errors are not all OSErrors (a server that drops the connection gives
+    ServerDisconnectedError): they reach callers as ApiError (status 0), which the peering gate logs before it
+    polls again, instead of ending its loop and the operator with it."""
+    import pytest
+    from kubernetes_asyncio.client import Configuration
+
+    from rljob.operator.client import ApiError, KubeClient
+    from rljob.operator.peering import PeeringGate
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = KubeClient(Configuration(host=f"http://127.0.0.1:{port}"))
+    try:
+        with pytest.raises(ApiError) as failed:
+            await client.get("v1", "ConfigMap", "ns", "name")
+        assert failed.value.status == 0
+        gate = PeeringGate(client, "rljob", "me", 10, clusterwide=False, poll_seconds=0.01)
+        polling = asyncio.create_task(gate.run(lambda: ["ns"], lambda: None))
+        await asyncio.sleep(0.3)  # several failed polls
+        assert not polling.done()
+        polling.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await polling
+        assert gate.paused  # it never read the peering object: it keeps standing by
+    finally:
+        await client.close()
+        server.close()
