@@ -129,41 +129,73 @@ class GatheredWeights(Protocol):
         ...
 
 
+IN_PLACE_MIN_BYTES = 2**20
+"""Tensors this big travel in place; smaller ones are packed together into one broadcast."""
+
+
+class PackBuffer:
+    """The flat tensor small tensors are packed into, kept from bucket to bucket and round to round: fresh
+    memory pays a page fault per page on first touch (packing 128 MiB took 47 ms into new memory, 13 ms into
+    this buffer, on this repository's 2-core machine)."""
+
+    def __init__(self) -> None:
+        self._flat: dict[torch.dtype, torch.Tensor] = {}
+
+    def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        flat = self._flat.get(dtype)
+        if flat is None or flat.numel() < numel:
+            flat = self._flat[dtype] = torch.empty(numel, dtype=dtype)
+        return flat[:numel]
+
+
 def broadcast_state(
     group: torch.distributed.ProcessGroup,
     tensors: Iterable[torch.Tensor],
     bucket_bytes: int,
     materialize: Callable[[int], torch.Tensor] | None = None,
+    pack: PackBuffer | None = None,
 ) -> None:
     """Root side (rank 0) and receiving side alike: after the call, every member's tensors equal rank 0's.
 
-    Every tensor travels in place (one asynchronous broadcast each, a bucket's worth in flight at a time):
-    packing into a flat buffer and unpacking again costs two extra passes over memory, which measured
-    slower than the transfer itself on this repository's 2-core machine. With `materialize` (root side only)
-    `tensors` only size the buckets and tensor i is `materialize(i)`, built when its bucket is: one bucket of
-    full tensors exists at a time. Those calls are collectives of the actor group, so a failed send does not
-    stop them: the pass is finished, then the error is raised.
+    In each bucket, tensors of IN_PLACE_MIN_BYTES or more travel in place (one asynchronous broadcast each,
+    no copy on either side) and the small ones are packed into `pack`, one broadcast per dtype: measured on
+    a 128 MiB policy, about 1.5x a single broadcast of the same bytes, against 2.2x with every tensor on its
+    own and 2x with everything packed. With `materialize` (root side only) `tensors` only size the buckets
+    and tensor i is `materialize(i)`, built when its bucket is: one bucket of full tensors exists at a time.
+    Those calls are collectives of the actor group, so a failed send does not stop them: the pass is
+    finished, then the error is raised.
     """
     tensors = list(tensors)
+    pack = pack or PackBuffer()
+    root = group.rank() == 0
     failure: RuntimeError | None = None
     for bucket in buckets(tensors, bucket_bytes):
         parts = [tensors[i] if materialize is None else materialize(i) for i in bucket]
         if failure is not None:
             continue
-        wires = [p if p.is_contiguous() else p.contiguous() for p in parts]
+        big = [p for p in parts if p.is_contiguous() and p.numel() * p.element_size() >= IN_PLACE_MIN_BYTES]
+        small: dict[torch.dtype, list[torch.Tensor]] = {}
+        for p in parts:
+            if not any(p is b for b in big):
+                small.setdefault(p.dtype, []).append(p)
         try:
-            works = [group.broadcast(wire, 0) for wire in wires]
+            works = [group.broadcast(p, 0) for p in big]
+            for dtype, members in small.items():
+                flat = pack.take(sum(p.numel() for p in members), dtype)
+                if root:
+                    torch.cat([p.reshape(-1) for p in members], out=flat)
+                group.broadcast(flat, 0).wait()
+                if not root:
+                    offset = 0
+                    for p in members:
+                        p.copy_(flat[offset : offset + p.numel()].view_as(p))
+                        offset += p.numel()
             for work in works:
                 work.wait()
         except RuntimeError as exc:
             if materialize is None:
                 raise
             failure = exc
-            continue
-        if group.rank() != 0:
-            for part, wire in zip(parts, wires, strict=True):
-                if wire is not part:  # a non-contiguous tensor received into a contiguous copy
-                    part.copy_(wire)
     if failure is not None:
         raise failure
 
@@ -185,6 +217,7 @@ class WeightPublisher:
         self._group: torch.distributed.ProcessGroup | None = None
         self._round = 0
         self._tickets: dict[int, SyncTicket] = {}
+        self._pack = PackBuffer()
 
     def plan(
         self, members: Iterable[tuple[int, str]], version: int, model: nn.Module | GatheredWeights
@@ -235,10 +268,10 @@ class WeightPublisher:
                 self._group = make_group(self.store, ticket.group, 0, ticket.world)
             if not isinstance(model, nn.Module):  # a GatheredWeights
                 model.begin_gather()  # only now: a refused round never starts gathers on the other ranks
-                broadcast_state(self._group, model.placeholders(), self.bucket_bytes, materialize=model.full)
+                broadcast_state(self._group, model.placeholders(), self.bucket_bytes, model.full, self._pack)
                 return
             tensors = [t.cpu() for t in state_tensors(model)]  # a CUDA-trained actor still syncs over gloo
-            broadcast_state(self._group, tensors, self.bucket_bytes)
+            broadcast_state(self._group, tensors, self.bucket_bytes, pack=self._pack)
         except RuntimeError:
             self._group, self._members = None, None  # a member died mid-round: the next round forms a new group
             raise
@@ -269,6 +302,7 @@ class WeightSubscriber:
         self._store_actor = ""
         self._group_name = ""
         self._group: torch.distributed.ProcessGroup | None = None
+        self._pack = PackBuffer()
 
     def _connect(self, actor_tag: str) -> TCPStore:
         if self._store is None or self._store_actor != actor_tag:
@@ -300,7 +334,7 @@ class WeightSubscriber:
                 self._group = make_group(store, ticket.group, ticket.rank + rank_offset, ticket.world)
                 self._group_name = ticket.group
             with torch.no_grad():
-                broadcast_state(self._group, tensors, self.bucket_bytes)
+                broadcast_state(self._group, tensors, self.bucket_bytes, pack=self._pack)
         except SyncAborted:
             raise
         except RuntimeError:

@@ -208,3 +208,36 @@ def test_an_hf_engine_takes_a_weight_file_in_and_swaps_it_in_between_chunks(tmp_
     assert engine.swap_in() == 5 and engine.swap_in() is None
     for mine, theirs in zip(model.state_dict().values(), trainer.state_dict().values(), strict=True):
         assert torch.equal(mine, theirs)
+
+
+def test_big_tensors_travel_in_place_and_small_ones_packed_whatever_their_dtype_or_layout():
+    from torch.distributed import TCPStore
+
+    from rljob.runtime.weight_sync import IN_PLACE_MIN_BYTES, broadcast_state, make_group
+
+    def state(seed: int) -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        big = torch.randn(IN_PLACE_MIN_BYTES // 4 + 7, generator=g)
+        tied = torch.randn(64, 3, generator=g)
+        return [
+            big,  # in place
+            torch.randn(512, 1024, generator=g).t(),  # big but not contiguous: packed
+            torch.randn(5, generator=g),  # small float32
+            torch.randint(0, 100, (9,), generator=g),  # small int64: its own pack
+            tied,
+            tied,  # the same tensor twice, as a tied head is in a state dict
+            torch.randn(3, generator=g).to(torch.bfloat16),
+        ]
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    sent, received = state(1), state(2)
+    assert not torch.equal(sent[0], received[0])
+    receiver = threading.Thread(
+        target=lambda: broadcast_state(make_group(store, "g", 1, 2), received, bucket_bytes=3 * IN_PLACE_MIN_BYTES)
+    )
+    receiver.start()
+    broadcast_state(make_group(store, "g", 0, 2), sent, bucket_bytes=3 * IN_PLACE_MIN_BYTES)
+    receiver.join(timeout=30)
+    for mine, theirs in zip(sent, received, strict=True):
+        assert mine.dtype == theirs.dtype and torch.equal(mine, theirs)
