@@ -8,7 +8,7 @@ EXTRAS := operator,train,rollout,env,ray,dev
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install test lint lint-docker format crds demo bench bench-operator bench-cartpole bench-grpo clean
+.PHONY: install test lint lint-docker format crds demo bench bench-operator bench-cartpole bench-grpo bench-weights clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,7 +53,7 @@ crds: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/rljob run examples/cartpole-ppo.yaml
 
-bench: bench-cartpole bench-operator bench-grpo
+bench: bench-cartpole bench-operator bench-grpo bench-weights
 
 # The benchmarks' peers (TRL), on top of the project's extras and the same constraints.
 $(BENCH_STAMP): $(STAMP)
@@ -69,6 +69,11 @@ bench-cartpole: $(STAMP)
 SIDES ?= rljob_hf,trl
 bench-grpo: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/grpo_vs_trl.py --sides $(SIDES)
+
+# rljob's weight update vs a plain torch.distributed broadcast of the same bytes, 1/2/4 rollout replicas, and
+# into a vllm engine -> benchmarks/results/weight_sync.json
+bench-weights: $(STAMP)
+	$(BIN)/python benchmarks/weight_sync.py --vllm
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

