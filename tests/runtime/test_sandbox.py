@@ -43,6 +43,18 @@ def leftovers() -> list[psutil.Process]:
     return alive
 
 
+READ_EVERY_ENVIRONMENT = """\
+import os
+seen = repr(dict(os.environ))
+for pid in os.listdir('/proc'):
+    try:
+        seen += open(f'/proc/{pid}/environ', 'rb').read().decode(errors='replace')
+    except OSError:
+        pass
+"""
+"""Code that gathers its own environment and every environment /proc lets it read into `seen`."""
+
+
 @pytest.fixture(params=["auto", "rlimits"])
 def scorer(request):
     spec = RewardSpec.model_validate(
@@ -122,15 +134,7 @@ def test_writing_outside_the_working_directory_is_refused(scorer, tmp_path):
 
 def test_the_reward_process_environment_is_invisible(scorer, monkeypatch):
     monkeypatch.setenv("RLJOB_TEST_SECRET", "hunter2-in-the-reward-role")
-    code = """\
-import os
-seen = repr(dict(os.environ))
-for pid in os.listdir('/proc'):
-    try:
-        seen += open(f'/proc/{pid}/environ', 'rb').read().decode(errors='replace')
-    except OSError:
-        pass
-"""
+    code = READ_EVERY_ENVIRONMENT
     # Nothing is refused here, so nothing is counted: the secret is simply not there to find.
     scored = scorer.score([sample(code, "assert 'hunter2-in-the-reward-role' in seen"), sample(GOOD)])
     assert scored.terms["code_exec"] == [0.0, 1.0]

@@ -17,6 +17,7 @@ import pytest
 from rljob.api.spec import RewardSpec
 from rljob.runtime.llm.rewards import RewardConfigError, RewardInput, RewardScorer
 from rljob.runtime.sandbox_child import SANDBOX_UID_BASE
+from tests.runtime.test_sandbox import READ_EVERY_ENVIRONMENT
 
 SECRET = "hunter2-in-the-reward-role"
 
@@ -175,12 +176,7 @@ def test_a_refused_write_counts_even_when_the_function_catches_it(make_scorer, t
 def test_the_reward_process_environment_is_invisible(make_scorer, monkeypatch):
     monkeypatch.setenv("RLJOB_TEST_SECRET", SECRET)
     scorer = make_scorer(f"""\
-seen = repr(dict(os.environ))
-for pid in os.listdir('/proc'):
-    try:
-        seen += open(f'/proc/{{pid}}/environ', 'rb').read().decode(errors='replace')
-    except OSError:
-        pass
+{READ_EVERY_ENVIRONMENT}
 if {SECRET!r} in seen:
     return 100.0
 return float(os.environ['RLJOB_TEST_SECRET'] == {SECRET!r})
