@@ -233,8 +233,12 @@ def test_big_tensors_travel_in_place_and_small_ones_packed_whatever_their_dtype_
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
     sent, received = state(1), state(2)
     assert not torch.equal(sent[0], received[0])
+    # The receiver's own store client, as in its own process: one client is not shared between threads.
+    receiving_store = TCPStore("127.0.0.1", port, is_master=False)
     receiver = threading.Thread(
-        target=lambda: broadcast_state(make_group(store, "g", 1, 2), received, bucket_bytes=3 * IN_PLACE_MIN_BYTES)
+        target=lambda: broadcast_state(
+            make_group(receiving_store, "g", 1, 2), received, bucket_bytes=3 * IN_PLACE_MIN_BYTES
+        )
     )
     receiver.start()
     broadcast_state(make_group(store, "g", 0, 2), sent, bucket_bytes=3 * IN_PLACE_MIN_BYTES)
