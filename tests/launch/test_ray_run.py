@@ -11,6 +11,7 @@ import re
 import signal
 import socket
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -163,6 +164,19 @@ def test_gpu_product_places_each_role_on_its_node_and_ctrl_c_leaves_no_actor_or_
     assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
 
 
+def add_pool_node(test_cluster: Any, pool: str) -> Any:
+    """A one-CPU node labelled `pool`, registered before the launcher looks at the cluster."""
+    node = test_cluster.add_node(num_cpus=1, labels={"pool": pool}, object_store_memory=SMALL_STORE)
+    test_cluster.wait_for_nodes()
+    return node
+
+
+def start_env_pinned_run(start_run: Any, manifest: Any, test_cluster: Any, pool: str, *options: str) -> Any:
+    """`rljob run --ray` on the test cluster with the env replica pinned to the nodes labelled `pool`."""
+    pin = f"spec.roles.env.placement.nodeSelector={{pool: {pool}}}"
+    return start_run(manifest, "--ray", test_cluster.address, "--quiet", *options, "--set", pin)
+
+
 @pytest.mark.slow
 def test_a_removed_node_is_survived_its_replica_placed_again_on_a_replacement_node_at_a_new_address(
     cluster, cartpole_manifest, start_run, monkeypatch
@@ -178,19 +192,12 @@ def test_a_removed_node_is_survived_its_replica_placed_again_on_a_replacement_no
         groups = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
         return groups[0]["bundles_to_node_id"].get(2) if groups else None  # bundles: actor-0, rollout-0, env-0
 
-    spare = test_cluster.add_node(num_cpus=1, labels={"pool": "spare"}, object_store_memory=SMALL_STORE)
-    test_cluster.wait_for_nodes()  # the launcher must see it
+    spare = add_pool_node(test_cluster, "spare")
     replacement = None
     held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the old port may linger in TIME_WAIT
     try:
-        run = start_run(
-            cartpole_manifest(steps=30, interval=5, envs=1),
-            "--ray",
-            test_cluster.address,
-            "--quiet",
-            *("--set", "spec.roles.env.placement.nodeSelector={pool: spare}"),
-        )
+        run = start_env_pinned_run(start_run, cartpole_manifest(steps=30, interval=5, envs=1), test_cluster, "spare")
         run.wait_for_step(6, timeout=180)
         assert env_bundle_node() == spare.node_id
         old_port = int(run.role("env", 0).environ()["RLJOB_ENV_ENDPOINTS"].rsplit(":", 1)[1])
@@ -204,8 +211,7 @@ def test_a_removed_node_is_survived_its_replica_placed_again_on_a_replacement_no
                 assert time.monotonic() < deadline, f"port {old_port} of the removed node's env never freed"
                 time.sleep(0.2)
         held.listen()
-        replacement = test_cluster.add_node(num_cpus=1, labels={"pool": "spare"}, object_store_memory=SMALL_STORE)
-        test_cluster.wait_for_nodes()  # the launcher must see it
+        replacement = add_pool_node(test_cluster, "spare")
         deadline = time.monotonic() + 90
         while env_bundle_node() != replacement.node_id:  # Ray re-places the dead node's bundle
             assert time.monotonic() < deadline and run.process.poll() is None, run.finish()
@@ -234,16 +240,15 @@ def test_a_removed_node_with_no_replacement_fails_the_job_after_the_placement_ti
 ):
     monkeypatch.setenv("COLUMNS", "400")
     test_cluster = cluster[0]
-    lonely = test_cluster.add_node(num_cpus=1, labels={"pool": "lonely"}, object_store_memory=SMALL_STORE)
-    test_cluster.wait_for_nodes()  # the launcher must see it
+    lonely = add_pool_node(test_cluster, "lonely")
     try:
-        run = start_run(
+        run = start_env_pinned_run(
+            start_run,
             cartpole_manifest(steps=500, interval=5, envs=1),
-            "--ray",
-            test_cluster.address,
-            "--quiet",
-            *("--placement-timeout", "3"),
-            *("--set", "spec.roles.env.placement.nodeSelector={pool: lonely}"),
+            test_cluster,
+            "lonely",
+            "--placement-timeout",
+            "3",
         )
         run.wait_for_step(2, timeout=180)
         test_cluster.remove_node(lonely)
