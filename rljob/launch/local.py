@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +34,7 @@ from pathlib import Path
 from rljob.api import ROLE_NAMES, RLJob
 from rljob.api.rules import check
 from rljob.launch.failure_policy import FailurePolicy
+from rljob.launch.ports import pick_ports
 from rljob.launch.supervisor import Child, LaunchError, LogSink, RunResult, Supervisor
 from rljob.runtime.identity import (
     actor_ranks_per_replica,
@@ -228,17 +228,8 @@ def prepare_run_dir(run_dir: Path) -> None:
 
 
 def free_ports(count: int) -> list[int]:
-    """`count` distinct ports that were free a moment ago (bound together so none repeats)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    """`count` distinct ports on this machine that were free a moment ago, outside the ephemeral range."""
+    return pick_ports(count, host="127.0.0.1")
 
 
 @dataclass

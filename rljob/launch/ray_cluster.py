@@ -27,7 +27,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rljob.api import RLJob
 from rljob.launch.failure_policy import FailurePolicy
 from rljob.launch.local import check_actor_ranks, check_local, local_actor_ranks, prepare_run_dir
+from rljob.launch.ports import pick_ports
 from rljob.launch.ray_placement import (
     Bundle,
     ClusterNode,
@@ -127,23 +127,6 @@ def cluster_nodes() -> list[ClusterNode]:
     return nodes
 
 
-def _pick_ports(wanted: Sequence[int]) -> list[int]:
-    """The wanted ports where they are free on this node, fresh free ones (0 or taken) otherwise."""
-    held = []
-    try:
-        for port in wanted:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                s.bind(("", port))
-            except OSError:
-                s.bind(("", 0))
-            held.append(s)
-        return [s.getsockname()[1] for s in held]
-    finally:
-        for s in held:
-            s.close()
-
-
 @ray.remote(max_restarts=0, max_concurrency=4)
 class RoleProcess:
     """Runs one replica's role entrypoint as a subprocess on the node of its bundle, and reports on it."""
@@ -157,7 +140,7 @@ class RoleProcess:
         self.lock = threading.Lock()
 
     def address(self, wanted: list[int]) -> tuple[str, list[int]]:
-        return ray.util.get_node_ip_address(), _pick_ports(wanted)
+        return ray.util.get_node_ip_address(), pick_ports(len(wanted), wanted=wanted)
 
     def sees(self, paths: list[str]) -> list[bool]:
         return [Path(p).exists() for p in paths]
@@ -438,12 +421,23 @@ class RayRun(Supervisor):
     # --- the supervisor's hooks ---------------------------------------------------------------------
 
     def _start_child(self, child: RayChild) -> None:  # type: ignore[override]
+        before = (child.host, child.ports)
+        self._place(child)
+        if (child.host, child.ports) != before:
+            raise AddressChanged(child.name)
+        self._run_role(child)
+
+    def _place(self, child: RayChild) -> None:
+        """A live Ray actor for the replica and its current address."""
         if child.handle is None:
-            before = (child.host, child.ports)
             self._new_actor(child)
             self._locate_replacement(child)
-            if (child.host, child.ports) != before:
-                raise AddressChanged(child.name)
+        elif child.pid is not None:
+            # A restart in the same Ray actor: its ports are asked for again, as one taken meanwhile by another
+            # process would fail every restart.
+            self._locate([child])
+
+    def _run_role(self, child: RayChild) -> None:
         env = {**child.identity.to_env(), **self.extra_env}
         assert child.bundle is not None
         for var in self.job.spec.roles.get(child.bundle.role).env:
@@ -504,13 +498,16 @@ class RayRun(Supervisor):
             "new addresses (the actor group resumes from the latest checkpoint)",
         )
         self._stop_children([c for c in self.children if c is not moved])
+        for child in self.children:
+            if child is not moved:
+                self._place(child)
         self._identities()
         for child in self.children:
             child.replace_at = None
         for role in ("env", "rollout", "reward", "actor"):
             for child in self.children:
                 if child.identity.role == role:
-                    self._start_child(child)
+                    self._run_role(child)
                     child.started_at = time.monotonic()
 
     def _record(self, child: RayChild, lines: list[str]) -> None:
