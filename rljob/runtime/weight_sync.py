@@ -85,9 +85,23 @@ class SyncTicket:
         return f"weights/{self.group}/go/{self.round}"
 
 
+GLOO_THREADS = 8
+"""Worker threads of a sync group. Each tensor of 1 MiB or more is its own asynchronous broadcast; gloo runs
+them on this many threads. Measured on a 128 MiB policy (58 such tensors), 2 processes on this repository's
+2-core machine: 1.8x one flat broadcast of the same bytes with gloo's default 2 threads, 1.45x with 8."""
+
+
 def make_group(store: TCPStore, group: str, rank: int, world: int) -> torch.distributed.ProcessGroup:
     """The gloo group of one epoch on its own prefix of the shared store; blocks until all `world` members join."""
-    return ProcessGroupGloo(PrefixStore(f"weights/{group}/pg/", store), rank, world, GROUP_TIMEOUT)
+    options = ProcessGroupGloo._Options()
+    options._timeout = GROUP_TIMEOUT
+    # As torch's own constructor: the interfaces GLOO_SOCKET_IFNAME names (a multi-NIC node), else the default.
+    interfaces = [i for i in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if i]
+    options._devices = [ProcessGroupGloo.create_device(interface=i) for i in interfaces] or [
+        ProcessGroupGloo.create_default_device()
+    ]
+    options._threads = GLOO_THREADS
+    return ProcessGroupGloo(PrefixStore(f"weights/{group}/pg/", store), rank, world, options)
 
 
 def buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> list[list[int]]:

@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from rljob.runtime.gym.models import MLPActorCritic
-from rljob.runtime.weight_sync import SyncAborted, SyncRefused, WeightPublisher, WeightSubscriber, state_tensors
+from rljob.runtime.weight_sync import (
+    SyncAborted,
+    SyncRefused,
+    WeightPublisher,
+    WeightSubscriber,
+    make_group,
+    state_tensors,
+)
 
 
 def free_port() -> int:
@@ -245,3 +252,22 @@ def test_big_tensors_travel_in_place_and_small_ones_packed_whatever_their_dtype_
     receiver.join(timeout=30)
     for mine, theirs in zip(sent, received, strict=True):
         assert mine.dtype == theirs.dtype and torch.equal(mine, theirs)
+
+
+def test_the_sync_group_uses_the_interface_gloo_socket_ifname_names(monkeypatch):
+    """On a multi-NIC node users point gloo at one interface; the sync group honours it like torch's groups."""
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    space = gymnasium.make("CartPole-v1").action_space
+    actor, port = MLPActorCritic(4, space), free_port()
+    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
+    rollouts = {0: ("rollout-0", WeightSubscriber("127.0.0.1", port, 1), MLPActorCritic(4, space))}
+    perturb(actor)
+    assert sync_round(publisher, actor, 1, rollouts) == {0: None}
+    assert_same_weights(actor, rollouts[0][2])
+    publisher.close()
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-nic0")
+    publisher = WeightPublisher("127.0.0.1", free_port(), "actor-a", bucket_mb=1)
+    with pytest.raises(RuntimeError, match="no-such-nic0"):
+        make_group(publisher.store, "g", 0, 1)
+    publisher.close()
