@@ -64,6 +64,17 @@ def sync_round(
     return errors
 
 
+def first_round_to_one_rollout() -> tuple[torch.nn.Module, int, WeightPublisher, dict]:
+    """An actor, its publisher on a fresh port and one rollout, after a first round that reached the rollout."""
+    space = gymnasium.make("CartPole-v1").action_space
+    actor, port = MLPActorCritic(4, space), free_port()
+    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
+    rollouts = {0: ("rollout-0", WeightSubscriber("127.0.0.1", port, 1), MLPActorCritic(4, space))}
+    perturb(actor)
+    assert sync_round(publisher, actor, 1, rollouts) == {0: None}
+    return actor, port, publisher, rollouts
+
+
 def test_one_broadcast_reaches_every_rollout_and_the_group_is_kept_while_members_stay():
     space = gymnasium.make("CartPole-v1").action_space
     actor, port = MLPActorCritic(4, space), free_port()
@@ -83,12 +94,8 @@ def test_one_broadcast_reaches_every_rollout_and_the_group_is_kept_while_members
 
 
 def test_a_joined_or_restarted_rollout_makes_the_next_round_form_a_new_group():
+    actor, port, publisher, rollouts = first_round_to_one_rollout()
     space = gymnasium.make("CartPole-v1").action_space
-    actor, port = MLPActorCritic(4, space), free_port()
-    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
-    rollouts = {0: ("rollout-0", WeightSubscriber("127.0.0.1", port, 1), MLPActorCritic(4, space))}
-    perturb(actor)
-    assert sync_round(publisher, actor, 1, rollouts) == {0: None}
     first_group = publisher.plan([(0, "rollout-0")], 2, actor)[0].rsplit("|", 3)[0]
 
     rollouts[1] = ("rollout-1", WeightSubscriber("127.0.0.1", port, 1), MLPActorCritic(4, space))  # joins
@@ -257,12 +264,7 @@ def test_big_tensors_travel_in_place_and_small_ones_packed_whatever_their_dtype_
 def test_the_sync_group_uses_the_interface_gloo_socket_ifname_names(monkeypatch):
     """On a multi-NIC node users point gloo at one interface; the sync group honours it like torch's groups."""
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
-    space = gymnasium.make("CartPole-v1").action_space
-    actor, port = MLPActorCritic(4, space), free_port()
-    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
-    rollouts = {0: ("rollout-0", WeightSubscriber("127.0.0.1", port, 1), MLPActorCritic(4, space))}
-    perturb(actor)
-    assert sync_round(publisher, actor, 1, rollouts) == {0: None}
+    actor, _, publisher, rollouts = first_round_to_one_rollout()
     assert_same_weights(actor, rollouts[0][2])
     publisher.close()
 
