@@ -11,6 +11,16 @@ flattened into buckets of at most `weightSync.bucketSizeMb`.
 A round is two-phase, so no member is ever left blocked in a group that will not broadcast: each member
 accepts (a store key per member), the actor waits for all of them, then writes `go` (everyone joins the
 broadcast) or `abort` (a member never accepted: the others give up at once, the actor retries without it).
+How long a member is waited for depends on what the actor knows of it (`AcceptDeadlines`): one that
+accepted before on this store is connected and answers in milliseconds; one never seen may still be making
+its first connection, which can take tens of seconds (below); each miss doubles its next wait, up to a cap.
+
+What a first connection costs: torch's c10d formats the peer's address with `getnameinfo` when a TCPStore
+starts and when a client connects, which asks DNS for the reverse name of the IPv4-mapped form of the
+address (`::ffff:10.0.0.5`): no /etc/hosts names that, so a cluster whose DNS is slow or silent makes each
+such lookup wait out the resolver (5 s x 2 tries by default; measured 10.0 s per store start and per first
+client connection, tests/multihost). torch offers no switch for it; a connection once made is kept, so the
+cost is paid once per store and process, never per round.
 
 Always gloo over CPU tensors: an actor that trains on CUDA sends CPU copies.
 
@@ -23,11 +33,13 @@ as its bucket is built (a collective every actor rank joins), so no rank ever ho
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import gc
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +49,14 @@ import torch
 from torch import nn
 from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
-GROUP_TIMEOUT = datetime.timedelta(seconds=30)
-ACCEPT_TIMEOUT = datetime.timedelta(seconds=5)
+GROUP_TIMEOUT = datetime.timedelta(seconds=60)
+"""How long group formation and each broadcast may take; covers a member's first gloo connections."""
+ACCEPT_KNOWN_S = 5.0
+"""Wait for a member that accepted a round of this actor before: it holds a live store connection."""
+ACCEPT_FIRST_S = 20.0
+"""First wait for a member never seen: its first store connection may pay reverse-DNS lookups (above)."""
+ACCEPT_MAX_S = 160.0
+"""The cap on a member's wait; each round it misses doubles the next one until then."""
 
 
 class SyncRefused(RuntimeError):
@@ -214,6 +232,30 @@ def broadcast_state(
         raise failure
 
 
+class AcceptDeadlines:
+    """How long a round waits for each member to accept: bounded, growing with every round it misses.
+
+    Members are (replica index, incarnation tag): a restarted replica is a new member that has to connect
+    again. A member that accepts is known from then on (ACCEPT_KNOWN_S); one that never accepted starts at
+    ACCEPT_FIRST_S; each miss doubles the member's wait, up to ACCEPT_MAX_S.
+    """
+
+    def __init__(self) -> None:
+        self._known: set[tuple[int, str]] = set()
+        self._misses: dict[tuple[int, str], int] = {}
+
+    def seconds(self, member: tuple[int, str]) -> float:
+        base = ACCEPT_KNOWN_S if member in self._known else ACCEPT_FIRST_S
+        return min(ACCEPT_MAX_S, base * 2 ** self._misses.get(member, 0))
+
+    def accepted(self, member: tuple[int, str]) -> None:
+        self._known.add(member)
+        self._misses.pop(member, None)
+
+    def missed(self, member: tuple[int, str]) -> None:
+        self._misses[member] = self._misses.get(member, 0) + 1
+
+
 class WeightPublisher:
     """Actor rank 0 side: one store, one group per epoch of members, one broadcast per round.
 
@@ -230,8 +272,10 @@ class WeightPublisher:
         self._members: list[tuple[int, str]] | None = None
         self._group: torch.distributed.ProcessGroup | None = None
         self._round = 0
+        self._planned_tags: dict[int, str] = {}
         self._tickets: dict[int, SyncTicket] = {}
         self._pack = PackBuffer()
+        self.deadlines = AcceptDeadlines()
 
     def plan(
         self, members: Iterable[tuple[int, str]], version: int, model: nn.Module | GatheredWeights
@@ -250,30 +294,54 @@ class WeightPublisher:
             replica: SyncTicket(group, 1 + i * self.ranks_per_replica, world, self._round)
             for i, (replica, _) in enumerate(chosen)
         }
+        self._planned_tags = dict(chosen)
         return {replica: ticket.encode() for replica, ticket in self._tickets.items()}
+
+    def _await_accepts(self, flags: dict[int, str]) -> dict[int, float]:
+        """Wait until every member accepted or one's own deadline (`deadlines`) passed; {missing replica: the
+        seconds it was given}."""
+        started = time.monotonic()
+        waits = {replica: self.deadlines.seconds((replica, self._planned_tags[replica])) for replica in flags}
+        pending = dict(flags)
+        while pending:
+            pending = {r: flag for r, flag in pending.items() if not self.store.check([flag])}
+            overdue = [r for r in pending if time.monotonic() - started >= waits[r]]
+            if overdue or not pending:
+                break
+            # Wake as soon as all accept, or at the first pending member's deadline.
+            left = min(waits[r] for r in pending) - (time.monotonic() - started)
+            with contextlib.suppress(RuntimeError):  # torch raises a DistStoreError (a RuntimeError) on timeout
+                self.store.wait(list(pending.values()), datetime.timedelta(seconds=max(0.01, left)))
+        for replica in flags:
+            member = (replica, self._planned_tags[replica])
+            if replica in pending:
+                self.deadlines.missed(member)
+            else:
+                self.deadlines.accepted(member)
+        return {replica: waits[replica] for replica in pending}
 
     def publish(self, version: int, model: nn.Module | GatheredWeights) -> None:
         """Broadcast `model`'s state to the planned members once every one has accepted this round.
 
-        A member that is gone, or is another incarnation than its ticket names, never accepts: after
-        ACCEPT_TIMEOUT the round is aborted (the members that accepted stop waiting at once) and this raises
-        SyncRefused naming the replicas that did not accept; the next `plan` forms a new group.
+        A member that is gone, or is another incarnation than its ticket names, never accepts: once its
+        deadline (`AcceptDeadlines`) passes the round is aborted (the members that accepted stop waiting at
+        once) and this raises SyncRefused naming the replicas that did not accept; the next `plan` forms a new
+        group, and the caller syncs the others at once without waiting for them again.
         """
         tickets = self._tickets
         if not tickets:
             return
         ticket = next(iter(tickets.values()))
         flags = {replica: t.accepted_key for replica, t in tickets.items()}
-        try:
-            self.store.wait(list(flags.values()), ACCEPT_TIMEOUT)
-        except RuntimeError:  # torch raises a DistStoreError (a RuntimeError) on timeout
-            missing = frozenset(r for r, flag in flags.items() if not self.store.check([flag]))
-            if missing:
-                self.store.set(ticket.go_key, b"abort")
-                self._members = None
-                raise SyncRefused(
-                    f"rollout(s) {sorted(missing)} did not accept weights version {version}", missing
-                ) from None
+        missing = self._await_accepts(flags)
+        if missing:
+            self.store.set(ticket.go_key, b"abort")
+            self._members = None
+            raise SyncRefused(
+                f"rollout(s) {sorted(missing)} did not accept weights version {version} "
+                f"(waited {max(missing.values()):.0f}s)",
+                frozenset(missing),
+            )
         self.store.set(ticket.go_key, b"go")
         for flag in flags.values():
             self.store.delete_key(flag)
@@ -368,15 +436,17 @@ class StagedWeights:
     requests. The receiver thread accepts the sync and receives into `staging`; a sync whose actor paused,
     gave up or died ties up only this thread (for at most GROUP_TIMEOUT). The thread that acts copies the
     newest complete version into its own model between two batches (`copy_into`): acting weights are never
-    half old, half new. `on_received(version, actor_tag, error)` is called after each sync, outside any lock
-    of this class, with the error of a sync that failed (its partial tensors are never copied out).
+    half old, half new. `on_received(key, version, actor_tag, error)` is called after each sync, outside any
+    lock of this class, with the error of a sync that failed (its partial tensors are never copied out). The
+    report of a sync can come after a newer one was submitted (a slow first connection, say): `key` tells the
+    receiver which sync it is about, so a stale failure never marks newer weights missing.
     """
 
     def __init__(
         self,
         subscriber: WeightSubscriber,
         model: nn.Module,
-        on_received: Callable[[int, str, BaseException | None], None],
+        on_received: Callable[[str, int, str, BaseException | None], None],
     ) -> None:
         self.subscriber = subscriber
         self.staging = copy.deepcopy(model)
@@ -431,7 +501,7 @@ class StagedWeights:
                 except RuntimeError as exc:  # the actor died or gave up mid-sync: `staging` is partly overwritten
                     error = exc
                     self._version, self._actor_tag = -1, ""
-            self._on_received(version, actor_tag, error)
+            self._on_received(key, version, actor_tag, error)
 
 
 # --- filesystem ---------------------------------------------------------------------------------

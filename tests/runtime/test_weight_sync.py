@@ -9,8 +9,10 @@ import gymnasium
 import pytest
 import torch
 
+from rljob.runtime import weight_sync
 from rljob.runtime.gym.models import MLPActorCritic
 from rljob.runtime.weight_sync import (
+    AcceptDeadlines,
     SyncAborted,
     SyncRefused,
     WeightPublisher,
@@ -112,7 +114,13 @@ def test_a_joined_or_restarted_rollout_makes_the_next_round_form_a_new_group():
     publisher.close()
 
 
-def test_a_rollout_that_never_accepts_aborts_the_round_for_the_others_who_stop_waiting_at_once():
+@pytest.fixture
+def short_first_accept(monkeypatch):
+    """A member never seen is given 2 s here (20 s in a job), so the absent-member tests stay short."""
+    monkeypatch.setattr(weight_sync, "ACCEPT_FIRST_S", 2.0)
+
+
+def test_a_rollout_that_never_accepts_aborts_the_round_for_the_others_who_stop_waiting_at_once(short_first_accept):
     space = gymnasium.make("CartPole-v1").action_space
     actor, port = MLPActorCritic(4, space), free_port()
     publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
@@ -167,7 +175,7 @@ def test_a_member_with_several_ranks_receives_on_each_of_them():
     publisher.close()
 
 
-def test_a_sync_nobody_accepts_is_refused_quickly():
+def test_a_sync_nobody_accepts_is_refused_once_its_wait_is_over(short_first_accept):
     publisher = WeightPublisher("127.0.0.1", free_port(), "actor-a", bucket_mb=1)
     model = MLPActorCritic(4, gymnasium.make("CartPole-v1").action_space)
     publisher.plan([(0, "gone")], 3, model)
@@ -272,4 +280,42 @@ def test_the_sync_group_uses_the_interface_gloo_socket_ifname_names(monkeypatch)
     publisher = WeightPublisher("127.0.0.1", free_port(), "actor-a", bucket_mb=1)
     with pytest.raises(RuntimeError, match="no-such-nic0"):
         make_group(publisher.store, "g", 0, 1)
+    publisher.close()
+
+
+def test_accept_waits_grow_with_each_miss_up_to_a_cap_and_a_member_that_accepted_is_known():
+    deadlines = AcceptDeadlines()
+    newcomer, restarted = (0, "rollout-a"), (0, "rollout-b")
+    assert deadlines.seconds(newcomer) == weight_sync.ACCEPT_FIRST_S
+    waits = []
+    for _ in range(6):
+        deadlines.missed(newcomer)
+        waits.append(deadlines.seconds(newcomer))
+    assert waits == [40.0, 80.0, 160.0, 160.0, 160.0, 160.0]  # doubling, capped at ACCEPT_MAX_S
+    deadlines.accepted(newcomer)
+    assert deadlines.seconds(newcomer) == weight_sync.ACCEPT_KNOWN_S
+    assert deadlines.seconds(restarted) == weight_sync.ACCEPT_FIRST_S  # a new incarnation connects anew
+
+
+def test_a_member_whose_first_connection_is_slow_still_gets_the_round():
+    """Its store connection took longer than a known member's wait (a reverse-DNS lookup of 10 s in a cluster
+    with a silent DNS): a member never seen is waited for, and the round completes for it."""
+    space = gymnasium.make("CartPole-v1").action_space
+    actor, port = MLPActorCritic(4, space), free_port()
+    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
+    perturb(actor)
+    keys = publisher.plan([(0, "slow")], 1, actor)
+    model = MLPActorCritic(4, space)
+    late = weight_sync.ACCEPT_KNOWN_S + 1.5
+
+    def connect_late_then_receive() -> None:
+        threading.Event().wait(late)
+        WeightSubscriber("127.0.0.1", port, 1).receive(keys[0], 1, "actor-a", model)
+
+    thread = threading.Thread(target=connect_late_then_receive)
+    thread.start()
+    publisher.publish(1, actor)  # no SyncRefused: the newcomer's wait is ACCEPT_FIRST_S
+    thread.join(timeout=30)
+    assert_same_weights(actor, model)
+    assert publisher.deadlines.seconds((0, "slow")) == weight_sync.ACCEPT_KNOWN_S
     publisher.close()

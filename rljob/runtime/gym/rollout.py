@@ -70,6 +70,7 @@ class RolloutEngine:
         self.version = -1  # of `policy`; -1: no weights yet
         self.staged_version = -1  # the newest version received completely from the current actor
         self.sync_error = ""
+        self.sync_key = ""  # of the newest sync handed to the receiver: only its report counts
         self.actor_tag = ""
         self.next_required = 0
         self.ready: deque[dict[str, Any]] = deque()
@@ -95,19 +96,25 @@ class RolloutEngine:
                 self.version = self.staged_version = -1
                 self.next_required = 0
             self.sync_error = ""
+            self.sync_key = request["key"]
         self.weights.submit(request["key"], int(request["version"]), request["actor_tag"])
         return {"version": int(request["version"]), "tag": self.tag}
 
-    def _received(self, version: int, actor_tag: str, error: BaseException | None) -> None:
+    def _received(self, key: str, version: int, actor_tag: str, error: BaseException | None) -> None:
         """The receiver thread's report on one sync."""
         with self.lock:
             if actor_tag != self.actor_tag:
                 return  # from an actor incarnation this rollout has left behind
             if error is not None:
+                if key != self.sync_key:
+                    # A round the actor gave up on before it sent the newest one (this side was still making its
+                    # first connection): the newest sync is under way, and its own report decides.
+                    return
                 self.sync_error = f"weights version {version} did not arrive: {error}"
                 self.staged_version = self.version  # the staging copy holds nothing newer than the acting policy
             else:
                 self.staged_version = version
+                self.sync_error = ""
             self.lock.notify_all()
 
     def collect(self, request: Payload) -> Payload:
