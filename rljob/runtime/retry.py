@@ -1,18 +1,38 @@
-"""One way to retry a call to a peer: exponential backoff with a cap, a deadline, and a stop event.
+"""One way to retry a call to a peer: exponential backoff with jitter and a cap, a deadline, and a stop event.
 
 Every wait between attempts grows (first_delay_s, doubled each time, at most max_delay_s), so a peer that
-answers at once with an error is not hammered in a busy loop; the deadline bounds the whole wait, after
-which the last error is raised for the caller to report; a set `stop` event ends the wait at once.
+answers at once with an error is not hammered in a busy loop; each wait is drawn between half and all of its
+step (jitter), so replicas that failed together do not retry together; the deadline bounds the whole wait,
+after which the last error is raised for the caller to report; a set `stop` event ends the wait at once.
+Loops that cannot use `retry` (they retry a whole step) take their waits from a `Backoff`.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+
+
+class Backoff:
+    """Waits for a loop that retries: `next()` grows from `first_s` to `max_s`, jittered; `reset()` after a success."""
+
+    def __init__(self, first_s: float = 0.1, max_s: float = 5.0, rng: random.Random | None = None) -> None:
+        self.first_s, self.max_s = first_s, max_s
+        self._step = first_s
+        self._rng = rng or random.Random()
+
+    def next(self) -> float:
+        wait = self._step * (0.5 + 0.5 * self._rng.random())
+        self._step = min(self._step * 2, self.max_s)
+        return wait
+
+    def reset(self) -> None:
+        self._step = self.first_s
 
 
 def retry(
@@ -36,7 +56,7 @@ def retry(
     if sleep is None:
         sleep = stop.wait if stop is not None else time.sleep
     deadline = clock() + deadline_s
-    delay = first_delay_s
+    backoff = Backoff(first_delay_s, max_delay_s)
     while True:
         if stop is not None and stop.is_set():
             raise InterruptedError("stopping")
@@ -46,8 +66,7 @@ def retry(
             left = deadline - clock()
             if left <= 0:
                 raise
-            wait = min(delay, left)
+            wait = min(backoff.next(), left)
             if on_retry is not None:
                 on_retry(error, wait)
             sleep(wait)
-            delay = min(delay * 2, max_delay_s)

@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,6 +35,10 @@ class Progress:
     accuracy: float | None = None
     """llm jobs: share of samples the correctness reward (exact_match, math_verify) scores right."""
     updated_at: str = field(default_factory=rfc3339_now)
+    """When `step` was reached (when the actor started, before its first step): the operator's Stalled clock."""
+    issue: str = ""
+    """Why the actor is not getting on with the next step (a weight round refused, a rollout not answering); ""
+    while all is well."""
 
     def to_json(self) -> dict[str, object]:
         data: dict[str, object] = {
@@ -45,15 +49,19 @@ class Progress:
         }
         if self.accuracy is not None:
             data["accuracy"] = self.accuracy
+        if self.issue:
+            data["issue"] = self.issue
         return data
 
 
 class ProgressTracker:
     """Thread-safe latest progress; pass `tracker.snapshot` as the server's progress provider."""
 
-    def __init__(self, total_steps: int, step: int = 0) -> None:
+    def __init__(self, total_steps: int, step: int = 0, issue: Callable[[], str] = str) -> None:
+        """`issue()` says why the next step is not coming, read at every snapshot ("" when nothing is wrong)."""
         self._lock = threading.Lock()
         self._progress = Progress(step=step, total_steps=total_steps)
+        self._issue = issue
 
     def update(self, step: int, reward_mean: float | None, accuracy: float | None = None) -> None:
         with self._lock:
@@ -66,7 +74,9 @@ class ProgressTracker:
 
     def snapshot(self) -> Progress:
         with self._lock:
-            return self._progress
+            progress = self._progress
+        issue = self._issue()
+        return replace(progress, issue=issue) if issue else progress
 
 
 class RoleHTTPServer:

@@ -1,4 +1,4 @@
-"""Retrying a peer: backoff that doubles up to a cap, a deadline, a stop event; no busy loop (a fake clock)."""
+"""Retrying a peer: jittered backoff that doubles up to a cap, a deadline, a stop event; no busy loop (a fake clock)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from rljob.runtime.retry import retry
+from rljob.runtime.retry import Backoff, retry
 from rljob.runtime.transport import RemoteError, RequestTimeout
 
 
@@ -61,7 +61,23 @@ def test_a_peer_that_fails_at_once_is_retried_with_waits_doubling_up_to_the_cap(
         sleep=time.sleep,
     )
     assert result == "answer" and peer.attempts == 7
-    assert time.waits == [0.5, 1.0, 2.0, 3.0, 3.0, 3.0]
+    assert_jittered(time.waits, [0.5, 1.0, 2.0, 3.0, 3.0, 3.0])
+
+
+def assert_jittered(waits: list[float], steps: list[float]) -> None:
+    """Each wait lies between half and all of its step: replicas that failed together do not retry together."""
+    assert len(waits) == len(steps)
+    for wait, step in zip(waits, steps, strict=True):
+        assert step / 2 <= wait <= step
+
+
+def test_backoff_grows_to_its_cap_with_jitter_and_starts_over_after_a_reset():
+    backoff = Backoff(first_s=0.1, max_s=1.0)
+    assert_jittered([backoff.next() for _ in range(6)], [0.1, 0.2, 0.4, 0.8, 1.0, 1.0])
+    backoff.reset()
+    assert_jittered([backoff.next()], [0.1])
+    spread = {round(Backoff(1.0, 1.0).next(), 6) for _ in range(50)}
+    assert len(spread) > 10  # not the same wait for every replica
 
 
 def test_past_the_deadline_the_last_error_is_raised_and_the_last_wait_ends_at_the_deadline():
@@ -79,9 +95,11 @@ def test_past_the_deadline_the_last_error_is_raised_and_the_last_wait_ends_at_th
             clock=time.clock,
             sleep=time.sleep,
         )
-    # attempt at 0 (ends 1), wait 1; attempt at 2 (ends 3), wait 2; at 5 (ends 6), wait 4 -> trimmed to 10.
-    assert time.waits == [1.0, 2.0, 4.0] and peer.attempts == 4 and time.now == 11.0
-    assert told == [("no reply", 1.0), ("no reply", 2.0), ("no reply", 4.0)]
+    # Each attempt costs 1 s; waits of (jittered) 1, 2, 4, 4 ... until the deadline; the last wait is trimmed
+    # to end at it, and one more attempt is made then.
+    assert time.now == pytest.approx(11.0) and peer.attempts == len(time.waits) + 1
+    assert_jittered(time.waits[:-1], [1.0, 2.0, 4.0, 4.0][: len(time.waits) - 1])
+    assert [wait for _, wait in told] == time.waits and all(error == "no reply" for error, _ in told)
 
 
 def test_an_error_not_listed_is_raised_at_once():

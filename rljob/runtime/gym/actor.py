@@ -32,6 +32,7 @@ from rljob.runtime.checkpoint import (
 from rljob.runtime.gym.envs import space_from_wire
 from rljob.runtime.gym.models import UnsupportedSpaceError, build_mlp_actor_critic
 from rljob.runtime.gym.ppo import BATCH_FIELDS, GymBatch, PPOLearner
+from rljob.runtime.log_limit import LimitedLog, reason_of
 from rljob.runtime.metrics import (
     APPROX_KL,
     CLIP_FRACTION,
@@ -52,17 +53,25 @@ from rljob.runtime.metrics import (
     phase_key,
 )
 from rljob.runtime.ranks import join_actor_group, nccl_usage_problem
-from rljob.runtime.retry import retry
+from rljob.runtime.retry import Backoff, retry
 from rljob.runtime.role_http import ProgressTracker
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
 from rljob.runtime.transport import RequestClient, RequestTimeout, TransportError, process_tag
-from rljob.runtime.weight_sync import WeightPublisher
+from rljob.runtime.weight_sync import SyncRefused, WeightPublisher
 
 GROUP_TIMEOUT_MINUTES = 5
 ROLLOUT_WAIT_S = 300.0
 """How long rank 0 waits for a silent rollout replica (being replaced, say) before it fails."""
 ENV_WAIT_S = 600.0
 """How long the actor waits for env replica 0 at start (its pod may still be pulling an image)."""
+
+
+class _Refused(TransportError):
+    """Some rollouts never accepted a weight round; `replicas` names them."""
+
+    def __init__(self, message: str, replicas: frozenset[int]) -> None:
+        super().__init__(message)
+        self.replicas = replicas
 
 
 class StaleBatch(RuntimeError):
@@ -98,6 +107,9 @@ class Controller:
         )
         self.links = [RolloutLink(i, e) for i, e in enumerate(identity.endpoints["rollout"])]
         self.log = context.log
+        self.limited = LimitedLog(context.log)
+        self.issue = ""
+        """Why the last attempt at a step's batches failed; "" once a step's batches are in (progress reports it)."""
 
     def close(self) -> None:
         self.publisher.close()
@@ -110,8 +122,11 @@ class Controller:
             retry_on=(RequestTimeout,),
             deadline_s=ROLLOUT_WAIT_S,
             stop=self.context.stop,
-            on_retry=lambda exc, _: self.log.warning(
-                "rollout %d not answering (%s); waiting for it", link.replica, exc
+            on_retry=lambda exc, _: self.limited.warning(
+                f"status:{link.replica}:{reason_of(exc)}",
+                "rollout %d not answering (%s); waiting for it",
+                link.replica,
+                exc,
             ),
         )
         if reply["tag"] != link.tag:
@@ -126,10 +141,24 @@ class Controller:
             link.version = -1
 
     def sync(self, links: list[RolloutLink], version: int) -> None:
-        """Send `version` to `links` in one broadcast round; TransportError when any of them did not get it."""
+        """Send `version` to `links`; TransportError when any of them did not get it.
+
+        When some never accept the round (still connecting, say), the others get `version` at once in a round
+        without them: one slow member never holds the rest back.
+        """
         for link in links:
             if not link.tag:
                 self._status(link)
+        try:
+            self._sync_round(links, version)
+        except _Refused as refused:
+            others = [link for link in links if link.replica not in refused.replicas]
+            if others:
+                self._sync_round(others, version)
+            raise TransportError(str(refused)) from None
+
+    def _sync_round(self, links: list[RolloutLink], version: int) -> None:
+        """One broadcast round to `links`."""
         keys = self.publisher.plan([(link.replica, link.tag) for link in links], version, self.learner.model)
         requests = [
             (
@@ -143,7 +172,11 @@ class Controller:
         ]
         try:
             self.publisher.publish(version, self.learner.model)
-        except RuntimeError as exc:  # torch.distributed errors or SyncRefused: a rollout died or never joined
+        except SyncRefused as exc:
+            for link in links:
+                self.publisher.forget(link.replica)
+            raise _Refused(f"weight sync: {exc}", exc.replicas) from exc
+        except RuntimeError as exc:  # torch.distributed errors: a rollout died mid-broadcast
             for link in links:
                 self.publisher.forget(link.replica)
             raise TransportError(f"weight sync to rollouts {[link.replica for link in links]} failed: {exc}") from exc
@@ -162,13 +195,20 @@ class Controller:
             try:
                 self.sync(behind, version)
             except TransportError as exc:
-                self.log.warning("weight push failed (%s); fetch retries", exc)
+                self.limited.warning(f"push:{reason_of(exc)}", "weight push failed (%s); fetch retries", exc)
         return time.perf_counter() - started
 
     def fetch(self, version: int) -> tuple[list[dict[str, Any]], float]:
-        """One batch per rollout replica for the policy at `version`; (batches, seconds spent on weight sync)."""
+        """One batch per rollout replica for the policy at `version`; (batches, seconds spent on weight sync).
+
+        A failed attempt (a refused sync, a rollout that lost its weights or restarted) is retried after a
+        jittered wait that grows while failures go on, and logged once per reason per interval: a peer that
+        fails the same way on every attempt costs neither a busy loop nor a flooded log. `issue` says why
+        meanwhile (progress reports it; the operator shows it on a Stalled job).
+        """
         batches: dict[int, dict[str, Any]] = {}
         sync_s = 0.0
+        backoff = Backoff(first_s=0.2, max_s=10.0)
         while len(batches) < len(self.links):
             if self.context.stop.is_set():
                 raise InterruptedError("stopping")
@@ -197,9 +237,15 @@ class Controller:
                         self._check_staleness(link, reply, version)
                         batches[link.replica] = reply
             except TransportError as exc:
-                self.log.warning("rollout request failed (%s); checking the rollout replicas", exc)
+                self.issue = f"step {version + 1}: {exc}"
+                self.limited.warning(
+                    f"fetch:{reason_of(exc)}", "rollout request failed (%s); checking the rollout replicas", exc
+                )
                 for link in pending:
                     self._status(link)
+                if self.context.stop.wait(backoff.next()):
+                    raise InterruptedError("stopping") from None
+        self.issue = ""
         return [batches[i] for i in range(len(self.links))], sync_s
 
     def _check_staleness(self, link: RolloutLink, reply: dict[str, Any], version: int) -> None:
@@ -415,9 +461,9 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
         return 0
 
     assert health is not None  # global rank 0 is its replica's local rank 0
-    tracker = ProgressTracker(total_steps=total, step=learner.step)
-    health.server.set_progress_provider(tracker.snapshot)
     controller = Controller(context, learner)
+    tracker = ProgressTracker(total_steps=total, step=learner.step, issue=lambda: controller.issue)
+    health.server.set_progress_provider(tracker.snapshot)
     run_metrics = None
     if identity.run_dir:
         jsonl = Path(identity.run_dir) / "metrics.jsonl"

@@ -383,7 +383,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     if stream_state is not None:
         controller.stream.load_state_dict(stream_state)
     accuracy_key = accuracy_term(spec)
-    tracker = ProgressTracker(total_steps=total, step=learner.step)
+    tracker = ProgressTracker(total_steps=total, step=learner.step, issue=lambda: controller.rollouts.issue)
     health.server.set_progress_provider(tracker.snapshot)
     run_metrics = None
     if identity.run_dir:

@@ -21,10 +21,12 @@ import numpy as np
 import torch
 
 from rljob.runtime.llm.membership import RolloutMembership
+from rljob.runtime.log_limit import LimitedLog, reason_of
 from rljob.runtime.transport import RequestClient, RequestTimeout, TransportError
 from rljob.runtime.weight_sync import FileWeightPublisher, SyncRefused, WeightPublisher
 
 log = logging.getLogger("rljob.actor")
+limited = LimitedLog(log)
 SYNC_REPLY_TIMEOUT_S = 60.0
 REVIVE_INTERVAL_S = 1.0
 """How often, while chunks wait for a replica, the replicas without weights are asked whether they are back."""
@@ -83,6 +85,8 @@ class RolloutPool:
         self._next_revive = 0.0
         self._retired_restarts = 0
         """Restarts of replicas that left the membership: `restarts` never goes down."""
+        self.issue = ""
+        """Why the last weight round left replicas without the weights; "" once every live replica has them."""
         self.refresh()
 
     def close(self) -> None:
@@ -180,15 +184,19 @@ class RolloutPool:
                 self.publisher.publish(version, model)
             except SyncRefused as exc:
                 refused = exc.replicas
-                log.warning("%s; syncing the others without them", exc)
+                self.issue = f"weights version {version}: {exc}"
+                limited.warning(f"refused:{reason_of(exc)}", "%s; syncing the others without them", exc)
             except RuntimeError as exc:  # a member died mid-broadcast: check them all, sync later
                 failure = exc
-                log.warning("weight sync to rollouts %s failed (%s)", [link.replica for link in links], exc)
+                self.issue = f"weights version {version}: {exc}"
+                replicas = [link.replica for link in links]
+                limited.warning(f"failed:{reason_of(exc)}", "weight sync to rollouts %s failed (%s)", replicas, exc)
             for link in links:
                 try:
                     link.client.receive(requests[link.replica], timeout=SYNC_REPLY_TIMEOUT_S, retries=0)
                 except TransportError as exc:  # gone, or restarted: check it, sync later
-                    log.warning("weight sync to rollout %d failed (%s)", link.replica, exc)
+                    reason = f"reply:{link.replica}:{reason_of(exc)}"
+                    limited.warning(reason, "weight sync to rollout %d failed (%s)", link.replica, exc)
                     refused |= {link.replica}
                     continue
                 if failure is None and link.replica not in refused:
@@ -197,6 +205,8 @@ class RolloutPool:
                 if link.replica in refused or failure is not None:
                     self.publisher.forget(link.replica)
                     self._check(link)
+            if failure is None and not refused:
+                self.issue = ""
             if failure is not None or not refused:
                 return
             links = [link for link in links if link.version != version and link.replica not in refused]
