@@ -21,6 +21,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+    {"name": "Stalled", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Stalled")].status'},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Accuracy", "type": "number", "jsonPath": ".status.progress.accuracy", "priority": 1},
     {"name": "Total", "type": "integer", "jsonPath": ".status.progress.totalSteps", "priority": 1},

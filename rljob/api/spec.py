@@ -568,6 +568,14 @@ class FailurePolicySpec(SpecModel):
     rollout: Literal["Replace", "FailJob"] = "Replace"
     env: Literal["Replace", "FailJob"] = "Replace"
     reward: Literal["Replace", "FailJob"] = "Replace"
+    progress_deadline_seconds: int = Field(default=900, ge=0)
+    """Seconds a running job may go without completing a training step (counted from its last step, or from
+    when it started running) before it is marked Stalled: a condition with the reason the actor last
+    reported, a Warning Event, the STALLED column of `kubectl get rljobs`, and a line from `rljob run`.
+    0 turns the check off. Allow for your slowest step, the first one included (engine start, compilation)."""
+    on_stalled: Literal["Report", "FailJob"] = "Report"
+    """What a Stalled job does: `Report` keeps it running (it recovers by itself when steps resume); `FailJob`
+    fails it with reason Stalled (pods are deleted; checkpoints stay)."""
 
 
 # --- the spec -----------------------------------------------------------------------------------

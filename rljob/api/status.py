@@ -60,6 +60,10 @@ class Progress(StatusModel):
     accuracy: float | None = None
     """llm jobs: share of the step's samples the correctness reward scored right."""
     updated_at: str | None = None
+    """When the actor reached `step` (when it started, before its first step)."""
+    issue: str = ""
+    """What keeps the actor from its next step, as it reports it (a weight round refused, a rollout not
+    answering); empty while all is well."""
 
 
 class ReplicaFailures(StatusModel):
@@ -82,6 +86,8 @@ class RLJobStatus(StatusModel):
     replica_failures: dict[str, ReplicaFailures] = Field(default_factory=dict)
     """Rollout, env and reward replicas that failed recently, by `<role>-<replica>` (e.g. `env-1`)."""
     start_time: str | None = None
+    running_since: str | None = None
+    """When the job last became Running: the Stalled clock never starts before it."""
     completion_time: str | None = None
     progress: Progress = Field(default_factory=Progress)
     observed_generation: int | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.request
@@ -133,6 +134,8 @@ def run(
     )
 
     from rljob.launch.local import LaunchError, LocalRun
+    from rljob.launch.stall import STALLED, StallWatch
+    from rljob.launch.supervisor import GiveUp
 
     job = _load(file, set_ or [])
     run_dir = out or Path("runs") / f"{job.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
@@ -171,12 +174,22 @@ def run(
     task = progress.add_task(job.name, total=total, score=f"{score_name} -", rate="-")
     state = {"last": 0.0, "first_step": None, "first_time": 0.0}
 
+    policy = job.spec.failure_policy
+    stall = StallWatch(policy.progress_deadline_seconds)
+
     def tick() -> None:
         now = time.monotonic()
         if now - state["last"] < 0.5:
             return
         state["last"] = now
         report = _poll_progress(local.progress_url)
+        said = stall.observe(int(report["step"]) if report else None, total, (report or {}).get("issue", ""))
+        if said is not None:
+            kind, message = said
+            colour = "bold yellow" if kind == STALLED else "green"
+            console.print(f"[{colour}]{kind.lower()}[/]: {escape(message)}")
+            if kind == STALLED and policy.on_stalled == "FailJob":
+                raise GiveUp(f"stalled: {message} (spec.failurePolicy.onStalled: FailJob)")
         if not report:
             return
         step = int(report["step"])
@@ -206,7 +219,8 @@ def run(
                 local.stop()  # Ctrl-C (or a failed spawn) while starting: take down what did start
                 raise
             result = local.supervise(on_tick=tick)
-            tick()
+            with contextlib.suppress(GiveUp):  # the run is over: a last look at its progress only
+                tick()
     finally:
         disconnect = getattr(local, "disconnect", None)
         if disconnect is not None:

@@ -41,6 +41,10 @@ class LaunchError(RuntimeError):
     """The job cannot run as configured; the message names the field."""
 
 
+class GiveUp(Exception):
+    """Raised by `supervise`'s `on_tick` to end the run as failed (a Stalled job with `onStalled: FailJob`)."""
+
+
 @dataclass
 class Child:
     """One role replica as its launcher supervises it (a local process, a Ray actor's process)."""
@@ -173,6 +177,8 @@ class Supervisor:
                 time.sleep(poll_s)
         except KeyboardInterrupt:
             return self._result(130, "interrupted (Ctrl-C)")
+        except GiveUp as reason:
+            return self._result(1, str(reason))
         finally:
             self.stop()
 

@@ -41,6 +41,7 @@ from typing import Any, Literal
 from rljob.api import ROLE_NAMES, InvalidRLJob, RLJob
 from rljob.api.status import TERMINAL_PHASES, Progress, ReplicaFailures, RLJobStatus
 from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
+from rljob.launch.stall import PROGRESS_DEADLINE_EXCEEDED, PROGRESSING, STALLED, stalled_message
 from rljob.operator.manifests.members import elastic_rollouts
 from rljob.operator.naming import ANNOTATION_CONFIG_HASH as CONFIG_HASH
 from rljob.operator.podstate import PodState
@@ -157,6 +158,7 @@ class _Planner:
         kind: EventType = "Warning" if phase in ("Failed", "Restarting") else "Normal"
         self.event(kind, reason, f"{self.status.phase} -> {phase}: {message}")
         self.status.phase = phase  # type: ignore[assignment]
+        self.status.running_since = rfc3339(self.now) if phase == "Running" else None
 
     def delete(self, pod: PodState) -> None:
         if not pod.terminating and pod.name not in self.plan.delete:
@@ -235,6 +237,7 @@ class _Planner:
             return self.finalize()
         self.create_missing()
         self.update_phase()
+        self.check_stalled(job)
         return self.finalize()
 
     def retry_fixed_spec(self) -> None:
@@ -263,6 +266,40 @@ class _Planner:
             return False
         self.finish(False, "DeadlineExceeded", f"the job ran longer than activeDeadlineSeconds ({limit}s)")
         return True
+
+    def check_stalled(self, job: RLJob) -> None:
+        """Stalled when a Running job completed no training step within progressDeadlineSeconds.
+
+        The clock starts at the actor's last step (`progress.updatedAt`), and never before the job became
+        Running: pods that are still starting are Pending/Starting, with their own reasons.
+        """
+        policy = job.spec.failure_policy
+        deadline = policy.progress_deadline_seconds
+        stalled = get_condition(self.status, STALLED)
+        if self.status.phase != "Running" or not deadline:
+            return
+        progress = self.obs.progress or self.status.progress
+        running_since = parse_rfc3339(self.status.running_since)
+        if running_since is None:
+            return
+        last_step = parse_rfc3339(progress.updated_at)
+        since = max(running_since, last_step) if last_step is not None else running_since
+        idle = (self.now - since).total_seconds()
+        if idle < deadline:
+            if stalled is not None and stalled.status == "True":
+                message = f"training resumed: step {progress.step} of {job.spec.trainer.steps}"
+                set_condition(self.status, STALLED, False, PROGRESSING, message, self.now)
+                self.event("Normal", PROGRESSING, message)
+            self.requeue(deadline - idle)
+            return
+        message = stalled_message(idle, deadline, progress.step, job.spec.trainer.steps, progress.issue)
+        flipped = set_condition(self.status, STALLED, True, PROGRESS_DEADLINE_EXCEEDED, message, self.now)
+        if flipped:
+            self.event("Warning", STALLED, message)
+        if policy.on_stalled == "FailJob":
+            self.finish(False, STALLED, f"{message} (spec.failurePolicy.onStalled: FailJob)")
+        else:
+            self.requeue(min(deadline, 60))  # keep the message's idle time and the actor's reason current
 
     def suspend(self) -> None:
         for pod in self.live:

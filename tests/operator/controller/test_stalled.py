@@ -1,0 +1,76 @@
+"""A running job whose actor completes no step within progressDeadlineSeconds is Stalled, and says why."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from tests.operator.controller.conftest import CARTPOLE_PODS, Cluster, cartpole_job, eventually, operator_running
+from tests.operator.controller.emulator import KubernetesApiEmulator
+
+ISSUE = "step 1: weight sync: rollout(s) [0] did not accept weights version 0 (waited 20s)"
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _progress_server(progress: dict) -> TestServer:
+    async def serve(request: web.Request) -> web.Response:
+        return web.json_response(progress)
+
+    app = web.Application()
+    app.router.add_get("/progress", serve)
+    server = TestServer(app)
+    await server.start_server()
+    return server
+
+
+async def test_a_job_without_steps_is_stalled_with_the_actors_reason_and_recovers_when_steps_resume(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    progress = {"step": 0, "totalSteps": 150, "updatedAt": _now(), "issue": ISSUE}
+    server = await _progress_server(progress)
+
+    def stalled() -> dict:
+        return next((c for c in cluster.status("cp").get("conditions", []) if c["type"] == "Stalled"), {})
+
+    try:
+        async with operator_running(kube, progress_url=lambda pod, port: str(server.make_url("/progress"))):
+            cluster.create_job(cartpole_job(failurePolicy={"progressDeadlineSeconds": 2}))
+            await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS)
+            cluster.run_all("cp")
+            await eventually(lambda: stalled().get("status") == "True", what="Stalled")
+            condition = stalled()
+            assert condition["reason"] == "ProgressDeadlineExceeded"
+            assert "progressDeadlineSeconds: 2" in condition["message"]
+            assert f"the actor reports: {ISSUE}" in condition["message"]
+            assert cluster.status("cp")["progress"]["issue"] == ISSUE
+            assert cluster.phase("cp") == "Running"  # onStalled: Report keeps it running
+            stalled_events = [e for e in cluster.events("cp") if e["reason"] == "Stalled"]
+            assert stalled_events and stalled_events[0]["type"] == "Warning"
+            assert ISSUE in stalled_events[0]["message"]
+
+            progress.update(step=5, updatedAt=_now(), issue="")
+            await eventually(lambda: stalled().get("status") == "False", what="recovered")
+            assert stalled()["reason"] == "Progressing"
+            await eventually(lambda: "Progressing" in cluster.reasons("cp"), what="recovery event")
+    finally:
+        await server.close()
+
+
+async def test_on_stalled_fail_job_fails_it_with_reason_stalled(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
+    server = await _progress_server({"step": 3, "totalSteps": 150, "updatedAt": _now(), "issue": ISSUE})
+    try:
+        async with operator_running(kube, progress_url=lambda pod, port: str(server.make_url("/progress"))):
+            cluster.create_job(cartpole_job(failurePolicy={"progressDeadlineSeconds": 2, "onStalled": "FailJob"}))
+            await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS)
+            cluster.run_all("cp")
+            await eventually(lambda: cluster.phase("cp") == "Failed", what="Failed")
+            failed = next(c for c in cluster.status("cp")["conditions"] if c["type"] == "Failed")
+            assert failed["reason"] == "Stalled" and "onStalled: FailJob" in failed["message"]
+            assert "at step 3 of 150" in failed["message"]
+    finally:
+        await server.close()
