@@ -8,7 +8,7 @@ EXTRAS := operator,train,rollout,env,ray,dev
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install test lint lint-docker format crds demo bench bench-operator bench-cartpole bench-grpo bench-weights clean
+.PHONY: install test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-weights clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ test: $(STAMP)
 crds: $(STAMP)
 	$(BIN)/rljob crd > crds/rljob.io_rljobs.yaml
 	cp crds/rljob.io_rljobs.yaml charts/rljob-operator/crds/rljob.io_rljobs.yaml
+
+# docs/reference/spec.md (from the API models) and docs/reference/cli.md (from the command line) are generated;
+# tests fail when the committed pages drift from the code.
+docs-ref: $(STAMP)
+	$(BIN)/python -m rljob.cli.docs_ref
 
 # PPO on CartPole-v1 with every role as a local process; prints progress, the return reached and where
 # metrics.jsonl, curve.png and the TensorBoard files are.
