@@ -57,3 +57,8 @@ def test_cli_reference_lists_every_command_and_option():
 def test_write_references_writes_only_what_changed(tmp_path):
     assert sorted(docs_ref.write_references(tmp_path)) == sorted(docs_ref.GENERATED_PAGES)
     assert docs_ref.write_references(tmp_path) == []
+
+
+def test_every_field_has_a_description():
+    blank = [row.path for row in docs_ref.spec_rows() if not row.description]
+    assert not blank, f"fields without a description (add a docstring under the field in rljob/api): {blank}"
