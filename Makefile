@@ -51,7 +51,7 @@ crds: $(STAMP)
 
 # The documentation site (mkdocs.yml, docs/) -> site/. Strict: a broken link or anchor fails the build.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # docs/reference/spec.md (from the API models) and docs/reference/cli.md (from the command line) are generated;
 # tests fail when the committed pages drift from the code.

@@ -13,7 +13,7 @@ ROOT = Path(__file__).parents[2]
 def test_site_builds_strictly(tmp_path: Path):
     pytest.importorskip("material", reason="mkdocs-material (the dev extra) builds the site")
     result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
         cwd=ROOT,
         capture_output=True,
         text=True,
