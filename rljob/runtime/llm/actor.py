@@ -207,7 +207,7 @@ class Controller:
         if self.text_env:
             rewards = rewards + np.array([c["env_reward"] for g in groups for c in g.completions], dtype=np.float64)
         overlong = self.spec.algorithm.overlong
-        if overlong is not None:
+        if overlong is not None and overlong.enabled and overlong.buffer is not None:
             lengths = torch.tensor([s["response_tokens"] for s in samples], dtype=torch.float64)
             rewards = rewards + overlong_penalty(lengths, self.max_tokens, overlong.buffer, overlong.penalty).numpy()
         start = 0
