@@ -191,3 +191,27 @@ def test_validate_is_quiet_for_the_paper_defaults_even_when_written_out(tmp_path
     explicit |= {"normalizeAdvantages": normalize, "dynamicSampling": dynamic}
     assert "warning:" not in validate(tmp_path, llm_manifest(name))
     assert "warning:" not in validate(tmp_path, llm_manifest(name, **explicit))
+
+
+def preset_table(path: Path) -> dict[str, list[str]]:
+    """The rows of the algorithm table between the algorithm-presets markers, by algorithm name."""
+    text = path.read_text()
+    table = text[text.index("<!-- algorithm-presets") : text.index("<!-- end algorithm-presets -->")]
+    rows = [line.strip("|").split("|") for line in table.splitlines() if line.startswith("| `")]
+    return {cells[0].strip().strip("`"): [c.strip() for c in cells[1:]] for cells in rows}
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/algorithms.md"])
+def test_the_documented_table_is_the_presets(document: str):
+    table = preset_table(REPO / document)
+    assert set(table) == set(PRESETS)
+    for name, preset in PRESETS.items():
+        aggregation, clips, kl, normalize, dynamic, overlong, paper = table[name]
+        assert aggregation == preset.loss_aggregation
+        assert [float(x) for x in clips.split(" / ")] == [preset.clip_ratio_low, preset.clip_ratio_high]
+        assert float(kl) == preset.kl_coef
+        assert normalize.split(" ")[0] == str(preset.normalize_advantages).lower()
+        assert dynamic == str(preset.dynamic_sampling).lower()
+        assert overlong == ("on" if preset.overlong else "off")
+        assert paper == preset.reference
+    assert preset_table(REPO / "README.md") == preset_table(REPO / "docs" / "algorithms.md")
