@@ -245,11 +245,15 @@ class OverlongShaping(SpecModel):
 
     A response's reward gets 0 up to maxResponseLength - buffer tokens, then a penalty growing
     linearly to -`penalty` at maxResponseLength (DAPO eq. 13), so the policy learns to finish
-    before the cut rather than being truncated.
+    before the cut rather than being truncated. On by default for dapo and cispo; `enabled: false`
+    turns it off.
     """
 
-    buffer: int = Field(ge=1)
-    """Tokens before task.llm.maxResponseLength over which the penalty ramps up (DAPO: 4096 of 20480)."""
+    enabled: bool = True
+    """False turns the shaping off (also for dapo and cispo, whose presets turn it on)."""
+    buffer: int | None = Field(default=None, ge=1)
+    """Tokens before task.llm.maxResponseLength over which the penalty ramps up. Default: a fifth of
+    maxResponseLength (DAPO: 4096 of 20480)."""
     penalty: float = Field(default=1.0, ge=0.0)
     """Penalty of a response that reaches maxResponseLength."""
 
@@ -274,29 +278,35 @@ class AlgorithmSpec(SpecModel):
     """Discount factor (ppo)."""
     gae_lambda: float = Field(default=0.95, ge=0.0, le=1.0)
     """GAE lambda (ppo)."""
-    clip_ratio_low: float = Field(default=0.2, gt=0.0, lt=1.0)
-    """The ratio is clipped below at 1 - clipRatioLow."""
-    clip_ratio_high: float = Field(default=0.2, gt=0.0)
-    """The ratio is clipped above at 1 + clipRatioHigh (DAPO's clip-higher uses 0.28)."""
+    clip_ratio_low: float | None = Field(default=None, gt=0.0, lt=1.0)
+    """The ratio is clipped below at 1 - clipRatioLow. Default: the algorithm's preset (gspo: 3e-4; else 0.2)."""
+    clip_ratio_high: float | None = Field(default=None, gt=0.0)
+    """The ratio is clipped above at 1 + clipRatioHigh. Default: the algorithm's preset (dapo, cispo: 0.28; gspo:
+    4e-4; else 0.2)."""
     dual_clip: float | None = Field(default=None, gt=1.0)
     """Dual-clip constant c > 1 bounding the loss of negative-advantage samples."""
     value_coef: float = Field(default=0.5, ge=0.0)
     """Weight of the value loss (ppo)."""
     value_clip: float | None = Field(default=None, gt=0.0)
     """Clip the value update to this range around the old value (ppo); off when unset."""
-    kl_coef: float = Field(default=0.0, ge=0.0)
-    """Weight of the per-token KL penalty against the reference model; 0 turns it off (no reference is loaded)."""
+    kl_coef: float | None = Field(default=None, ge=0.0)
+    """Weight of the per-token KL penalty against the reference model (a loss term); 0 turns it off (no reference
+    is loaded). Default: the algorithm's preset (grpo: 0.04, else 0)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """Per-token KL estimator of the penalty: k1 (log ratio), k2 (half its square) or k3 (unbiased, non-negative)."""
     entropy_coef: float = Field(default=0.0, ge=0.0)
     """Weight of the entropy bonus; keeps sampling from collapsing on a few answers."""
-    normalize_advantages: bool = True
-    """ppo: normalise advantages to zero mean and unit variance per minibatch."""
-    loss_aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
-        "token-mean"
-    )
+    normalize_advantages: bool | None = None
+    """Scale advantages by a standard deviation: ppo, the minibatch's; grpo, dapo, gspo, cispo, the prompt group's;
+    reinforce_pp, that of every token of the batch; rloo, the group's. Default: the algorithm's preset (false for
+    dr_grpo and rloo, true otherwise)."""
+    loss_aggregation: (
+        Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None
+    ) = None
     """How per-token losses become one number: over every token of the minibatch (`token-mean`), or per sequence
-    first (sum, mean, or sum over a constant length: Dr.GRPO's `seq-mean-token-sum-norm`)."""
+    first (`seq-mean-token-sum`, `seq-mean-token-mean`, or Dr.GRPO's `seq-mean-token-sum-norm`, a sum over a
+    constant length). Default: the algorithm's preset (grpo, gspo: seq-mean-token-mean; dr_grpo:
+    seq-mean-token-sum-norm; rloo: seq-mean-token-sum; else token-mean)."""
     group_size: int | None = Field(default=None, ge=1)
     """Samples per prompt. Default: 1 for ppo, 8 for group algorithms."""
     epochs: int = Field(default=1, ge=1)
@@ -307,11 +317,11 @@ class AlgorithmSpec(SpecModel):
     dynamic_sampling: bool | None = None
     """DAPO dynamic sampling (llm): drop prompt groups whose rewards are all equal (no signal) and
     keep generating until trainer.batchSize informative groups are collected, at most
-    `maxSamplingRounds` generation rounds per step. Default: true for dapo, false otherwise."""
+    `maxSamplingRounds` generation rounds per step. Default: the algorithm's preset (true for dapo and cispo)."""
     max_sampling_rounds: int = Field(default=4, ge=1)
     """The most generation rounds one step spends collecting informative groups with dynamicSampling."""
     overlong: OverlongShaping | None = None
-    """DAPO overlong reward shaping (llm); off when unset."""
+    """DAPO overlong reward shaping (llm). Default: the algorithm's preset (on for dapo and cispo, else off)."""
 
 
 # --- trainer ------------------------------------------------------------------------------------
@@ -649,7 +659,7 @@ class RLJobSpec(SpecModel):
             "gym tasks are trained with ppo: set algorithm.name to ppo",
         ),
         (
-            "!has(self.algorithm.overlong) || !has(self.task.llm)"
+            "!has(self.algorithm.overlong) || !has(self.algorithm.overlong.buffer) || !has(self.task.llm)"
             " || self.algorithm.overlong.buffer < self.task.llm.maxResponseLength",
             "algorithm.overlong.buffer must be below task.llm.maxResponseLength",
         ),

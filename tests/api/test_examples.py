@@ -41,13 +41,13 @@ def test_task_dependent_defaults_are_filled():
     assert llm.spec.rollout.max_tokens == llm.spec.task.llm.max_response_length == 2
 
 
-@pytest.mark.parametrize(("name", "expected"), [("dapo", True), ("grpo", False), ("gspo", False)])
-def test_dynamic_sampling_defaults_to_on_for_dapo_only(name: str, expected: bool):
+@pytest.mark.parametrize(("name", "expected"), [("dapo", True), ("cispo", True), ("grpo", False), ("gspo", False)])
+def test_dynamic_sampling_and_overlong_shaping_default_to_on_for_dapo_and_cispo_only(name: str, expected: bool):
     manifest = yaml.safe_load(Path("examples/grpo-tiny-arithmetic.yaml").read_text())
     manifest["spec"]["algorithm"]["name"] = name
     job = validate_job(manifest)
     assert job.spec.algorithm.dynamic_sampling is expected
-    assert job.spec.algorithm.max_sampling_rounds == 4 and job.spec.algorithm.overlong is None
+    assert job.spec.algorithm.max_sampling_rounds == 4 and (job.spec.algorithm.overlong is not None) is expected
     manifest["spec"]["algorithm"]["dynamicSampling"] = not expected  # an explicit choice is kept
     assert validate_job(manifest).spec.algorithm.dynamic_sampling is (not expected)
     assert load_job_file(Path("examples/cartpole-ppo.yaml")).spec.algorithm.dynamic_sampling is False
