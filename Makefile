@@ -8,7 +8,7 @@ EXTRAS := operator,train,rollout,env,ray,dev
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install netns-tools test lint lint-docker format crds demo bench bench-operator bench-cartpole bench-grpo bench-weights clean
+.PHONY: install netns-tools test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-weights clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,12 +50,22 @@ format: $(STAMP)
 
 test: $(STAMP)
 	$(MAKE) lint
+	$(MAKE) docs
 	$(BIN)/pytest
 
 # The CRD is generated from the pydantic API; tests fail when these copies drift from it.
 crds: $(STAMP)
 	$(BIN)/rljob crd > crds/rljob.io_rljobs.yaml
 	cp crds/rljob.io_rljobs.yaml charts/rljob-operator/crds/rljob.io_rljobs.yaml
+
+# The documentation site (mkdocs.yml, docs/) -> site/. Strict: a broken link or anchor fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# docs/reference/spec.md (from the API models) and docs/reference/cli.md (from the command line) are generated;
+# tests fail when the committed pages drift from the code.
+docs-ref: $(STAMP)
+	$(BIN)/python -m rljob.cli.docs_ref
 
 # PPO on CartPole-v1 with every role as a local process; prints progress, the return reached and where
 # metrics.jsonl, curve.png and the TensorBoard files are.
@@ -87,7 +97,7 @@ bench-weights: $(STAMP)
 	$(BIN)/python benchmarks/weight_sync.py --vllm
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site
 
 # 200 RLJobs x 8 pods against the API emulator, the operator run as `rljob operator`.
 bench-operator: $(STAMP)

@@ -86,34 +86,58 @@ def grpo_advantages(rewards: Tensor, eps: float = 1e-6, scale_by_std: bool = Tru
     return centred / (rewards.std(dim=1, keepdim=True) + eps)
 
 
-def dr_grpo_advantages(rewards: Tensor) -> Tensor:
-    """Dr. GRPO: the group mean as baseline, no std scaling."""
-    return grpo_advantages(rewards, scale_by_std=False)
+def dr_grpo_advantages(rewards: Tensor, scale_by_std: bool = False) -> Tensor:
+    """Dr. GRPO: the group mean as baseline, no std scaling (`scale_by_std=True` is GRPO's advantage)."""
+    return grpo_advantages(rewards, scale_by_std=scale_by_std)
 
 
-def rloo_advantages(rewards: Tensor) -> Tensor:
+def rloo_advantages(rewards: Tensor, scale_by_std: bool = False, eps: float = 1e-6) -> Tensor:
     """REINFORCE Leave-One-Out (Ahmadian et al. 2024): A_i = r_i - mean_{j != i} r_j.
 
     Equivalently G / (G - 1) * (r_i - mean(r)): each sample's baseline excludes itself, so it is unbiased.
+    The paper does not scale by a std; `scale_by_std=True` divides by the group's sample std (+ eps) as GRPO.
     """
     _check_groups(rewards)
     group_size = rewards.shape[1]
     leave_one_out_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (group_size - 1)
-    return rewards - leave_one_out_mean
+    advantages = rewards - leave_one_out_mean
+    if not scale_by_std:
+        return advantages
+    return advantages / (rewards.std(dim=1, keepdim=True) + eps)
 
 
-def reinforce_pp_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
-    """REINFORCE++ with group baseline (Hu 2025): subtract the group mean, then normalise over the whole batch.
+def reinforce_pp_advantages(
+    rewards: Tensor, token_counts: Tensor | None = None, eps: float = 1e-6, scale_by_std: bool = True
+) -> Tensor:
+    """REINFORCE++ with baseline (Hu et al. 2025, arXiv:2501.03262, eq. 10): subtract the group mean, then
+    normalise over every token of the global batch.
 
-    The global (batch) normalisation instead of GRPO's per-group std keeps prompts comparable and
-    avoids the per-prompt std blow-up on nearly-solved prompts.
+    c_ij = r_ij - mean_j r_ij; with n_ij the trained tokens of response ij (`token_counts`, shaped like
+    `rewards`) and N = sum n_ij, each response's advantage is spread over its tokens, so
+      mean = sum n_ij c_ij / N,   var = sum n_ij (c_ij - mean)^2 / N   (population variance over the N tokens)
+      A_ij = (c_ij - mean) / (sqrt(var) + eps)
+    Long responses weigh more in the batch statistics, as their tokens do in the loss. veRL's baseline variant
+    divides by N - 1 instead (Bessel): a factor sqrt((N - 1) / N) apart, nothing at a real batch's N.
+    Without `token_counts` every response counts as one token. The global normalisation instead of GRPO's
+    per-group std keeps prompts comparable and avoids the std blow-up of nearly-solved prompts.
+    `scale_by_std=False` returns the group-centred c_ij.
     """
     _check_groups(rewards)
     centred = rewards - rewards.mean(dim=1, keepdim=True)
-    return (centred - centred.mean()) / (centred.std(correction=0) + eps)
+    if not scale_by_std:
+        return centred
+    weights = torch.ones_like(centred) if token_counts is None else token_counts.to(centred.dtype)
+    if weights.shape != centred.shape:
+        raise ValueError(
+            f"reinforce_pp needs token_counts shaped like rewards {tuple(rewards.shape)}, got {tuple(weights.shape)}"
+        )
+    tokens = weights.sum().clamp(min=1.0)
+    mean = (weights * centred).sum() / tokens
+    variance = (weights * (centred - mean) ** 2).sum() / tokens
+    return (centred - mean) / (variance.sqrt() + eps)
 
 
-GroupAdvantageFn = Callable[[Tensor], Tensor]
+GroupAdvantageFn = Callable[..., Tensor]
 
 GROUP_ADVANTAGES: dict[str, GroupAdvantageFn] = {
     "grpo": grpo_advantages,
@@ -127,8 +151,18 @@ GROUP_ADVANTAGES: dict[str, GroupAdvantageFn] = {
 """Group advantage estimator per `spec.algorithm.name`. PPO uses `gae_advantages` instead."""
 
 
-def group_advantages(algorithm: str, rewards: Tensor) -> Tensor:
-    """Advantages of [prompts, group_size] rewards with the estimator of `algorithm`."""
+TOKEN_WEIGHTED = frozenset({"reinforce_pp"})
+"""Estimators whose statistics weigh each response by its token count."""
+
+
+def group_advantages(
+    algorithm: str, rewards: Tensor, *, scale_by_std: bool | None = None, token_counts: Tensor | None = None
+) -> Tensor:
+    """Advantages of [prompts, group_size] rewards with the estimator of `algorithm`.
+
+    `scale_by_std` (spec.algorithm.normalizeAdvantages) overrides the estimator's own default; `token_counts`
+    ([prompts, group_size], the trained tokens of each response) feeds the token-weighted estimators.
+    """
     try:
         fn = GROUP_ADVANTAGES[algorithm]
     except KeyError:
@@ -137,4 +171,7 @@ def group_advantages(algorithm: str, rewards: Tensor) -> Tensor:
         raise ValueError(
             f"algorithm.name {algorithm!r} has no group advantage estimator (known: {known}).{hint}"
         ) from None
-    return fn(rewards)
+    kwargs: dict[str, object] = {} if scale_by_std is None else {"scale_by_std": scale_by_std}
+    if algorithm in TOKEN_WEIGHTED:
+        kwargs["token_counts"] = token_counts
+    return fn(rewards, **kwargs)

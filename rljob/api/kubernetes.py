@@ -62,17 +62,24 @@ class Toleration(SpecModel):
     """A Kubernetes toleration."""
 
     key: str | None = None
+    """The taint key matched; every key when empty with operator Exists."""
     operator: Literal["Exists", "Equal"] | None = None
+    """`Equal` (Kubernetes' default) matches `value`; `Exists` any value."""
     value: str | None = None
+    """The taint value matched with operator Equal."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """The taint effect matched; every effect when unset."""
     toleration_seconds: int | None = None
+    """With NoExecute: how long the pod stays bound after the taint appears."""
 
 
 class EnvVar(SpecModel):
     """An environment variable for the role's container."""
 
     name: str = Field(min_length=1)
+    """The variable's name."""
     value: str | None = None
+    """Its value; or take it from `valueFrom`."""
     value_from: FreeForm | None = None
     """`secretKeyRef`, `configMapKeyRef`, `fieldRef` or `resourceFieldRef`, as in a Pod."""
 
@@ -81,36 +88,57 @@ class VolumeMount(SpecModel):
     """Where a volume appears in the role's container."""
 
     name: str = Field(min_length=1)
+    """The name of a volume in `volumes`."""
     mount_path: str = Field(min_length=1)
+    """Path in the container where the volume appears."""
     read_only: bool | None = None
+    """Mount it read-only."""
     sub_path: str | None = None
+    """A path inside the volume to mount instead of its root."""
     sub_path_expr: str | None = None
+    """Like subPath, with `$(VAR)` expanded from the container's environment."""
     mount_propagation: Literal["None", "HostToContainer", "Bidirectional"] | None = None
+    """How mounts propagate between the host and the container."""
 
 
 class Volume(SpecModel):
     """A pod volume: a name and exactly one volume source, as in a Pod's `volumes`."""
 
     name: str = Field(min_length=1)
+    """The name `volumeMounts` refer to."""
     persistent_volume_claim: FreeForm | None = None
+    """A PersistentVolumeClaim (`claimName`, `readOnly`)."""
     config_map: FreeForm | None = None
+    """A ConfigMap's keys as files."""
     secret: FreeForm | None = None
+    """A Secret's keys as files."""
     empty_dir: FreeForm | None = None
+    """A scratch directory that lives as long as the pod."""
     host_path: FreeForm | None = None
+    """A directory of the node."""
     nfs: FreeForm | None = None
+    """An NFS export."""
     csi: FreeForm | None = None
+    """A volume of a CSI driver."""
     ephemeral: FreeForm | None = None
+    """A generic ephemeral volume: a claim created and deleted with the pod."""
     projected: FreeForm | None = None
+    """Several sources (Secrets, ConfigMaps, service account tokens) in one directory."""
     downward_api: FreeForm | None = Field(default=None, alias="downwardAPI")
+    """Pod fields (labels, annotations, resources) as files."""
     image: FreeForm | None = None
+    """The contents of an OCI image (Kubernetes 1.31 and newer)."""
 
 
 class Affinity(SpecModel):
     """Pod scheduling constraints, as in a Pod's `affinity`."""
 
     node_affinity: FreeForm | None = None
+    """Rules on node labels; `placement.gpuProduct` is added to every node selector term."""
     pod_affinity: FreeForm | None = None
+    """Rules to run near pods with given labels."""
     pod_anti_affinity: FreeForm | None = None
+    """Rules to run away from pods with given labels."""
 
 
 class ObjectMeta(SpecModel):

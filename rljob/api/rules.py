@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 from rljob.api.job import MAX_NAME_LENGTH, RLJob
 from rljob.api.kubernetes import Volume
+from rljob.api.presets import PRESETS, departures, resolve_algorithm
 from rljob.api.problems import Problem
 from rljob.api.spec import GROUP_ALGORITHMS, ROLE_NAMES, RLJobSpec
 
@@ -43,8 +44,9 @@ def resolve_defaults(job: RLJob) -> RLJob:
         spec.roles.env.replicas = 1 if gym or text_env else 0
     if spec.roles.reward.replicas is None:
         spec.roles.reward.replicas = 0 if gym else 1
-    if spec.algorithm.dynamic_sampling is None:
-        spec.algorithm.dynamic_sampling = spec.algorithm.name == "dapo"
+    # Before the task defaults: the task does not change presets, and the checks below read resolved values.
+    llm = spec.task.llm
+    spec.algorithm = resolve_algorithm(spec.algorithm, llm.max_response_length if llm is not None else None)
     if spec.rollout.vllm.tensor_parallel_size is None:
         # One engine per rollout pod spans all of the pod's GPUs.
         spec.rollout.vllm.tensor_parallel_size = max(1, spec.roles.rollout.gpus_per_replica)
@@ -61,17 +63,30 @@ def check(job: RLJob) -> list[Problem]:
 def advisories(job: RLJob) -> list[Problem]:
     """Valid settings that probably do not do what the user wants: printed as warnings, never refused."""
     spec = job.spec
+    found: list[Problem] = []
     staleness = spec.rollout.async_.max_staleness
     if staleness > 0 and spec.algorithm.off_policy.type == "none":
-        return [
+        found.append(
             Problem(
                 "spec.algorithm.offPolicy.type",
                 f"none trains on batches up to {staleness} policy versions old (rollout.async.maxStaleness) "
                 "without importance weighting: set tis or icepop to correct for the older policy, or "
                 "maxStaleness 0 to stay on-policy",
             )
-        ]
-    return []
+        )
+    algorithm = spec.algorithm
+    if spec.task.type == "llm":  # a gym job runs ppo's own loss: its paper settings are the preset's
+        changed = departures(algorithm)
+        if changed:
+            settings = ", ".join(f"{key} {value} (paper: {paper})" for key, value, paper in changed)
+            found.append(
+                Problem(
+                    "spec.algorithm",
+                    f"{settings} depart from {algorithm.name}'s paper defaults ({PRESETS[algorithm.name].reference}); "
+                    "fine when intended, else remove them to get the preset (docs/algorithms.md)",
+                )
+            )
+    return found
 
 
 def _check_name(name: str) -> Iterator[Problem]:
@@ -281,7 +296,8 @@ def _check_algorithm(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
             f"({', '.join(GROUP_ALGORITHMS)}): set false (got algorithm.name {algo.name!r})",
         )
     llm = spec.task.llm
-    if algo.overlong is not None and llm is not None and algo.overlong.buffer >= llm.max_response_length:
+    buffer = algo.overlong.buffer if algo.overlong is not None else None
+    if buffer is not None and llm is not None and buffer >= llm.max_response_length:
         yield (
             "algorithm.overlong.buffer",
             f"must be below task.llm.maxResponseLength {llm.max_response_length}: the penalty ramps up over "

@@ -99,8 +99,11 @@ class DatasetSpec(SpecModel):
     max_operand: int = Field(default=9, ge=1, le=10**6)
     """builtin arithmetic: operands are drawn from 0..maxOperand (9: single digits)."""
     split: str = "train"
+    """A hub dataset's split; in a directory given as `path`, files named after it are read first."""
     prompt_key: str = "prompt"
+    """The row column holding the prompt."""
     answer_key: str = "answer"
+    """The row column holding the reference answer that `exact_match` and `math_verify` compare against."""
 
 
 MAX_TEXT_ENV_TURNS = 32
@@ -136,6 +139,7 @@ class LLMTask(SpecModel):
     prompt_template: str = "{prompt}"
     """Python format string; `{prompt}` is replaced by the row's prompt."""
     system_prompt: str | None = None
+    """A system message before every prompt (a system turn with applyChatTemplate, else a line above it)."""
     apply_chat_template: bool = False
     """Wrap prompts in the tokenizer's chat template."""
     max_prompt_length: int = Field(default=512, ge=1)
@@ -157,6 +161,7 @@ class TaskSpec(SpecModel):
     )
 
     type: Literal["gym", "llm"]
+    """`gym`: a gymnasium control task trained with ppo; `llm`: a language model post-trained on prompts."""
     gym: GymTask | None = None
     llm: LLMTask | None = None
 
@@ -188,7 +193,9 @@ class ModelRef(SpecModel):
     source: Literal["initial", "local", "hub"] = "initial"
     """`initial`: a frozen copy of the starting policy."""
     path: str | None = None
+    """Directory of the reference model (source local)."""
     hub_id: str | None = None
+    """Model id of the reference model on a hub (source hub)."""
 
 
 class ModelSpec(SpecModel):
@@ -200,14 +207,19 @@ class ModelSpec(SpecModel):
     )
 
     source: Literal["builtin", "local", "hub"] = "builtin"
+    """`builtin`: a small network rljob builds (see `builtin`); `local`: a Hugging Face model directory (`path`);
+    `hub`: a model id resolved through the Hugging Face cache (`hubId`)."""
     path: str | None = None
     """Directory of a Hugging Face-format model (source local)."""
     hub_id: str | None = None
     """Model id on a hub, e.g. `Qwen/Qwen2.5-Math-1.5B` (source hub)."""
     builtin: BuiltinNetwork = Field(default_factory=BuiltinNetwork)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """dtype the policy is loaded in; `auto`: bf16/fp16 on GPU as trainer.precision says, float32 on CPU."""
     gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory for more compute (llm)."""
     trust_remote_code: bool = False
+    """Let transformers run the model repository's own code (`trust_remote_code`); only for models you trust."""
     reference: ModelRef | None = None
     """Reference for the KL penalty; the frozen initial policy when unset and klCoef > 0."""
 
@@ -223,7 +235,9 @@ class OffPolicyCorrection(SpecModel):
     type: Literal["none", "tis", "icepop"] = "none"
     """`tis` caps the importance ratio at `high`; `icepop` drops tokens whose ratio leaves [low, high]."""
     low: float = Field(default=0.5, ge=0.0)
+    """Lower bound of the importance ratio (icepop drops tokens below it)."""
     high: float = Field(default=2.0, gt=0.0)
+    """Upper bound of the importance ratio (tis caps it there, icepop drops tokens above it)."""
 
 
 class OverlongShaping(SpecModel):
@@ -231,11 +245,15 @@ class OverlongShaping(SpecModel):
 
     A response's reward gets 0 up to maxResponseLength - buffer tokens, then a penalty growing
     linearly to -`penalty` at maxResponseLength (DAPO eq. 13), so the policy learns to finish
-    before the cut rather than being truncated.
+    before the cut rather than being truncated. On by default for dapo and cispo; `enabled: false`
+    turns it off.
     """
 
-    buffer: int = Field(ge=1)
-    """Tokens before task.llm.maxResponseLength over which the penalty ramps up (DAPO: 4096 of 20480)."""
+    enabled: bool = True
+    """False turns the shaping off (also for dapo and cispo, whose presets turn it on)."""
+    buffer: int | None = Field(default=None, ge=1)
+    """Tokens before task.llm.maxResponseLength over which the penalty ramps up. Default: a fifth of
+    maxResponseLength (DAPO: 4096 of 20480)."""
     penalty: float = Field(default=1.0, ge=0.0)
     """Penalty of a response that reaches maxResponseLength."""
 
@@ -255,27 +273,40 @@ class AlgorithmSpec(SpecModel):
     )
 
     name: AlgorithmName
+    """The algorithm: `ppo` for gym tasks; a group algorithm for llm tasks."""
     gamma: float = Field(default=0.99, ge=0.0, le=1.0)
     """Discount factor (ppo)."""
     gae_lambda: float = Field(default=0.95, ge=0.0, le=1.0)
     """GAE lambda (ppo)."""
-    clip_ratio_low: float = Field(default=0.2, gt=0.0, lt=1.0)
-    """The ratio is clipped below at 1 - clipRatioLow."""
-    clip_ratio_high: float = Field(default=0.2, gt=0.0)
-    """The ratio is clipped above at 1 + clipRatioHigh (DAPO's clip-higher uses 0.28)."""
+    clip_ratio_low: float | None = Field(default=None, gt=0.0, lt=1.0)
+    """The ratio is clipped below at 1 - clipRatioLow. Default: the algorithm's preset (gspo: 3e-4; else 0.2)."""
+    clip_ratio_high: float | None = Field(default=None, gt=0.0)
+    """The ratio is clipped above at 1 + clipRatioHigh. Default: the algorithm's preset (dapo, cispo: 0.28; gspo:
+    4e-4; else 0.2)."""
     dual_clip: float | None = Field(default=None, gt=1.0)
     """Dual-clip constant c > 1 bounding the loss of negative-advantage samples."""
     value_coef: float = Field(default=0.5, ge=0.0)
     """Weight of the value loss (ppo)."""
     value_clip: float | None = Field(default=None, gt=0.0)
     """Clip the value update to this range around the old value (ppo); off when unset."""
-    kl_coef: float = Field(default=0.0, ge=0.0)
+    kl_coef: float | None = Field(default=None, ge=0.0)
+    """Weight of the per-token KL penalty against the reference model (a loss term); 0 turns it off (no reference
+    is loaded). Default: the algorithm's preset (grpo: 0.04, else 0)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator of the penalty: k1 (log ratio), k2 (half its square) or k3 (unbiased, non-negative)."""
     entropy_coef: float = Field(default=0.0, ge=0.0)
-    normalize_advantages: bool = True
-    loss_aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
-        "token-mean"
-    )
+    """Weight of the entropy bonus; keeps sampling from collapsing on a few answers."""
+    normalize_advantages: bool | None = None
+    """Scale advantages by a standard deviation: ppo, the minibatch's; grpo, dapo, gspo, cispo, the prompt group's;
+    reinforce_pp, that of every token of the batch; rloo, the group's. Default: the algorithm's preset (false for
+    dr_grpo and rloo, true otherwise)."""
+    loss_aggregation: (
+        Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None
+    ) = None
+    """How per-token losses become one number: over every token of the minibatch (`token-mean`), or per sequence
+    first (`seq-mean-token-sum`, `seq-mean-token-mean`, or Dr.GRPO's `seq-mean-token-sum-norm`, a sum over a
+    constant length). Default: the algorithm's preset (grpo, gspo: seq-mean-token-mean; dr_grpo:
+    seq-mean-token-sum-norm; rloo: seq-mean-token-sum; else token-mean)."""
     group_size: int | None = Field(default=None, ge=1)
     """Samples per prompt. Default: 1 for ppo, 8 for group algorithms."""
     epochs: int = Field(default=1, ge=1)
@@ -286,11 +317,11 @@ class AlgorithmSpec(SpecModel):
     dynamic_sampling: bool | None = None
     """DAPO dynamic sampling (llm): drop prompt groups whose rewards are all equal (no signal) and
     keep generating until trainer.batchSize informative groups are collected, at most
-    `maxSamplingRounds` generation rounds per step. Default: true for dapo, false otherwise."""
+    `maxSamplingRounds` generation rounds per step. Default: the algorithm's preset (true for dapo and cispo)."""
     max_sampling_rounds: int = Field(default=4, ge=1)
     """The most generation rounds one step spends collecting informative groups with dynamicSampling."""
     overlong: OverlongShaping | None = None
-    """DAPO overlong reward shaping (llm); off when unset."""
+    """DAPO overlong reward shaping (llm). Default: the algorithm's preset (on for dapo and cispo, else off)."""
 
 
 # --- trainer ------------------------------------------------------------------------------------
@@ -306,15 +337,23 @@ class TrainerSpec(SpecModel):
     micro_batch_size: int | None = Field(default=None, ge=1)
     """Samples per forward/backward pass (gradient accumulation); the whole minibatch when unset."""
     learning_rate: float = Field(default=3e-4, gt=0.0)
+    """Peak learning rate of the optimizer."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning rate after the warm-up: constant, linear decay towards 0, or cosine decay."""
     warmup_steps: int = Field(default=0, ge=0)
+    """Steps of linear learning-rate warm-up from 0."""
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    """The optimizer of the policy (and the value network in ppo)."""
     optimizer_eps: float = Field(default=1e-8, gt=0.0)
+    """Adam's epsilon."""
     weight_decay: float = Field(default=0.0, ge=0.0)
+    """Weight decay (decoupled with adamw)."""
     grad_clip: float | None = Field(default=1.0, gt=0.0)
     """Maximum global gradient norm; no clipping when unset."""
     seed: int = Field(default=0, ge=0)
+    """Seed of every random choice of the job: initial weights, data order, sampling, held-out split."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Compute precision of the actor on GPU; the CPU computes in fp32."""
     parallelism: Literal["ddp", "fsdp2"] = "ddp"
     """How the actor group shares the model: replicated (ddp) or sharded (fsdp2)."""
 
@@ -337,7 +376,9 @@ class VLLMSpec(SpecModel):
     tensor_parallel_size: int | None = Field(default=None, ge=1)
     """GPUs one engine shards the model over; default: the rollout's gpusPerReplica (1 without GPUs)."""
     enforce_eager: bool = False
+    """Run vLLM without CUDA graphs: less memory and a faster start, slower generation."""
     max_model_len: int | None = Field(default=None, ge=1)
+    """Tokens per sequence the engine holds; default: task.llm.maxPromptLength plus the response length."""
 
 
 class WeightSyncSpec(SpecModel):
@@ -346,6 +387,7 @@ class WeightSyncSpec(SpecModel):
     method: Literal["broadcast", "filesystem"] = "broadcast"
     """`broadcast`: torch.distributed (NCCL/gloo); `filesystem`: safetensors on a shared volume."""
     bucket_size_mb: int = Field(default=256, ge=1)
+    """Size of the buckets weights are sent in (broadcast) and of the full tensors an fsdp2 actor gathers at once."""
 
 
 class RolloutSpec(SpecModel):
@@ -354,8 +396,11 @@ class RolloutSpec(SpecModel):
     engine: Literal["vllm", "hf", "torch"] | None = None
     """Default: torch for gym tasks, vllm for llm tasks."""
     temperature: float = Field(default=1.0, ge=0.0)
+    """Sampling temperature; the logprobs the trainer uses are those of softmax(logits / temperature)."""
     top_p: Probability = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches topP; 1 keeps all."""
     top_k: int | None = Field(default=None, ge=1)
+    """Sample among the k most likely tokens only; all tokens when unset."""
     max_tokens: int | None = Field(default=None, ge=1)
     """Response tokens; task.llm.maxResponseLength when unset."""
     async_: AsyncSpec = Field(default_factory=AsyncSpec, alias="async")
@@ -379,6 +424,8 @@ class RewardFunction(SpecModel):
     name: str | None = None
     """Label used in metrics; defaults to the builtin or function name."""
     builtin: Literal["exact_match", "math_verify", "format", "length_penalty", "code_exec"] | None = None
+    """A builtin function: `exact_match`, `math_verify`, `format` (args.pattern), `length_penalty`, or `code_exec`
+    (args.tests)."""
     module: (
         Annotated[
             str,
@@ -389,6 +436,7 @@ class RewardFunction(SpecModel):
     ) = None
     """`path/to/file.py:function` or `package.module:function`."""
     weight: float = 1.0
+    """Factor of this term in the summed reward."""
     args: FreeForm = Field(default_factory=dict)
     """Keyword arguments passed to the function."""
 
@@ -397,9 +445,14 @@ class SandboxSpec(SpecModel):
     """Limits for user reward code and code execution."""
 
     timeout_seconds: float = Field(default=10.0, gt=0.0)
+    """Time limit of one reward call or sandboxed run (CPU time; the wall clock plus 1 s of start-up); past it the
+    sample scores 0."""
     memory_mb: int = Field(default=1024, ge=16)
+    """Address-space limit of a sandboxed run or worker."""
     max_concurrency: int = Field(default=4, ge=1)
+    """Sandboxed runs at a time (and workers per `module:` function)."""
     network: bool = False
+    """Allow sandboxed code network access (e.g. a `module:` reward calling an LLM judge over HTTP)."""
 
 
 class RewardSpec(SpecModel):
@@ -471,17 +524,22 @@ class CheckpointSpec(SpecModel):
     volume_claim: str | None = None
     """A PersistentVolumeClaim mounted at `dir` in actor pods, so checkpoints outlive them."""
     keep: int = Field(default=3, ge=1)
+    """Newest checkpoints kept; older ones are deleted."""
     resume: str = Field(default="auto", min_length=1)
     """`auto` (latest valid checkpoint), `never`, or a checkpoint path."""
 
 
 class LoggingSpec(SpecModel):
+    """Metrics, logs and the HTTP port of every role."""
+
     tensorboard: bool = True
+    """Write TensorBoard scalars under `<run dir>/tb`."""
     prometheus_port: int = Field(default=9090, ge=1, le=65535)
     """HTTP port of every role in pods: `/healthz`, `/metrics` (Prometheus) and, on the actor, `/progress`."""
     metrics_interval: int = Field(default=1, ge=1)
     """Steps between metric records."""
     level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log level of every role process."""
 
 
 # --- roles --------------------------------------------------------------------------------------
@@ -493,9 +551,12 @@ class Placement(SpecModel):
     gpu_product: str | None = None
     """Value of the node label `nvidia.com/gpu.product`, e.g. `NVIDIA-H100-80GB-HBM3`."""
     node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels the role's pods require, as a Pod's `nodeSelector` (on Ray: node labels)."""
     affinity: Affinity | None = None
     tolerations: list[Toleration] = Field(default_factory=list)
+    """Taints the role's pods tolerate; GPU pods tolerate `nvidia.com/gpu:NoSchedule` already."""
     priority_class_name: str | None = None
+    """The pods' PriorityClass."""
 
 
 class RoleSpec(SpecModel):
@@ -509,22 +570,32 @@ class RoleSpec(SpecModel):
     )
 
     replicas: int | None = Field(default=None, ge=0)
+    """Processes (pods) of this role. env: 1 for gym (and llm with a text environment), else 0; reward: 1 for llm,
+    0 for gym."""
     image: str | None = None
     """Container image; the operator's default image for the role when unset."""
     gpus_per_replica: int = Field(default=0, ge=0)
+    """GPUs of each replica (`nvidia.com/gpu` limits); an actor replica runs one rank per GPU."""
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     env: list[EnvVar] = Field(default_factory=list)
+    """Environment variables of the role's container."""
     volumes: list[Volume] = Field(default_factory=list)
+    """Volumes of the role's pods, as a Pod's `volumes`."""
     volume_mounts: list[VolumeMount] = Field(default_factory=list)
+    """Where those volumes are mounted in the role's container."""
     placement: Placement = Field(default_factory=Placement)
 
 
 class ActorRoleSpec(RoleSpec):
+    """The actor role's pods: the trainer group."""
+
     replicas: int = Field(default=1, ge=1)  # type: ignore[assignment]
     """Trainer processes (one torch.distributed rank each)."""
 
 
 class RolloutRoleSpec(RoleSpec):
+    """The rollout role's pods: generation servers."""
+
     replicas: int = Field(default=1, ge=0)  # type: ignore[assignment]
     """Generation servers; scalable with `kubectl scale rljob/NAME --replicas=N`."""
 
@@ -550,6 +621,8 @@ class SchedulingSpec(SpecModel):
     model_config = cel(("self.gang != 'kueue' || has(self.queue)", "gang kueue needs scheduling.queue"))
 
     gang: Literal["none", "volcano", "scheduler-plugins", "kueue"] = "none"
+    """The gang scheduler the pods are grouped for: none, Volcano, the coscheduling plugin of scheduler-plugins, or
+    Kueue."""
     queue: str | None = None
     """Volcano queue or Kueue LocalQueue name."""
     scheduler_name: str | None = None
@@ -565,9 +638,13 @@ class FailurePolicySpec(SpecModel):
     """Replacements of one rollout, env or reward replica that keeps failing (for example a bad image or
     env id) before the job fails with BackoffLimitExceeded. Evictions and preemptions do not count."""
     actor: Literal["RestartGroup", "FailJob"] = "RestartGroup"
+    """An actor failure: restart the actor group from the latest checkpoint, or fail the job."""
     rollout: Literal["Replace", "FailJob"] = "Replace"
+    """A rollout failure: replace the replica while training goes on, or fail the job."""
     env: Literal["Replace", "FailJob"] = "Replace"
+    """An env failure: replace the replica while training goes on, or fail the job."""
     reward: Literal["Replace", "FailJob"] = "Replace"
+    """A reward failure: replace the replica while training goes on, or fail the job."""
     progress_deadline_seconds: int = Field(default=900, ge=0)
     """Seconds a running job may go without completing a training step (counted from its last step, or from
     when it started running) before it is marked Stalled: a condition with the reason the actor last
@@ -590,7 +667,7 @@ class RLJobSpec(SpecModel):
             "gym tasks are trained with ppo: set algorithm.name to ppo",
         ),
         (
-            "!has(self.algorithm.overlong) || !has(self.task.llm)"
+            "!has(self.algorithm.overlong) || !has(self.algorithm.overlong.buffer) || !has(self.task.llm)"
             " || self.algorithm.overlong.buffer < self.task.llm.maxResponseLength",
             "algorithm.overlong.buffer must be below task.llm.maxResponseLength",
         ),

@@ -30,21 +30,33 @@ class Condition(StatusModel):
     """A Kubernetes-style condition."""
 
     type: str
+    """`Scheduled`, `Ready`, `Restarting`, `Suspended`, `Succeeded` or `Failed` (see docs/troubleshooting.md)."""
     status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds."""
     reason: str = ""
+    """Why, in one CamelCase word (e.g. `Unschedulable`, `BackoffLimitExceeded`)."""
     message: str = ""
+    """Why, for people: the pods, fields and limits concerned."""
     last_transition_time: str | None = None
     """RFC 3339 time of the last status change."""
     observed_generation: int | None = None
+    """The job generation the condition was set for."""
 
 
 class RoleCounts(StatusModel):
+    """Pods of one role."""
+
     desired: int = 0
+    """Pods the spec asks for."""
     ready: int = 0
+    """Pods that are Ready."""
     failed: int = 0
+    """Pods replaced after failing, since the job started."""
 
 
 class RoleStatuses(StatusModel):
+    """Pod counts of every role."""
+
     actor: RoleCounts = Field(default_factory=RoleCounts)
     rollout: RoleCounts = Field(default_factory=RoleCounts)
     env: RoleCounts = Field(default_factory=RoleCounts)
@@ -55,12 +67,15 @@ class Progress(StatusModel):
     """RL progress as reported by the actor."""
 
     step: int = 0
+    """Training steps done."""
     total_steps: int = 0
+    """trainer.steps."""
     reward_mean: float | None = None
+    """Mean return (gym) or reward (llm) of the latest step."""
     accuracy: float | None = None
     """llm jobs: share of the step's samples the correctness reward scored right."""
     updated_at: str | None = None
-    """When the actor reached `step` (when it started, before its first step)."""
+    """When the actor reached `step` (when it started, before its first step), RFC 3339."""
     issue: str = ""
     """What keeps the actor from its next step, as it reports it (a weight round refused, a rollout not
     answering); empty while all is well."""
@@ -78,16 +93,24 @@ class ReplicaFailures(StatusModel):
 
 
 class RLJobStatus(StatusModel):
+    """Observed state of an RLJob, written by the operator."""
+
     phase: Phase = "Pending"
+    """Where the job is in its life (see docs/troubleshooting.md)."""
     conditions: list[Condition] = Field(default_factory=list)
+    """What holds and why: scheduling, readiness, restarts, suspension, success, failure."""
     roles: RoleStatuses = Field(default_factory=RoleStatuses)
+    """Pod counts per role."""
     restarts: int = 0
     """Actor-group restarts that counted against failurePolicy.maxRestarts."""
     replica_failures: dict[str, ReplicaFailures] = Field(default_factory=dict)
     """Rollout, env and reward replicas that failed recently, by `<role>-<replica>` (e.g. `env-1`)."""
     start_time: str | None = None
+    """When the job (last) started, RFC 3339; activeDeadlineSeconds counts from it."""
     running_since: str | None = None
     """When the job last became Running: the Stalled clock never starts before it."""
     completion_time: str | None = None
+    """When the job succeeded or failed, RFC 3339; ttlSecondsAfterFinished counts from it."""
     progress: Progress = Field(default_factory=Progress)
     observed_generation: int | None = None
+    """The job generation (spec edit) this status was written for."""

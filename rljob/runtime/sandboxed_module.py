@@ -8,7 +8,7 @@ fallback, rlimits on address space, processes and file size, no new privileges, 
 role runs as root, no network unless `sandbox.network: true`), imports the user's module once, and then scores
 one sample per request over a pipe. Why not a fresh process per sample like code_exec: a reward module
 typically imports heavy packages (math-verify imports sympy: seconds), which a process per sample would pay
-every time; a worker pays it once. What a sample costs is then one pickle each way (measured in the README).
+every time; a worker pays it once. What a sample costs is then one pickle each way (measured in docs/performance.md).
 
 Differences from a code_exec run, and why:
 - `python -I` without `-S`: the module may import installed packages (numpy, math_verify), so `site` runs

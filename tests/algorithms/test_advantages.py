@@ -3,6 +3,7 @@ import torch
 
 from rljob.algorithms.advantages import (
     GROUP_ADVANTAGES,
+    dr_grpo_advantages,
     gae_advantages,
     group_advantages,
     grpo_advantages,
@@ -156,3 +157,41 @@ def test_reinforce_pp_advantages_on_a_graded_reward_table():
     # 0.75 / 0.586302 = 1.279204 ; 0.25 / 0.586302 = 0.426401 ; 1 / 0.586302 = 1.705606
     expected = t([1.279204, -0.426401, -0.426401, -0.426401], [1.705606, -1.705606, 0.0, 0.0])
     torch.testing.assert_close(reinforce_pp_advantages(TABLE), expected, atol=1e-5, rtol=0)
+
+
+def test_reinforce_pp_normalises_over_every_token_of_the_batch():
+    """Issue 18.3, REINFORCE++ eq. 10: the batch statistics are over tokens, so long responses weigh more."""
+    rewards = t([1.0, 0.0], [0.5, 0.5])
+    token_counts = t([3.0, 1.0], [2.0, 2.0])
+    # centred (0.5, -0.5 | 0, 0) over 8 tokens: mean (3 * 0.5 - 0.5) / 8 = 0.125
+    # population var (3 * 0.375^2 + 0.625^2 + 4 * 0.125^2) / 8 = 0.875 / 8 = 0.109375, std 0.330719
+    expected = t([0.375 / 0.330719, -0.625 / 0.330719], [-0.125 / 0.330719, -0.125 / 0.330719])
+    adv = reinforce_pp_advantages(rewards, token_counts)
+    torch.testing.assert_close(adv, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(group_advantages("reinforce_pp", rewards, token_counts=token_counts), adv)
+    # One weight per response (the former definition) gives +-1.414214 and 0: a visibly different update.
+    assert not torch.allclose(adv, reinforce_pp_advantages(rewards), atol=1e-2)
+
+
+def test_reinforce_pp_with_equal_lengths_is_the_per_response_normalisation():
+    torch.testing.assert_close(
+        reinforce_pp_advantages(TABLE, torch.full_like(TABLE, 7.0)), reinforce_pp_advantages(TABLE)
+    )
+
+
+def test_reinforce_pp_rejects_token_counts_of_another_shape():
+    with pytest.raises(ValueError, match="token_counts shaped like rewards"):
+        reinforce_pp_advantages(TABLE, torch.ones(8))
+
+
+def test_normalize_advantages_overrides_the_estimators_own_std_scaling():
+    # grpo without the std is Dr. GRPO's advantage, and Dr. GRPO with it is GRPO's.
+    torch.testing.assert_close(group_advantages("grpo", TABLE, scale_by_std=False), dr_grpo_advantages(TABLE))
+    torch.testing.assert_close(group_advantages("dr_grpo", TABLE, scale_by_std=True), grpo_advantages(TABLE))
+    # rloo scaled by the group's sample std: group 0 std 0.5 -> (2, -2/3, ...); group 1 std 0.816497.
+    third = 1.0 / 3.0
+    expected = t([2.0, -2 * third, -2 * third, -2 * third], [4 * third / 0.816497, -4 * third / 0.816497, 0.0, 0.0])
+    torch.testing.assert_close(group_advantages("rloo", TABLE, scale_by_std=True), expected, atol=1e-5, rtol=0)
+    # reinforce_pp without normalisation keeps the group-centred rewards.
+    expected = t([0.75, -0.25, -0.25, -0.25], [1.0, -1.0, 0.0, 0.0])
+    torch.testing.assert_close(group_advantages("reinforce_pp", TABLE, scale_by_std=False), expected)

@@ -41,13 +41,13 @@ def test_task_dependent_defaults_are_filled():
     assert llm.spec.rollout.max_tokens == llm.spec.task.llm.max_response_length == 2
 
 
-@pytest.mark.parametrize(("name", "expected"), [("dapo", True), ("grpo", False), ("gspo", False)])
-def test_dynamic_sampling_defaults_to_on_for_dapo_only(name: str, expected: bool):
+@pytest.mark.parametrize(("name", "expected"), [("dapo", True), ("cispo", True), ("grpo", False), ("gspo", False)])
+def test_dynamic_sampling_and_overlong_shaping_default_to_on_for_dapo_and_cispo_only(name: str, expected: bool):
     manifest = yaml.safe_load(Path("examples/grpo-tiny-arithmetic.yaml").read_text())
     manifest["spec"]["algorithm"]["name"] = name
     job = validate_job(manifest)
     assert job.spec.algorithm.dynamic_sampling is expected
-    assert job.spec.algorithm.max_sampling_rounds == 4 and job.spec.algorithm.overlong is None
+    assert job.spec.algorithm.max_sampling_rounds == 4 and (job.spec.algorithm.overlong is not None) is expected
     manifest["spec"]["algorithm"]["dynamicSampling"] = not expected  # an explicit choice is kept
     assert validate_job(manifest).spec.algorithm.dynamic_sampling is (not expected)
     assert load_job_file(Path("examples/cartpole-ppo.yaml")).spec.algorithm.dynamic_sampling is False
@@ -62,11 +62,16 @@ def test_h100_example_places_actors_and_rollouts_on_different_gpus():
     assert job.spec.checkpoint.volume_claim
 
 
-def test_readme_example_is_a_valid_job(repo: Path):
-    readme = (repo / "README.md").read_text()
-    block = next(b.split("\n", 1)[1] for b in readme.split("```")[1:] if b.startswith("yaml") and "kind: RLJob" in b)
-    job = validate_job(yaml.safe_load(block))
-    assert job.name == "cartpole-ppo"
+def test_every_rljob_in_the_readme_and_the_docs_is_a_valid_job(repo: Path):
+    pages = [repo / "README.md", *sorted((repo / "docs").rglob("*.md"))]
+    blocks = [
+        block.split("\n", 1)[1]
+        for page in pages
+        for block in page.read_text(encoding="utf-8").split("```")[1::2]
+        if block.startswith("yaml") and "kind: RLJob" in block
+    ]
+    names = {validate_job(yaml.safe_load(block)).name for block in blocks}
+    assert "cartpole-ppo" in names  # the annotated job of docs/getting-started.md
 
 
 @pytest.mark.parametrize(("gpus", "explicit", "expected"), [(0, None, 1), (4, None, 4), (4, 2, 2)])

@@ -24,6 +24,7 @@ from rljob.algorithms.losses import (
     ppo_policy_loss,
     value_loss,
 )
+from rljob.api.presets import resolve_algorithm
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
 from rljob.runtime.gym.models import MLPActorCritic
 from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_rate
@@ -87,7 +88,7 @@ class PPOLearner:
     ) -> None:
         self.model = model
         self.stale_data = stale_data
-        self.algorithm = algorithm
+        self.algorithm = algorithm = resolve_algorithm(algorithm)  # the preset when built in code, not from a job
         self.trainer = trainer
         self.rank, self.world_size = rank, world_size
         evaluator = _Evaluate(model, entropy_grad=algorithm.entropy_coef > 0)

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from rljob.algorithms import group_advantages, informative_groups, overlong_penalty
+from rljob.api.spec import AlgorithmSpec
 from rljob.runtime.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -207,7 +208,7 @@ class Controller:
         if self.text_env:
             rewards = rewards + np.array([c["env_reward"] for g in groups for c in g.completions], dtype=np.float64)
         overlong = self.spec.algorithm.overlong
-        if overlong is not None:
+        if overlong is not None and overlong.enabled and overlong.buffer is not None:
             lengths = torch.tensor([s["response_tokens"] for s in samples], dtype=torch.float64)
             rewards = rewards + overlong_penalty(lengths, self.max_tokens, overlong.buffer, overlong.penalty).numpy()
         start = 0
@@ -238,9 +239,21 @@ def wire_row(row: Row) -> Row:
     return {k: v for k, v in row.items() if _wire_safe(v)}
 
 
-def build_samples(groups: list[Group], algorithm: str, group_size: int) -> list[Sample]:
+def trained_tokens(completion: dict[str, Any]) -> int:
+    """Response tokens the update trains on: the model's own, not a text environment's replies."""
+    mask = completion.get("loss_mask")
+    return len(completion["token_ids"]) if mask is None else int(sum(mask))
+
+
+def build_samples(groups: list[Group], algorithm: AlgorithmSpec, group_size: int) -> list[Sample]:
     rewards = torch.tensor(np.stack([g.rewards for g in groups]), dtype=torch.float32)
-    advantages = group_advantages(algorithm, rewards) if group_size > 1 else rewards - rewards.mean()
+    if group_size > 1:
+        token_counts = torch.tensor([[trained_tokens(c) for c in g.completions] for g in groups])
+        advantages = group_advantages(
+            algorithm.name, rewards, scale_by_std=algorithm.normalize_advantages, token_counts=token_counts
+        )
+    else:
+        advantages = rewards - rewards.mean()
     # One conversion to Python floats (the same values) instead of a tensor index per sample.
     advantage_rows, reward_rows = advantages.tolist(), rewards.tolist()
     samples = []
@@ -432,7 +445,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
             staleness = [version - g.version for g in groups]
             if max(staleness) > controller.staleness:
                 raise RuntimeError(f"got data {max(staleness)} versions old (maxStaleness {controller.staleness})")
-            samples = build_samples(groups, algo.name, controller.group_size)
+            samples = build_samples(groups, algo, controller.group_size)
             train_started = time.perf_counter()
             channel.send("update", samples)
             stats = learner.update(samples)

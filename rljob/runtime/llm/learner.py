@@ -30,6 +30,7 @@ from rljob.algorithms.losses import (
     off_policy_weights,
     policy_loss_for,
 )
+from rljob.api.presets import resolve_algorithm
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
 from rljob.runtime.llm.sharding import gradient_norm, shard_policy, shards_model
 from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_rate
@@ -150,7 +151,14 @@ class LLMLearner:
         world_size: int = 1,
     ) -> None:
         self.model = model
-        self.algorithm, self.trainer = algorithm, trainer
+        # A resolved job's algorithm is already complete; one built in code gets its paper's preset here.
+        self.algorithm, self.trainer = resolve_algorithm(algorithm, max_response_tokens), trainer
+        algorithm = self.algorithm
+        if algorithm.kl_coef and reference is None:
+            raise ValueError(
+                f"spec.algorithm.klCoef {algorithm.kl_coef} needs a reference model to measure the KL against: "
+                "pass one, or set klCoef 0"
+            )
         self.pad_id = pad_id
         self.temperature = temperature
         self.max_response_tokens = max_response_tokens

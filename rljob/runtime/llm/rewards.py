@@ -29,14 +29,18 @@ Builtins:
 - `exact_match`: 1.0 when the final answer of the response equals `row[answer_key]`, after `final_answer`
   normalisation (last number, commas dropped, "19.0" == "19"; else last line, lowercased, no trailing ".").
 - `math_verify`: 1.0 when the math-verify package finds the response equivalent to `row[answer_key]`
-  ("\\frac{1}{2}" == "0.5").
+  ("\\frac{1}{2}" == "0.5"); `format` reads the gold answer as GSM8K ships it (`#### 72`), as MATH does
+  (the last `\\boxed{}` of the solution), or plain; `auto` (default) tells them apart
+  (`rljob.runtime.llm.benchmark_rows`).
 - `format`: 1.0 when the stripped response fully matches the regex `pattern` (`search: true`: when the
   pattern occurs anywhere in the response).
 - `code_exec`: runs the code of the response (its last fenced ``` block, else the whole text) in the sandbox
   against the row's tests (the column named by `tests`, default "tests": Python asserts, or a list of
-  {input, output} pairs for a program reading stdin) and scores the fraction that pass. A run the sandbox
-  had to stop (time, memory, processes) or that broke a rule (network, writes outside its directory) scores
-  0 and counts as an error; a wrong or crashing program just scores what passed.
+  {input, output} pairs for a program reading stdin) and scores the fraction that pass. `format` takes rows as
+  HumanEval (`test` + `entry_point`), MBPP (`test_setup_code` + `test_list`) or APPS/CodeContests stdin/stdout
+  sets (`input_output`) ship them; `auto` (default) detects them (`rljob.runtime.llm.benchmark_rows`). A run
+  the sandbox had to stop (time, memory, processes) or that broke a rule (network, writes outside its
+  directory) scores 0 and counts as an error; a wrong or crashing program just scores what passed.
 - `length_penalty`: without `max_tokens`, -1.0 for a response cut at the length limit (finish_reason
   "length"), else 0. With `max_tokens`, DAPO's soft overlong penalty on `response_tokens`: 0 up to
   `max_tokens - buffer_tokens`, then linear down to -1.0 at `max_tokens`, -1.0 beyond.
@@ -63,6 +67,15 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from rljob.api.spec import RewardFunction, RewardSpec
+from rljob.runtime.llm.benchmark_rows import (
+    CODE_FORMATS,
+    MATH_FORMATS,
+    RowFormatError,
+    code_for_row,
+    code_tests,
+    detect_code_format,
+    gold_answer,
+)
 from rljob.runtime.sandbox import (
     STARTUP_ALLOWANCE_SECONDS,
     Isolation,
@@ -71,7 +84,6 @@ from rljob.runtime.sandbox import (
     SandboxLimits,
     UnrunnableTestsError,
     check_sandbox,
-    parse_tests,
 )
 from rljob.runtime.sandboxed_module import WORKER_START_SECONDS, ModuleCallError, ModuleLoadError, SandboxedFunction
 from rljob.runtime.user_code import describe_exception, load_user_module
@@ -137,11 +149,13 @@ for _logger in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_logger).addFilter(lambda record: "Timeout is disabled" not in record.getMessage())
 
 
-def math_verify(prompt: str, response: str, row: dict[str, Any], *, answer_key: str = "answer") -> float:
+def math_verify(
+    prompt: str, response: str, row: dict[str, Any], *, answer_key: str = "answer", format: str = "auto"
+) -> float:
     from math_verify import parse, verify
 
     # math-verify's own timeouts use signal.alarm, which only works on the main thread: the scorer times calls.
-    gold = parse(_gold(row, answer_key), parsing_timeout=None)
+    gold = parse(gold_answer(_gold(row, answer_key), format), parsing_timeout=None)
     return float(verify(gold, parse(response, parsing_timeout=None), timeout_seconds=None))
 
 
@@ -184,18 +198,19 @@ class CodeExec:
     def __init__(self, sandbox: Sandbox) -> None:
         self.sandbox = sandbox
 
-    def __call__(self, prompt: str, response: str, row: dict[str, Any], *, tests: str = "tests") -> float:
-        if tests not in row:
-            raise KeyError(f"the dataset row has no tests column {tests!r} (columns: {', '.join(map(str, row))})")
-        run = self.sandbox.run(extract_code(response), parse_tests(row[tests]))
+    def __call__(
+        self, prompt: str, response: str, row: dict[str, Any], *, tests: str = "tests", format: str = "auto"
+    ) -> float:
+        code = code_for_row(extract_code(response), row, format)
+        run = self.sandbox.run(code, code_tests(row, format, tests))
         if run.error is not None:
             raise SandboxError(run.error)
         return run.score
 
 
-def code_exec(prompt: str, response: str, row: dict[str, Any], *, tests: str = "tests") -> float:
+def code_exec(prompt: str, response: str, row: dict[str, Any], *, tests: str = "tests", format: str = "auto") -> float:
     """`code_exec` with the default sandbox limits (the scorer binds the job's `spec.reward.sandbox`)."""
-    return CodeExec(Sandbox(SandboxLimits()))(prompt, response, row, tests=tests)
+    return CodeExec(Sandbox(SandboxLimits()))(prompt, response, row, tests=tests, format=format)
 
 
 BUILTINS: dict[str, RewardFn] = {
@@ -241,6 +256,11 @@ def _check_builtin_args(builtin: str, args: dict[str, Any], at: str) -> list[tup
             )
     if builtin == "code_exec" and not isinstance(args.get("tests", "tests"), str):
         problems.append((f"{at}.tests", f"must name the dataset column holding the tests (got {args['tests']!r})"))
+    formats = {"code_exec": CODE_FORMATS, "math_verify": MATH_FORMATS}.get(builtin)
+    if formats is not None and args.get("format", "auto") not in formats:
+        problems.append(
+            (f"{at}.format", f"{builtin} reads rows as one of {', '.join(formats)} (got {args['format']!r})")
+        )
     if "answer_key" in args and not isinstance(args["answer_key"], str):
         problems.append((f"{at}.answer_key", f"must be a string (got {args['answer_key']!r})"))
     return problems
@@ -325,8 +345,17 @@ def check_reward_columns(reward: RewardSpec, rows: list[dict[str, Any]]) -> list
         if function.builtin != "code_exec":
             continue
         column = function.args.get("tests", "tests")
+        row_format = function.args.get("format", "auto")
         at = f"spec.reward.functions[{index}].args.tests"
         for number, row in enumerate(rows):
+            chosen = detect_code_format(row) if row_format == "auto" else row_format
+            if chosen != "tests":
+                try:
+                    code_tests(row, chosen)
+                except RowFormatError as exc:
+                    problems.append((f"spec.reward.functions[{index}].args.format", f"row {number}: {exc}"))
+                    break
+                continue
             if column not in row:
                 problems.append(
                     (
@@ -337,7 +366,7 @@ def check_reward_columns(reward: RewardSpec, rows: list[dict[str, Any]]) -> list
                 )
                 break
             try:
-                parse_tests(row[column])
+                code_tests(row, "tests", column)
             except UnrunnableTestsError as exc:
                 problems.append((at, f"row {number}: {exc}"))
                 break

@@ -84,7 +84,9 @@ def flat_params(learner: LLMLearner) -> torch.Tensor:
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
 @pytest.mark.parametrize("name", ["grpo", "gspo", "cispo"])
 def test_micro_batch_size_does_not_change_the_update(name, aggregation):
-    algorithm = AlgorithmSpec(name=name, loss_aggregation=aggregation, minibatches=2, epochs=2, clip_ratio_high=0.28)
+    algorithm = AlgorithmSpec(
+        name=name, kl_coef=0.0, loss_aggregation=aggregation, minibatches=2, epochs=2, clip_ratio_high=0.28
+    )
     whole, quarters = make_learner(algorithm), make_learner(algorithm, micro_batch_size=SAMPLES // 2 // 4)
     assert torch.equal(flat_params(whole), flat_params(quarters))
     for seed in (0, 1):  # a second step starts from moved weights and a moved optimizer
@@ -113,7 +115,9 @@ RANK_SCRIPT = textwrap.dedent(
     learner.leave_group()
     """
 )
-TWO_RANK_ALGORITHM = AlgorithmSpec(name="grpo", loss_aggregation="token-mean", minibatches=2, clip_ratio_high=0.28)
+TWO_RANK_ALGORITHM = AlgorithmSpec(
+    name="grpo", kl_coef=0.0, loss_aggregation="token-mean", minibatches=2, clip_ratio_high=0.28
+)
 
 
 def test_two_ranks_update_like_one(tmp_path):
@@ -140,7 +144,7 @@ def test_kl_to_the_reference_is_zero_at_the_start_and_then_pulls_the_update():
     with_kl = AlgorithmSpec(name="grpo", kl_coef=0.5)
     model = make_model()
     learner = make_learner(with_kl, model=model, reference=copy.deepcopy(model).requires_grad_(False))
-    without = make_learner(AlgorithmSpec(name="grpo"))
+    without = make_learner(AlgorithmSpec(name="grpo", kl_coef=0.0))
     first = learner.update(make_samples(0))
     assert first["kl"] == pytest.approx(0.0, abs=1e-9)  # the policy is its reference before the first step
     assert without.update(make_samples(0))["kl"] == 0.0
@@ -153,7 +157,7 @@ def test_kl_to_the_reference_is_zero_at_the_start_and_then_pulls_the_update():
 
 
 def test_tis_corrects_tokens_whose_rollout_logprobs_are_far_off():
-    algorithm = AlgorithmSpec(name="grpo", off_policy=OffPolicyCorrection(type="tis", high=2.0))
+    algorithm = AlgorithmSpec(name="grpo", kl_coef=0.0, off_policy=OffPolicyCorrection(type="tis", high=2.0))
     samples = make_samples(0)
     model = make_model()
     with torch.no_grad():
@@ -174,7 +178,7 @@ def test_tis_corrects_tokens_whose_rollout_logprobs_are_far_off():
 
 
 def test_a_batch_that_cannot_split_names_algorithm_minibatches():
-    learner = make_learner(AlgorithmSpec(name="grpo", minibatches=2))
+    learner = make_learner(AlgorithmSpec(name="grpo", kl_coef=0.0, minibatches=2))
     with pytest.raises(BatchShapeError, match=r"algorithm\.minibatches \(2\) x actor ranks \(1\)"):
         learner.update(make_samples(0, count=15))
     learner.world_size = 3  # 16 samples over 2 minibatches x 3 ranks
@@ -188,8 +192,10 @@ ALL_STAT_KEYS = (*STAT_KEYS, "corrected_fraction", "response_tokens")
 @pytest.mark.parametrize(
     "algorithm",
     [
-        AlgorithmSpec(name="grpo", clip_ratio_high=0.28),
-        AlgorithmSpec(name="grpo", entropy_coef=0.05, off_policy=OffPolicyCorrection(type="tis", high=2.0)),
+        AlgorithmSpec(name="grpo", kl_coef=0.0, clip_ratio_high=0.28),
+        AlgorithmSpec(
+            name="grpo", kl_coef=0.0, entropy_coef=0.05, off_policy=OffPolicyCorrection(type="tis", high=2.0)
+        ),
         AlgorithmSpec(name="gspo", kl_coef=0.5, loss_aggregation="seq-mean-token-mean"),
         AlgorithmSpec(name="cispo", entropy_coef=0.05, off_policy=OffPolicyCorrection(type="icepop")),
     ],
@@ -219,11 +225,11 @@ def test_one_epoch_of_one_minibatch_skips_the_old_logprob_pass_with_the_same_upd
 
 
 def test_epochs_minibatches_or_dropout_keep_the_old_logprob_pass():
-    assert make_learner(AlgorithmSpec(name="grpo", epochs=2)).old_logprobs_pass
-    assert make_learner(AlgorithmSpec(name="grpo", minibatches=2)).old_logprobs_pass
+    assert make_learner(AlgorithmSpec(name="grpo", kl_coef=0.0, epochs=2)).old_logprobs_pass
+    assert make_learner(AlgorithmSpec(name="grpo", kl_coef=0.0, minibatches=2)).old_logprobs_pass
     dropout = make_model()
     dropout.config.attention_dropout = 0.1  # a training forward is random: skipping would change its stream
-    assert make_learner(AlgorithmSpec(name="grpo"), model=dropout).old_logprobs_pass
+    assert make_learner(AlgorithmSpec(name="grpo", kl_coef=0.0), model=dropout).old_logprobs_pass
 
 
 def test_collate_lays_each_sample_out_on_the_next_token_grid():
@@ -250,3 +256,14 @@ def test_collate_lays_each_sample_out_on_the_next_token_grid():
         assert torch.equal(batch.advantages[i], advantage)
     assert batch.input_ids.dtype == batch.attention_mask.dtype == torch.long
     assert batch.response_mask.dtype == batch.advantages.dtype == torch.float32
+
+
+def test_an_algorithm_built_in_code_trains_with_its_paper_preset():
+    # GSPO averages per sequence; GRPO's preset KL (0.04) needs the reference it is measured against.
+    assert make_learner(AlgorithmSpec(name="gspo")).algorithm.loss_aggregation == "seq-mean-token-mean"
+    with pytest.raises(ValueError, match=r"spec\.algorithm\.klCoef 0\.04 needs a reference model"):
+        make_learner(AlgorithmSpec(name="grpo"))
+    model = make_model()
+    assert (
+        make_learner(AlgorithmSpec(name="grpo"), model=model, reference=copy.deepcopy(model)).algorithm.kl_coef == 0.04
+    )

@@ -39,7 +39,7 @@ def job(env=False, max_turns=2, **sft):
                 },
             },
             "model": {"source": "builtin", "builtin": {"hiddenSize": 32, "numLayers": 1, "numHeads": 4}},
-            "algorithm": {"name": "grpo"},
+            "algorithm": {"name": "grpo", "klCoef": 0.0},
             "trainer": {"steps": 1, "seed": 0},
             "rollout": {"engine": "hf"},
             "sft": {

@@ -23,7 +23,7 @@ from rljob.runtime.llm.sharding import CommandChannel, follow, load_checkpoint, 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_learner import MAX_RESPONSE, TOKENIZER, make_model, make_samples
 
-ALGORITHM = AlgorithmSpec(name="grpo", loss_aggregation="token-mean", minibatches=2, clip_ratio_high=0.28)
+ALGORITHM = AlgorithmSpec(name="grpo", kl_coef=0.0, loss_aggregation="token-mean", minibatches=2, clip_ratio_high=0.28)
 SAMPLES = 24  # splits into 2 minibatches over 1, 2 or 3 ranks
 
 
