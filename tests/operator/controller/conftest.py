@@ -342,3 +342,18 @@ class Cluster:
 @pytest.fixture()
 def cluster(kube: KubernetesApiEmulator) -> Cluster:
     return Cluster(kube)
+
+
+async def progress_server(progress: dict[str, Any]) -> Any:
+    """A stand-in for actor replica 0's `GET /progress`, answering `progress` as it is at each request."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    async def serve(request: web.Request) -> web.Response:
+        return web.json_response(progress)
+
+    app = web.Application()
+    app.router.add_get("/progress", serve)
+    server = TestServer(app)
+    await server.start_server()
+    return server

@@ -6,8 +6,6 @@ import aiohttp
 import kmock
 import yaml
 import yarl
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from rljob.runtime.llm.membership import parse_members
 from tests.operator.controller.conftest import (
@@ -23,6 +21,7 @@ from tests.operator.controller.conftest import (
     code_job,
     eventually,
     operator_running,
+    progress_server,
     start_cartpole,
 )
 from tests.operator.controller.emulator import KubernetesApiEmulator
@@ -210,14 +209,7 @@ async def test_conditions_say_why_a_job_waits(kube: KubernetesApiEmulator, clust
 
 async def test_progress_is_pulled_from_actor_zero(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
     progress = {"step": 42, "totalSteps": 150, "rewardMean": 187.5, "updatedAt": "2026-01-01T00:00:00Z", "epoch": 3}
-
-    async def serve(request: web.Request) -> web.Response:
-        return web.json_response(progress)
-
-    app = web.Application()
-    app.router.add_get("/progress", serve)
-    server = TestServer(app)
-    await server.start_server()
+    server = await progress_server(progress)
     try:
         async with operator_running(kube, progress_url=lambda pod, port: str(server.make_url("/progress"))):
             cluster.create_job(cartpole_job())

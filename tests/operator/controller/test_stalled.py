@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from aiohttp import web
-from aiohttp.test_utils import TestServer
-
-from tests.operator.controller.conftest import CARTPOLE_PODS, Cluster, cartpole_job, eventually, operator_running
+from tests.operator.controller.conftest import (
+    CARTPOLE_PODS,
+    Cluster,
+    cartpole_job,
+    eventually,
+    operator_running,
+    progress_server,
+)
 from tests.operator.controller.emulator import KubernetesApiEmulator
 
 ISSUE = "step 1: weight sync: rollout(s) [0] did not accept weights version 0 (waited 20s)"
@@ -17,22 +21,11 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def _progress_server(progress: dict) -> TestServer:
-    async def serve(request: web.Request) -> web.Response:
-        return web.json_response(progress)
-
-    app = web.Application()
-    app.router.add_get("/progress", serve)
-    server = TestServer(app)
-    await server.start_server()
-    return server
-
-
 async def test_a_job_without_steps_is_stalled_with_the_actors_reason_and_recovers_when_steps_resume(
     kube: KubernetesApiEmulator, cluster: Cluster
 ) -> None:
     progress = {"step": 0, "totalSteps": 150, "updatedAt": _now(), "issue": ISSUE}
-    server = await _progress_server(progress)
+    server = await progress_server(progress)
 
     def stalled() -> dict:
         return next((c for c in cluster.status("cp").get("conditions", []) if c["type"] == "Stalled"), {})
@@ -62,7 +55,7 @@ async def test_a_job_without_steps_is_stalled_with_the_actors_reason_and_recover
 
 
 async def test_on_stalled_fail_job_fails_it_with_reason_stalled(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
-    server = await _progress_server({"step": 3, "totalSteps": 150, "updatedAt": _now(), "issue": ISSUE})
+    server = await progress_server({"step": 3, "totalSteps": 150, "updatedAt": _now(), "issue": ISSUE})
     try:
         async with operator_running(kube, progress_url=lambda pod, port: str(server.make_url("/progress"))):
             cluster.create_job(cartpole_job(failurePolicy={"progressDeadlineSeconds": 2, "onStalled": "FailJob"}))
