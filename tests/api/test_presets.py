@@ -201,8 +201,9 @@ def preset_table(path: Path) -> dict[str, list[str]]:
     return {cells[0].strip().strip("`"): [c.strip() for c in cells[1:]] for cells in rows}
 
 
-def test_the_documented_table_is_the_presets():
-    table = preset_table(REPO / "docs" / "algorithms.md")
+@pytest.mark.parametrize("page", ["README.md", "docs/algorithms.md"])
+def test_the_documented_table_is_the_presets(page):
+    table = preset_table(REPO / page)
     assert set(table) == set(PRESETS)
     for name, preset in PRESETS.items():
         aggregation, clips, kl, normalize, dynamic, overlong, paper = table[name]
