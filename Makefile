@@ -8,7 +8,7 @@ EXTRAS := operator,train,rollout,env,ray,dev
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install netns-tools test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-weights clean
+.PHONY: install netns-tools test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-weights gpu-wheels gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -95,6 +95,22 @@ bench-grpo: $(BENCH_STAMP)
 # into a vllm engine -> benchmarks/results/weight_sync.json
 bench-weights: $(STAMP)
 	$(BIN)/python benchmarks/weight_sync.py --vllm
+
+# The GPU check (benchmarks/gpu/check.py) runs on a GPU machine whose python3 has a CUDA torch and transformers but
+# no registry: `make gpu-wheels` (here, with registry access) downloads the rest for that machine's python into
+# build/gpu-wheels; copy the repository with build/gpu-wheels there and run `make gpu-check` -> benchmarks/results/gpu/.
+GPU_PYTHON ?= 3.12
+GPU_PY := $(subst .,,$(GPU_PYTHON))
+gpu-wheels: $(BIN)/python
+	rm -rf build/gpu-wheels
+	$(PIP) download --quiet --only-binary=:all: --no-deps --python-version $(GPU_PYTHON) --implementation cp \
+		--abi cp$(GPU_PY) --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 -d build/gpu-wheels -r constraints/gpu-wheels.txt
+	@du -sh build/gpu-wheels
+
+# Uses the machine's own python3 (its CUDA torch), never .venv.
+gpu-check:
+	python3 benchmarks/gpu/check.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site

@@ -1,3 +1,4 @@
+import functools
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,24 @@ SLOW_TEST_TIMEOUT_S = 900
 the global `timeout` in pyproject.toml, unless the test sets its own `@pytest.mark.timeout`."""
 
 
+@functools.cache
+def _cuda_missing() -> str | None:
+    """Why `cuda` tests cannot run here, or None when a CUDA device is there."""
+    import torch  # here, not at module level: most of the suite never needs it
+
+    if not torch.cuda.is_available():
+        return "needs an NVIDIA GPU (CUDA): `make gpu-check` runs it on a GPU machine"
+    return None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
+        if item.get_closest_marker("cuda") is not None:
+            reason = _cuda_missing()
+            if reason is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture

@@ -1,0 +1,98 @@
+"""What only an NVIDIA GPU can check: the actor's update and its weight broadcast from CUDA tensors.
+
+Every test here is marked `cuda` and skips without a CUDA device (tests/conftest.py); `make gpu-check` runs them on a
+GPU machine (benchmarks/gpu/check.py). They import only what a role pod imports (no operator, no test emulator),
+so the check runs with the few wheels `make gpu-wheels` brings along.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import gymnasium
+import pytest
+import torch
+
+from rljob.api.spec import AlgorithmSpec, TrainerSpec
+from rljob.runtime.gym.models import MLPActorCritic
+from rljob.runtime.llm.learner import LLMLearner
+from rljob.runtime.weight_sync import WeightPublisher, WeightSubscriber
+from tests.runtime.llm.test_learner import MAX_RESPONSE, TOKENIZER, make_model, make_samples
+
+pytestmark = pytest.mark.cuda
+
+ALGORITHM = AlgorithmSpec(name="grpo", kl_coef=0.0, loss_aggregation="token-mean", minibatches=2, clip_ratio_high=0.28)
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32_matmuls():
+    """TF32 would round fp32 matmuls to 10 mantissa bits: compare CUDA with the CPU in true fp32."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def learner_on(device: str, precision: str = "fp32") -> LLMLearner:
+    trainer = TrainerSpec(steps=10, optimizer="sgd", learning_rate=0.05, seed=3, grad_clip=None, precision=precision)
+    return LLMLearner(
+        make_model().to(device),
+        ALGORITHM,
+        trainer,
+        pad_id=TOKENIZER.pad_token_id,
+        temperature=0.9,
+        max_response_tokens=MAX_RESPONSE,
+    )
+
+
+def params(learner: LLMLearner) -> torch.Tensor:
+    return torch.cat([p.detach().float().reshape(-1).cpu() for p in learner.model.parameters()])
+
+
+def test_an_update_on_cuda_equals_the_cpu_update():
+    cpu, gpu = learner_on("cpu"), learner_on("cuda")
+    for seed in (0, 1):
+        on_cpu, on_gpu = cpu.update(make_samples(seed)), gpu.update(make_samples(seed))
+        for key in ("policy_loss", "entropy", "clip_fraction", "grad_norm"):
+            assert on_gpu[key] == pytest.approx(on_cpu[key], rel=1e-4, abs=1e-5), key
+    assert torch.allclose(params(gpu), params(cpu), atol=1e-5)
+
+
+def test_a_bf16_update_on_cuda_stays_finite_and_close_to_fp32():
+    fp32, bf16 = learner_on("cuda"), learner_on("cuda", precision="bf16")
+    stats32, stats16 = fp32.update(make_samples(0)), bf16.update(make_samples(0))
+    for key in ("policy_loss", "entropy", "grad_norm"):
+        assert torch.isfinite(torch.tensor(stats16[key])), key
+    # bf16 keeps 8 mantissa bits: the statistics agree to a couple of percent, not to fp32's 1e-6.
+    assert stats16["entropy"] == pytest.approx(stats32["entropy"], rel=0.05)
+    assert stats16["policy_loss"] == pytest.approx(stats32["policy_loss"], rel=0.1, abs=0.02)
+
+
+def test_weights_trained_on_cuda_reach_a_cpu_rollout_exactly():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    space = gymnasium.make("CartPole-v1").action_space
+    actor, rollout = MLPActorCritic(4, space).cuda(), MLPActorCritic(4, space)
+    with torch.no_grad():
+        for p in actor.parameters():
+            p.add_(torch.randn_like(p))
+    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
+    subscriber = WeightSubscriber("127.0.0.1", port, 1)
+    keys = publisher.plan([(0, "rollout-0")], 1, actor)
+    errors: list[BaseException] = []
+
+    def receive() -> None:
+        try:
+            subscriber.receive(keys[0], 1, "actor-a", rollout)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    publisher.publish(1, actor)
+    thread.join(timeout=60)
+    assert not thread.is_alive() and not errors, errors
+    for sent, received in zip(actor.state_dict().values(), rollout.state_dict().values(), strict=True):
+        assert torch.equal(sent.cpu(), received)
