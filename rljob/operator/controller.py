@@ -142,9 +142,13 @@ class JobWorker:
         """The rollout membership last written (llm jobs): unchanged, it is not written again."""
 
     @property
+    def current_status(self) -> RLJobStatus:
+        """The status last written, else the one the job arrived with."""
+        return self.status if self.status is not None else load_status(self.body.get("status"))
+
+    @property
     def phase(self) -> str:
-        status = self.status if self.status is not None else load_status(self.body.get("status"))
-        return status.phase
+        return self.current_status.phase
 
     def start(self) -> None:
         self.task = asyncio.create_task(self.run(), name=f"rljob {self.key[0]}/{self.key[1]}")
@@ -482,6 +486,7 @@ class Controller:
         self.peering: PeeringGate | None = None
         """With kopf peering: says when this operator stands by (see rljob/operator/peering.py)."""
         metrics.watch_state(self._phases, self._pod_phases)
+        metrics.watch_jobs(self._statuses)
 
     def pods_of(self, namespace: str, job: str) -> list[Raw]:
         if self.pod_index is None:
@@ -539,6 +544,9 @@ class Controller:
 
     def _phases(self) -> list[str]:
         return [w.phase for w in list(self.workers.values())]
+
+    def _statuses(self) -> list[tuple[str, str, RLJobStatus]]:
+        return [(*key, w.current_status) for key, w in list(self.workers.items())]
 
     def _pod_phases(self) -> list[tuple[str, str]]:
         pods: list[tuple[str, str]] = []
