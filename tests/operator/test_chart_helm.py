@@ -107,18 +107,23 @@ def exported_metric_names() -> set[str]:
     return {f.name + suffix for f in families for suffix in suffixes.get(f.type, ("",))}
 
 
-def metric_names(expression: str) -> set[str]:
-    """The metric names a PromQL expression reads, from the real parser's syntax tree."""
+def selectors(expression: str) -> dict[str, dict[str, str]]:
+    """The metrics a PromQL expression reads, each with its equality matchers, from the real parser's syntax tree."""
     for variable, value in GRAFANA_VARIABLES.items():
         expression = expression.replace(variable, value)
-    names: set[str] = set()
+    found: dict[str, dict[str, str]] = {}
 
     def visit(node: Any) -> None:
         if isinstance(node, promql_parser.VectorSelector) and node.name:
-            names.add(node.name)
+            equal = {m.name: m.value for m in node.matchers.matchers if m.op == promql_parser.MatchOp.Equal}
+            found[node.name] = equal
 
     promql_parser.walk(promql_parser.parse(expression), pre_visit=visit)
-    return names
+    return found
+
+
+def metric_names(expression: str) -> set[str]:
+    return set(selectors(expression))
 
 
 # --- lint and the options -------------------------------------------------------------------------
@@ -326,5 +331,12 @@ def test_dashboard_has_the_panels_variables_and_only_queries_of_exported_metrics
         used = set().union(*(metric_names(t["expr"]) for t in panel["targets"]))
         assert used <= exported, (title, used - exported)
         assert DASHBOARD_PANELS.get(title, set()) <= used, title
+    # Every role process exports the step gauges (0 until set); only actor replica 0, the driver, sets them.
+    step_gauges = exported_metric_names() - {"rljob_role_info"}
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            for name, matchers in selectors(target["expr"]).items():
+                if name in step_gauges | OTHER_ENGINEERS_METRICS and not name.startswith("rljob_operator_"):
+                    assert matchers.items() >= {"role": "actor", "replica": "0"}.items(), (panel["title"], name)
     positions = [(p["gridPos"]["x"], p["gridPos"]["y"]) for p in dashboard["panels"]]
     assert len(set(positions)) == len(positions), "panels overlap"
