@@ -161,6 +161,17 @@ def test_everything_on_without_the_monitoring_api_still_renders_the_dashboard(he
     assert dashboard["kind"] == "ConfigMap"
 
 
+def test_install_notes_say_when_monitors_were_asked_for_but_the_monitoring_api_is_missing(helm):
+    pod_monitor, dashboard = "monitoring.podMonitor.enabled=true", "monitoring.dashboard.enabled=true"
+    result = run_helm(helm, "install", "rel", str(CHART), "--dry-run=client", "--set", pod_monitor, "--set", dashboard)
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.partition("NOTES:")[2]
+    assert "does not serve\nmonitoring.coreos.com/v1" in notes and "none was created" in notes
+    assert "Grafana dashboard: configmap rel-rljob-operator-dashboard" in notes
+    quiet = run_helm(helm, "install", "rel", str(CHART), "--dry-run=client")
+    assert "monitoring.coreos.com" not in quiet.stdout.partition("NOTES:")[2]
+
+
 def test_kubernetes_objects_validate_with_monitoring_on(helm):
     for document in render(helm, *ALL_ON):
         if document["apiVersion"] != MONITORING_API:
