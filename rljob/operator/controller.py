@@ -142,13 +142,9 @@ class JobWorker:
         """The rollout membership last written (llm jobs): unchanged, it is not written again."""
 
     @property
-    def current_status(self) -> RLJobStatus:
-        """The status last written, else the one the job arrived with."""
-        return self.status if self.status is not None else load_status(self.body.get("status"))
-
-    @property
     def phase(self) -> str:
-        return self.current_status.phase
+        status = self.status if self.status is not None else load_status(self.body.get("status"))
+        return status.phase
 
     def start(self) -> None:
         self.task = asyncio.create_task(self.run(), name=f"rljob {self.key[0]}/{self.key[1]}")
@@ -546,7 +542,9 @@ class Controller:
         return [w.phase for w in list(self.workers.values())]
 
     def _statuses(self) -> list[tuple[str, str, RLJobStatus]]:
-        return [(*key, w.current_status) for key, w in list(self.workers.items())]
+        # The status as the API server has it (the watched body), not the one this replica last wrote: a
+        # hot standby then exports the same series as the active operator, and alerts dedupe them.
+        return [(*key, load_status(w.body.get("status"))) for key, w in list(self.workers.items())]
 
     def _pod_phases(self) -> list[tuple[str, str]]:
         pods: list[tuple[str, str]] = []

@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 from rljob.api.status import PHASES, RLJobStatus
 
 JobStatuses = Callable[[], Iterable[tuple[str, str, RLJobStatus]]]
-"""(namespace, name, status) of every RLJob the operator serves, as it last saw or wrote the status."""
+"""(namespace, name, status) of every RLJob the operator serves, the status as last seen on the API server."""
 
 
 class _StateCollector(Collector):
