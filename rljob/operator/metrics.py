@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rljob.api.status import PHASES
+from rljob.api.status import PHASES, RLJobStatus
+
+JobStatuses = Callable[[], Iterable[tuple[str, str, RLJobStatus]]]
+"""(namespace, name, status) of every RLJob the operator serves, the status as last seen on the API server."""
 
 
 class _StateCollector(Collector):
@@ -37,6 +40,40 @@ class _StateCollector(Collector):
         for (role, phase), count in sorted(by_key.items()):
             pods.add_metric([role, phase], count)
         yield pods
+
+
+class _JobCollector(Collector):
+    """Per-job series from each served RLJob's status, computed at scrape time: a job deleted, or a condition
+    turned False, leaves no stale series behind. Labelled `rljob` (not `job`: Prometheus owns that label)."""
+
+    def __init__(self, statuses: JobStatuses) -> None:
+        self.statuses = statuses
+
+    def collect(self) -> Iterator[Metric]:
+        conditions = GaugeMetricFamily(
+            "rljob_operator_rljob_condition",
+            "1 for each condition that is True on an RLJob, by type and reason",
+            labels=["namespace", "rljob", "type", "reason"],
+        )
+        rollouts = GaugeMetricFamily(
+            "rljob_operator_rljob_rollout_replicas",
+            "Rollout replicas the RLJob asks for (status.roles.rollout.desired)",
+            labels=["namespace", "rljob"],
+        )
+        restarts = CounterMetricFamily(
+            "rljob_operator_rljob_actor_restarts",
+            "Actor-group restarts of an RLJob that counted against maxRestarts (status.restarts)",
+            labels=["namespace", "rljob"],
+        )
+        for namespace, name, status in sorted(self.statuses(), key=lambda item: item[:2]):
+            for condition in status.conditions:
+                if condition.status == "True":
+                    conditions.add_metric([namespace, name, condition.type, condition.reason], 1)
+            rollouts.add_metric([namespace, name], status.roles.rollout.desired)
+            restarts.add_metric([namespace, name], status.restarts)
+        yield conditions
+        yield rollouts
+        yield restarts
 
 
 class OperatorMetrics:
@@ -93,3 +130,6 @@ class OperatorMetrics:
 
     def watch_state(self, phases: Callable[[], Iterable[str]], pods: Callable[[], Iterable[tuple[str, str]]]) -> None:
         self.registry.register(_StateCollector(phases, pods))
+
+    def watch_jobs(self, statuses: JobStatuses) -> None:
+        self.registry.register(_JobCollector(statuses))

@@ -51,8 +51,11 @@ ENV_STEPS_PER_S = "env_steps_per_s"
 STALENESS_MEAN = "staleness_mean"
 """Policy versions between the weights that generated the step's data and the weights trained."""
 STALENESS_MAX = "staleness_max"
-PHASES: tuple[str, ...] = ("rollout", "train", "sync", "waiting")
-"""Timing breakdown of a step; recorded as `time_<phase>_s`."""
+TOKENS_PER_S = "tokens_per_s"
+"""Response tokens trained on per second of the whole step (llm)."""
+PHASES: tuple[str, ...] = ("rollout", "generate", "reward", "train", "sync", "waiting")
+"""Timing breakdown of a step (gym: rollout/train/sync/waiting; llm: generate/reward/train/sync); recorded as
+`time_<phase>_s`."""
 
 
 def phase_key(phase: str) -> str:
@@ -215,6 +218,7 @@ _GAUGES: dict[str, tuple[str, str]] = {
     ENV_STEPS_PER_S: ("rljob_env_steps_per_second", "Environment transitions per second over the last step."),
     STALENESS_MEAN: ("rljob_policy_staleness", "Mean policy versions between the data and the trained weights."),
     STALENESS_MAX: ("rljob_policy_staleness_max", "Largest staleness used in the last step."),
+    TOKENS_PER_S: ("rljob_tokens_per_second", "Response tokens trained on per second over the last step (llm)."),
 }
 
 

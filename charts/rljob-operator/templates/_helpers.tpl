@@ -106,3 +106,19 @@ checks it). Each block below is plain YAML with no template actions inside.
   resources: ["kopfpeerings"]
   verbs: ["get", "list", "watch", "patch"]
 {{- end }}
+
+{{/* Labels of the ServiceMonitor, PodMonitor and PrometheusRule: the chart's, plus monitoring.labels. */}}
+{{- define "rljob-operator.monitoringLabels" -}}
+{{ include "rljob-operator.labels" . }}
+{{- with .Values.monitoring.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+A reference to an alert's label in Prometheus's own template language ($labels.NAME between double braces),
+written out by printf so that Helm does not read it: `include "rljob-operator.alertLabel" "rljob"`.
+*/}}
+{{- define "rljob-operator.alertLabel" -}}
+{{- printf "{{ $labels.%s }}" . }}
+{{- end }}
