@@ -51,6 +51,10 @@ ENV_STEPS_PER_S = "env_steps_per_s"
 STALENESS_MEAN = "staleness_mean"
 """Policy versions between the weights that generated the step's data and the weights trained."""
 STALENESS_MAX = "staleness_max"
+TRAINER_WAIT = "trainer_wait"
+"""Share of the step actor 0 waited for generations (llm): the rollout autoscaler's signal."""
+ROLLOUT_IDLE = "rollout_idle"
+"""Share of the rollout replicas' time in the step without generation work (llm)."""
 PHASES: tuple[str, ...] = ("rollout", "train", "sync", "waiting")
 """Timing breakdown of a step; recorded as `time_<phase>_s`."""
 
@@ -215,6 +219,8 @@ _GAUGES: dict[str, tuple[str, str]] = {
     ENV_STEPS_PER_S: ("rljob_env_steps_per_second", "Environment transitions per second over the last step."),
     STALENESS_MEAN: ("rljob_policy_staleness", "Mean policy versions between the data and the trained weights."),
     STALENESS_MAX: ("rljob_policy_staleness_max", "Largest staleness used in the last step."),
+    TRAINER_WAIT: ("rljob_trainer_wait_ratio", "Share of the last step the trainer waited for generations (llm)."),
+    ROLLOUT_IDLE: ("rljob_rollout_idle_ratio", "Share of the rollouts' time in the last step without work (llm)."),
 }
 
 
