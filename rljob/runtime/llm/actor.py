@@ -597,6 +597,7 @@ def _record(
         "staleness_max": int(max(staleness)),
         "prompts_skipped_too_long": controller.skipped_too_long,
         "rollout_restarts": controller.rollouts.restarts,
+        "rollout_replicas": len(controller.rollouts.links),
     }
     if controller.spec.algorithm.dynamic_sampling:
         record["dynamic_sampling_filled"] = filled
