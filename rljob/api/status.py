@@ -145,6 +145,8 @@ class RLJobStatus(StatusModel):
     completion_time: str | None = None
     """When the job succeeded or failed, RFC 3339; ttlSecondsAfterFinished counts from it."""
     progress: Progress = Field(default_factory=Progress)
+    rollout_selector: str | None = None
+    """Label selector of the job's rollout pods, the scale subresource's `selector` (an HPA needs it)."""
     autoscale: AutoscaleStatus | None = None
     """The rollout autoscaler's state, for jobs with spec.roles.rollout.autoscale."""
     observed_generation: int | None = None

@@ -50,6 +50,7 @@ from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
 from rljob.launch.stall import PROGRESS_DEADLINE_EXCEEDED, PROGRESSING, STALLED, stalled_message
 from rljob.operator.manifests.members import elastic_rollouts
 from rljob.operator.naming import ANNOTATION_CONFIG_HASH as CONFIG_HASH
+from rljob.operator.naming import LABEL_JOB, LABEL_ROLE
 from rljob.operator.podstate import PodState
 from rljob.operator.status import (
     FAILED,
@@ -643,6 +644,8 @@ class _Planner:
         if obs.job is not None and not self.status.progress.total_steps:
             self.status.progress.total_steps = obs.job.spec.trainer.steps
         self.status.observed_generation = obs.generation
+        if obs.job is not None:
+            self.status.rollout_selector = f"{LABEL_JOB}={obs.job.name},{LABEL_ROLE}=rollout"
         if obs.job is not None and elastic_rollouts(obs.job) and self.status.phase not in TERMINAL_PHASES:
             self.plan.rollout_members = sorted(
                 p.replica

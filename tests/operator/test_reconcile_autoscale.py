@@ -85,3 +85,21 @@ def test_without_autoscale_nothing_is_scaled_and_no_state_is_kept():
     )
     assert result.scale_rollouts is None and result.status.autoscale is None
     assert result.status.progress.trainer_wait == 0.9  # the signal is still reported
+
+
+def test_the_scale_subresource_selects_the_rollout_pods_for_an_hpa():
+    from rljob.api.crd import build_crd
+    from rljob.operator.manifests import build_children
+    from rljob.operator.settings import OperatorSettings
+
+    scale = build_crd()["spec"]["versions"][0]["subresources"]["scale"]
+    assert scale["labelSelectorPath"] == ".status.rolloutSelector"
+    the_job = autoscaled_job(2)
+    selector = plan(observe(RLJobStatus(phase="Running"), running_llm_pods(2), the_job=the_job)).status.rollout_selector
+    wanted = dict(term.split("=") for term in selector.split(","))
+    selected = [
+        c["metadata"]["name"]
+        for c in build_children(the_job, OperatorSettings())
+        if c["kind"] == "Pod" and wanted.items() <= c["metadata"]["labels"].items()
+    ]
+    assert selected == ["ar-rollout-0", "ar-rollout-1"]
