@@ -620,8 +620,8 @@ class RolloutRoleSpec(RoleSpec):
     """Generation servers; scalable with `kubectl scale rljob/NAME --replicas=N`. With `autoscale` set, the count
     the job starts with, then the autoscaler's."""
     autoscale: AutoscaleSpec | None = None
-    """Scale the rollouts on the trainer's wait for generations (llm jobs; see docs/autoscaling.md). Leave it unset
-    when an external autoscaler (HPA, KEDA) drives `kubectl scale` on this job."""
+    """Scale the rollouts on the trainer's wait for generations (llm jobs; see docs/guides/autoscaling.md). Leave it
+    unset when an external autoscaler (HPA, KEDA) drives `kubectl scale` on this job."""
 
 
 class RolesSpec(SpecModel):
