@@ -144,6 +144,8 @@ def build_crd() -> Schema:
                         "scale": {
                             "specReplicasPath": ".spec.roles.rollout.replicas",
                             "statusReplicasPath": ".status.roles.rollout.ready",
+                            # The HPA (and KEDA, through one) needs the scaled pods' selector.
+                            "labelSelectorPath": ".status.rolloutSelector",
                         },
                     },
                     "additionalPrinterColumns": PRINTER_COLUMNS,

@@ -390,6 +390,12 @@ def _check_roles(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
                 f"each env replica serves at least one environment: must be <= numEnvs "
                 f"{spec.task.gym.num_envs} (got {env_replicas})",
             )
+        if spec.roles.rollout.autoscale is not None:
+            yield (
+                "roles.rollout.autoscale",
+                "gym jobs cannot autoscale rollouts (their count is part of the env layout): remove autoscale "
+                "(it is for llm jobs)",
+            )
         rollouts = spec.roles.rollout.replicas
         if rollouts == 0:
             yield "roles.rollout.replicas", "gym tasks collect every batch through rollout replicas: must be >= 1"
@@ -400,6 +406,12 @@ def _check_roles(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
                 f"{env_replicas} (got {rollouts})",
             )
     rollout = spec.roles.rollout
+    scale = rollout.autoscale
+    if scale is not None and scale.min_replicas > scale.max_replicas:
+        yield (
+            "roles.rollout.autoscale.minReplicas",
+            f"must be <= maxReplicas {scale.max_replicas} (got {scale.min_replicas})",
+        )
     tp = spec.rollout.vllm.tensor_parallel_size
     if spec.rollout.engine == "vllm" and rollout.gpus_per_replica and tp is not None and tp > rollout.gpus_per_replica:
         yield (

@@ -593,11 +593,35 @@ class ActorRoleSpec(RoleSpec):
     """Trainer processes (one torch.distributed rank each)."""
 
 
+class AutoscaleSpec(SpecModel):
+    """Rollout autoscaling (llm jobs): more generation servers while the trainer waits for generations, fewer while
+    they sit idle. The operator (and `rljob run`) scales through `spec.roles.rollout.replicas`; the actor is never
+    restarted."""
+
+    model_config = cel(("self.minReplicas <= self.maxReplicas", "autoscale.minReplicas must be <= maxReplicas"))
+
+    min_replicas: int = Field(default=1, ge=1)
+    """Fewest rollout replicas; a count scaled by hand below it is raised back to it."""
+    max_replicas: int = Field(ge=1)
+    """Most rollout replicas; a count scaled by hand above it is lowered back to it."""
+    target_trainer_wait: float = Field(default=0.2, gt=0, lt=1)
+    """Share of a training step the trainer may spend waiting for generations: above it (averaged over the last
+    steps) rollouts are added; well below it, with rollouts idle, one is removed."""
+    scale_up_cooldown_seconds: int = Field(default=60, ge=0)
+    """Seconds after any scaling before rollouts are added again."""
+    scale_down_cooldown_seconds: int = Field(default=300, ge=0)
+    """Seconds after any scaling before a rollout is removed."""
+
+
 class RolloutRoleSpec(RoleSpec):
     """The rollout role's pods: generation servers."""
 
     replicas: int = Field(default=1, ge=0)  # type: ignore[assignment]
-    """Generation servers; scalable with `kubectl scale rljob/NAME --replicas=N`."""
+    """Generation servers; scalable with `kubectl scale rljob/NAME --replicas=N`. With `autoscale` set, the count
+    the job starts with, then the autoscaler's."""
+    autoscale: AutoscaleSpec | None = None
+    """Scale the rollouts on the trainer's wait for generations (llm jobs; see docs/guides/autoscaling.md). Leave it
+    unset when an external autoscaler (HPA, KEDA) drives `kubectl scale` on this job."""
 
 
 class RolesSpec(SpecModel):
@@ -665,6 +689,10 @@ class RLJobSpec(SpecModel):
         (
             "self.task.type != 'gym' || self.algorithm.name == 'ppo'",
             "gym tasks are trained with ppo: set algorithm.name to ppo",
+        ),
+        (
+            "self.task.type != 'gym' || !has(self.roles.rollout.autoscale)",
+            "roles.rollout.autoscale is for llm jobs: a gym job's rollout count is part of its env layout",
         ),
         (
             "!has(self.algorithm.overlong) || !has(self.algorithm.overlong.buffer) || !has(self.task.llm)"

@@ -79,6 +79,10 @@ class Progress(StatusModel):
     issue: str = ""
     """What keeps the actor from its next step, as it reports it (a weight round refused, a rollout not
     answering); empty while all is well."""
+    trainer_wait: float | None = None
+    """llm jobs: share of the latest step the trainer spent waiting for generations (0..1)."""
+    rollout_idle: float | None = None
+    """llm jobs: share of the rollout replicas' time in the latest step without generation work (0..1)."""
 
 
 class ReplicaFailures(StatusModel):
@@ -90,6 +94,35 @@ class ReplicaFailures(StatusModel):
     """The failed pod last counted: a failure is counted once, however often it is observed."""
     last_failure_time: str | None = None
     """When that pod finished (RFC 3339): its replacement is created a backoff later."""
+
+
+class ScaleSample(StatusModel):
+    """One training step's autoscaling signal, as the actor reported it."""
+
+    step: int
+    """The training step."""
+    trainer_wait: float
+    """Share of the step the trainer waited for generations."""
+    rollout_idle: float | None = None
+    """Share of the rollouts' time in the step without generation work."""
+
+
+class AutoscaleStatus(StatusModel):
+    """What the rollout autoscaler (spec.roles.rollout.autoscale) last saw and did; kept here so its cooldowns
+    survive an operator restart."""
+
+    replicas: int | None = None
+    """The rollout count the autoscaler wants now."""
+    reason: str = ""
+    """Why it last scaled, for people."""
+    last_scale_time: str | None = None
+    """When it last scaled (RFC 3339); the cooldowns count from it."""
+    last_scale_direction: Literal["Up", "Down"] | None = None
+    """Whether it last added or removed rollouts."""
+    last_scale_step: int = 0
+    """The training step at that scaling: only steps after it speak for the new count."""
+    samples: list[ScaleSample] = Field(default_factory=list)
+    """The latest steps' signal (a few), averaged before deciding."""
 
 
 class RLJobStatus(StatusModel):
@@ -112,5 +145,9 @@ class RLJobStatus(StatusModel):
     completion_time: str | None = None
     """When the job succeeded or failed, RFC 3339; ttlSecondsAfterFinished counts from it."""
     progress: Progress = Field(default_factory=Progress)
+    rollout_selector: str | None = None
+    """Label selector of the job's rollout pods, the scale subresource's `selector` (an HPA needs it)."""
+    autoscale: AutoscaleStatus | None = None
+    """The rollout autoscaler's state, for jobs with spec.roles.rollout.autoscale."""
     observed_generation: int | None = None
     """The job generation (spec edit) this status was written for."""

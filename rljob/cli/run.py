@@ -261,6 +261,13 @@ def _ray_run(job, run_dir: Path, sink, address: str, placement_timeout: float):
         raise LaunchError(
             f"--ray {address}: Ray is not installed here ({exc}); install it with `pip install 'rljob[ray]'`"
         ) from None
+    if job.spec.roles.rollout.autoscale is not None:
+        # The Ray launcher places a fixed set of replicas; say so rather than ignore the field silently.
+        sink(
+            "launcher",
+            "spec.roles.rollout.autoscale is applied by `rljob run` without --ray and by the operator; on Ray the "
+            f"job runs its {job.spec.roles.rollout.replicas} rollout replica(s) throughout",
+        )
     return RayRun(job, run_dir, sink, address=address, placement_timeout_s=placement_timeout)
 
 

@@ -21,19 +21,22 @@ replica that asks for GPUs gets its own through CUDA_VISIBLE_DEVICES, as the dev
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rljob.api import ROLE_NAMES, RLJob
 from rljob.api.rules import check
-from rljob.launch.failure_policy import FailurePolicy
+from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
+from rljob.launch.local_scaling import MEMBERS_FILE, RolloutScaler
 from rljob.launch.ports import pick_ports
 from rljob.launch.supervisor import Child, LaunchError, LogSink, RunResult, Supervisor
 from rljob.runtime.identity import (
@@ -52,6 +55,8 @@ from rljob.runtime.parent_death import LAUNCHER_PID_ENV
 __all__ = ["Child", "HostLayout", "LaunchError", "LocalChild", "LocalRun", "LogSink", "ReplicaHost", "RunResult"]
 
 STOP_GRACE_S = 10.0
+SCALE_LOOK_S = 1.0
+"""How often the rollout autoscaler reads actor 0's progress and looks for rollouts that came up."""
 
 TEST_RANKS_PER_REPLICA_ENV = "RLJOB_TEST_RANKS_PER_REPLICA"
 """Test hook, not a user setting: ranks per actor replica for a local run in place of `gpusPerReplica`, so
@@ -233,6 +238,16 @@ def prepare_run_dir(run_dir: Path) -> None:
         ) from None
 
 
+def _read_progress(url: str) -> dict[str, object] | None:
+    """Actor 0's `/progress`, or None while it does not answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as response:
+            data = json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def free_ports(count: int) -> list[int]:
     """`count` distinct ports on this machine that were free a moment ago, outside the ephemeral range."""
     return pick_ports(count, host="127.0.0.1")
@@ -304,6 +319,9 @@ class LocalRun(Supervisor):
         self.config_path = run_dir / "job.yaml"
         self.hosts = hosts
         replicas = {r: job.spec.roles.get(r).replicas or 0 for r in ROLE_NAMES}
+        autoscale = job.spec.roles.rollout.autoscale if job.spec.task.type == "llm" else None
+        if autoscale is not None:
+            replicas["rollout"] = autoscale.max_replicas  # identities (ports) for all; the scaler starts some
         if hosts is None:
             identities = local_identities(
                 job.name,
@@ -321,11 +339,68 @@ class LocalRun(Supervisor):
             else i
             for i in identities
         ]
+        self.scaler: RolloutScaler | None = None
+        if autoscale is not None:
+            members = str(run_dir / MEMBERS_FILE)
+            identities = [replace(i, rollout_members_file=members) if i.role == "actor" else i for i in identities]
         prepare_run_dir(run_dir)
         self.children: list[LocalChild] = [
             LocalChild(i, run_dir / "logs" / f"{i.role}-{i.replica}.log") for i in identities
         ]
         self.actor_restarts = 0
+        if autoscale is not None:
+            self.scaler = RolloutScaler(
+                autoscale,
+                job.spec.roles.rollout.replicas,
+                {c.identity.replica: c.identity.endpoints["rollout"][c.identity.replica] for c in self.rollouts()},
+                run_dir / MEMBERS_FILE,
+                start=self._start_rollout,
+                stop=self._stop_rollout,
+                ready=self._rollout_ready,
+                say=lambda line: self.log_sink("launcher", line),
+            )
+            for child in self.rollouts():
+                child.parked = child.identity.replica >= self.scaler.count
+            self._next_scale_look = 0.0
+
+    # --- rollout autoscaling (spec.roles.rollout.autoscale; rljob/launch/local_scaling.py) ---------------
+
+    def rollouts(self) -> list[LocalChild]:
+        return [c for c in self.children if c.identity.role == "rollout"]
+
+    def start(self) -> None:
+        if self.scaler is not None:
+            self.scaler.write_members()  # before the actor starts: it reads the file, never the full list
+        super().start()
+
+    def _tick(self) -> None:
+        if self.scaler is None or time.monotonic() < self._next_scale_look:
+            return
+        self._next_scale_look = time.monotonic() + SCALE_LOOK_S
+        self.scaler.observe(_read_progress(self.progress_url))
+
+    def _start_rollout(self, replica: int) -> None:
+        child = self.child("rollout", replica)
+        child.parked = False
+        child.failures = ReplicaRecord()  # a fresh start, not a replacement in a row
+        self._launch(child)
+
+    def _stop_rollout(self, replica: int) -> None:
+        child = self.child("rollout", replica)
+        child.parked = True  # its exit is not a failure
+        child.replace_at = None
+        self._stop_children([child])
+
+    def _rollout_ready(self, replica: int) -> bool:
+        child = self.child("rollout", replica)
+        if child.parked or child.process is None or child.process.poll() is not None:
+            return False
+        host = "127.0.0.1" if self.hosts is None else self.hosts("rollout", replica).address
+        try:
+            with urllib.request.urlopen(f"http://{host}:{child.identity.metrics_port}/healthz", timeout=0.5) as r:
+                return bool(r.status == 200)
+        except (OSError, ValueError):
+            return False
 
     @property
     def progress_url(self) -> str:

@@ -59,6 +59,8 @@ class Child:
     """Failures in a row of this (non-actor) replica, as the failure policy counts them."""
     replace_at: float | None = None
     """While the replica waits out its back-off: when its replacement is due (`time.monotonic()`)."""
+    parked: bool = False
+    """Not running by design: a rollout replica the autoscaler has not started, or has stopped."""
 
     @property
     def name(self) -> str:
@@ -112,6 +114,9 @@ class Supervisor:
     def _refresh(self) -> None:
         """Called once per supervision round, before any `_exit_code` (a launcher may batch its polls)."""
 
+    def _tick(self) -> None:
+        """Called once per supervision round, after the caller's `on_tick` (the local rollout autoscaler)."""
+
     # --- shared -----------------------------------------------------------------------------------
 
     def child(self, role: str, replica: int) -> Child:
@@ -137,7 +142,7 @@ class Supervisor:
         self.write_config()
         for role in START_ORDER:
             for child in self.children:
-                if child.identity.role == role:
+                if child.identity.role == role and not child.parked:
                     self._launch(child)
 
     def stop(self) -> None:
@@ -149,8 +154,11 @@ class Supervisor:
             while True:
                 if on_tick is not None:
                     on_tick()
+                self._tick()
                 self._refresh()
                 for child in self.children:
+                    if child.parked:
+                        continue
                     if child.replace_at is not None:
                         # Waiting out its back-off: no sleep here, the other children are still watched.
                         if time.monotonic() >= child.replace_at:

@@ -142,6 +142,11 @@ class KubeClient:
         path = object_path(API_VERSION, KIND, namespace, name) + "/status"
         return await self._call("patch", "PATCH", path, {"status": status}, MERGE_PATCH)
 
+    async def scale_job(self, namespace: str, name: str, replicas: int) -> Manifest:
+        """Set the rollout count through the scale subresource, as `kubectl scale rljob/NAME` does."""
+        path = object_path(API_VERSION, KIND, namespace, name) + "/scale"
+        return await self._call("patch", "PATCH", path, {"spec": {"replicas": replicas}}, MERGE_PATCH)
+
     async def post_event(self, job: Manifest, kind: str, reason: str, message: str, now: datetime.datetime) -> Manifest:
         """A core/v1 Event on the RLJob: what `kubectl describe rljob` lists."""
         meta = job["metadata"]

@@ -240,8 +240,10 @@ class JobWorker:
             progress=progress,
         )
         result = plan(obs)
-        await self.write_status(result)
+        await self.write_status(result)  # the scaling's time and step first: a replay never scales twice
         await self.post_events(result)
+        if result.scale_rollouts is not None:
+            await self.scale_rollouts(result.scale_rollouts)
         for existing, patch in sync.patches:
             await ctl.client.patch(
                 existing["apiVersion"], existing["kind"], namespace, existing["metadata"]["name"], patch
@@ -322,6 +324,16 @@ class JobWorker:
         except ApiError as exc:
             if not exc.not_found:
                 raise
+
+    async def scale_rollouts(self, replicas: int) -> None:
+        """The autoscaler's count, through the scale subresource; the new generation then creates or deletes
+        rollout pods (and the actor follows the membership) like a hand `kubectl scale`."""
+        try:
+            await self.controller.client.scale_job(*self.key, replicas)
+        except ApiError as exc:
+            if exc.not_found:
+                return  # deleted meanwhile
+            logger.warning("rljob %s/%s: cannot scale rollouts to %d: %s", *self.key, replicas, exc)
 
     async def write_members(self, job: RLJob, members: list[int]) -> None:
         """Keep the job's rollout membership ConfigMap equal to `members` (created when absent)."""

@@ -37,6 +37,13 @@ OPERATOR_API_ACCESS: tuple[ApiAccess, ...] = (
     ApiAccess("rljob.io", "rljobs/status", ("patch",), "namespaced", "phase, conditions, counts, progress"),
     ApiAccess(
         "rljob.io",
+        "rljobs/scale",
+        ("patch",),
+        "namespaced",
+        "spec.roles.rollout.autoscale: the rollout count, written as `kubectl scale` does",
+    ),
+    ApiAccess(
+        "rljob.io",
         "rljobs/finalizers",
         ("update",),
         "namespaced",

@@ -24,6 +24,11 @@ Failure policy (spec.failurePolicy, applied through `rljob.launch.failure_policy
 - actor replica 0 exits 0 -> Succeeded; pods still running are deleted (finished ones stay for logs).
 - a spec edit that changes what pods run (anything but rollout replicas, suspend, failurePolicy,
   activeDeadlineSeconds and ttlSecondsAfterFinished) -> controlled restart of every pod, not charged.
+- spec.roles.rollout.autoscale (llm jobs) -> on each pass the actor's fresh `trainerWait` / `rolloutIdle` are
+  added to `status.autoscale.samples` and `rljob.launch.autoscale.decide` picks the rollout count; a change is
+  the plan's `scale_rollouts` (written through the scale subresource, after the status that records the
+  scaling's time and step, so cooldowns survive an operator restart and a replay never scales twice) and a
+  Normal Event ScaledRollouts. What follows is the hand-scaling path below: the actor never restarts.
 - llm rollout replicas edited (`kubectl scale`) -> missing rollout pods are created, those past the new count
   (the highest indices) deleted; actor and reward pods are untouched and nothing counts as a restart. The
   plan's `rollout_members` (the Ready rollout pods that stay) is what the actor feeds: the controller
@@ -39,11 +44,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rljob.api import ROLE_NAMES, InvalidRLJob, RLJob
-from rljob.api.status import TERMINAL_PHASES, Progress, ReplicaFailures, RLJobStatus
+from rljob.api.status import TERMINAL_PHASES, AutoscaleStatus, Progress, ReplicaFailures, RLJobStatus, ScaleSample
+from rljob.launch.autoscale import SCALED_ROLLOUTS, Sample, decide, record
 from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
 from rljob.launch.stall import PROGRESS_DEADLINE_EXCEEDED, PROGRESSING, STALLED, stalled_message
 from rljob.operator.manifests.members import elastic_rollouts
 from rljob.operator.naming import ANNOTATION_CONFIG_HASH as CONFIG_HASH
+from rljob.operator.naming import LABEL_JOB, LABEL_ROLE
 from rljob.operator.podstate import PodState
 from rljob.operator.status import (
     FAILED,
@@ -131,6 +138,9 @@ class Plan:
     rollout_members: list[int] | None = None
     """llm jobs that run: the rollout replicas (indices) the actor may feed now, Ready and not being deleted.
     None where there is no membership to keep (gym jobs, finished jobs)."""
+    scale_rollouts: int | None = None
+    """The rollout count the autoscaler set (spec.roles.rollout.autoscale), to write through the scale
+    subresource; None when it stays."""
 
 
 class _Planner:
@@ -238,6 +248,8 @@ class _Planner:
         self.create_missing()
         self.update_phase()
         self.check_stalled(job)
+        if self.status.phase not in TERMINAL_PHASES:
+            self.autoscale(job)
         return self.finalize()
 
     def retry_fixed_spec(self) -> None:
@@ -300,6 +312,40 @@ class _Planner:
             self.finish(False, STALLED, f"{message} (spec.failurePolicy.onStalled: FailJob)")
         else:
             self.requeue(min(deadline, 60))  # keep the message's idle time and the actor's reason current
+
+    def autoscale(self, job: RLJob) -> None:
+        """spec.roles.rollout.autoscale: the rollout count for the actor's latest signal (module docstring)."""
+        spec = job.spec.roles.rollout.autoscale
+        if spec is None or not elastic_rollouts(job):
+            self.status.autoscale = None
+            return
+        state = self.status.autoscale or AutoscaleStatus()
+        progress = self.obs.progress
+        samples = [Sample(s.step, s.trainer_wait, s.rollout_idle) for s in state.samples]
+        if progress is not None and self.status.phase == "Running":
+            samples = record(samples, progress.step, progress.trainer_wait, progress.rollout_idle)
+        last = parse_rfc3339(state.last_scale_time)
+        current = job.spec.roles.rollout.replicas
+        decision = decide(
+            spec,
+            current,
+            samples,
+            last.timestamp() if last is not None else None,
+            state.last_scale_step,
+            self.now.timestamp(),
+        )
+        state.samples = [
+            ScaleSample(step=s.step, trainer_wait=s.trainer_wait, rollout_idle=s.rollout_idle) for s in samples
+        ]
+        state.replicas = decision.replicas
+        if decision.direction is not None:
+            state.reason = decision.reason
+            state.last_scale_time = rfc3339(self.now)
+            state.last_scale_direction = decision.direction
+            state.last_scale_step = samples[-1].step if samples else state.last_scale_step
+            self.plan.scale_rollouts = decision.replicas
+            self.event("Normal", SCALED_ROLLOUTS, decision.reason)
+        self.status.autoscale = state
 
     def suspend(self) -> None:
         for pod in self.live:
@@ -598,6 +644,8 @@ class _Planner:
         if obs.job is not None and not self.status.progress.total_steps:
             self.status.progress.total_steps = obs.job.spec.trainer.steps
         self.status.observed_generation = obs.generation
+        if obs.job is not None:
+            self.status.rollout_selector = f"{LABEL_JOB}={obs.job.name},{LABEL_ROLE}=rollout"
         if obs.job is not None and elastic_rollouts(obs.job) and self.status.phase not in TERMINAL_PHASES:
             self.plan.rollout_members = sorted(
                 p.replica

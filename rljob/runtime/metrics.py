@@ -53,6 +53,10 @@ STALENESS_MEAN = "staleness_mean"
 STALENESS_MAX = "staleness_max"
 TOKENS_PER_S = "tokens_per_s"
 """Response tokens trained on per second of the whole step (llm)."""
+TRAINER_WAIT = "trainer_wait"
+"""Share of the step actor 0 waited for generations (llm): the rollout autoscaler's signal."""
+ROLLOUT_IDLE = "rollout_idle"
+"""Share of the rollout replicas' time in the step without generation work (llm)."""
 PHASES: tuple[str, ...] = ("rollout", "generate", "reward", "train", "sync", "waiting")
 """Timing breakdown of a step (gym: rollout/train/sync/waiting; llm: generate/reward/train/sync); recorded as
 `time_<phase>_s`."""
@@ -219,6 +223,8 @@ _GAUGES: dict[str, tuple[str, str]] = {
     STALENESS_MEAN: ("rljob_policy_staleness", "Mean policy versions between the data and the trained weights."),
     STALENESS_MAX: ("rljob_policy_staleness_max", "Largest staleness used in the last step."),
     TOKENS_PER_S: ("rljob_tokens_per_second", "Response tokens trained on per second over the last step (llm)."),
+    TRAINER_WAIT: ("rljob_trainer_wait_ratio", "Share of the last step the trainer waited for generations (llm)."),
+    ROLLOUT_IDLE: ("rljob_rollout_idle_ratio", "Share of the rollouts' time in the last step without work (llm)."),
 }
 
 

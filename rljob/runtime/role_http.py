@@ -39,6 +39,10 @@ class Progress:
     issue: str = ""
     """Why the actor is not getting on with the next step (a weight round refused, a rollout not answering); ""
     while all is well."""
+    trainer_wait: float | None = None
+    """llm jobs: share of the latest step the trainer waited for generations (the rollout autoscaler's signal)."""
+    rollout_idle: float | None = None
+    """llm jobs: share of the rollouts' time in the latest step without generation work."""
 
     def to_json(self) -> dict[str, object]:
         data: dict[str, object] = {
@@ -51,6 +55,10 @@ class Progress:
             data["accuracy"] = self.accuracy
         if self.issue:
             data["issue"] = self.issue
+        if self.trainer_wait is not None:
+            data["trainerWait"] = self.trainer_wait
+        if self.rollout_idle is not None:
+            data["rolloutIdle"] = self.rollout_idle
         return data
 
 
@@ -63,13 +71,25 @@ class ProgressTracker:
         self._progress = Progress(step=step, total_steps=total_steps)
         self._issue = issue
 
-    def update(self, step: int, reward_mean: float | None, accuracy: float | None = None) -> None:
+    def update(
+        self,
+        step: int,
+        reward_mean: float | None,
+        accuracy: float | None = None,
+        trainer_wait: float | None = None,
+        rollout_idle: float | None = None,
+    ) -> None:
         with self._lock:
             # A step without finished episodes keeps the last known reward rather than blanking it.
             reward = reward_mean if reward_mean is not None else self._progress.reward_mean
             accuracy = accuracy if accuracy is not None else self._progress.accuracy
             self._progress = Progress(
-                step=step, total_steps=self._progress.total_steps, reward_mean=reward, accuracy=accuracy
+                step=step,
+                total_steps=self._progress.total_steps,
+                reward_mean=reward,
+                accuracy=accuracy,
+                trainer_wait=trainer_wait,
+                rollout_idle=rollout_idle,
             )
 
     def snapshot(self) -> Progress:

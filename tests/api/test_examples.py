@@ -68,7 +68,8 @@ def test_every_rljob_in_the_readme_and_the_docs_is_a_valid_job(repo: Path):
         block.split("\n", 1)[1]
         for page in pages
         for block in page.read_text(encoding="utf-8").split("```")[1::2]
-        if block.startswith("yaml") and "kind: RLJob" in block
+        # A top-level RLJob, not an HPA whose scaleTargetRef names one.
+        if block.startswith("yaml") and "\nkind: RLJob\n" in block
     ]
     names = {validate_job(yaml.safe_load(block)).name for block in blocks}
     assert "cartpole-ppo" in names  # the annotated job of docs/getting-started.md

@@ -35,6 +35,8 @@ PER_STEP_KEYS = (
     "time_sync_s",
     "reward/exact_match",
     "rollout_restarts",
+    "trainer_wait",
+    "rollout_idle",
 )
 
 
@@ -68,6 +70,7 @@ def test_grpo_tiny_arithmetic_trains_evaluates_and_exports(repo, start_run):
         assert 0.0 <= record["accuracy"] <= 1.0 and record["accuracy"] == record["reward/exact_match"]
         assert 1.0 <= record["response_length_mean"] <= 8.0
         assert record["mismatch_kl"] < 1e-6  # the hf engine samples from the distribution the trainer recomputes
+        assert 0.0 <= record["trainer_wait"] <= 1.0 and 0.0 <= record["rollout_idle"] <= 1.0
     assert [r["eval_prompts"] for r in records if "eval_prompts" in r] == [32, 32]
     assert [p.name for _, p in CheckpointManager(run.out / "checkpoints").checkpoints()] == [
         "step-00000004",

@@ -97,3 +97,26 @@ def test_role_http_server_serves_healthz_metrics_and_progress():
         assert 'rljob_phase_seconds_total{phase="rollout"} 0.25' in text
 
         assert get(server.port, "/nope")[0] == 404
+
+
+def test_llm_actor_serves_the_autoscaling_signal_in_progress_and_as_gauges():
+    role_metrics = RoleMetrics(job="grpo", role="actor", replica=0)
+    tracker = ProgressTracker(total_steps=20)
+    with RoleHTTPServer(0, role_metrics.registry, host="127.0.0.1") as server:
+        server.set_progress_provider(tracker.snapshot)
+        tracker.update(step=3, reward_mean=0.5, accuracy=0.25, trainer_wait=0.6, rollout_idle=0.05)
+        progress = json.loads(get(server.port, "/progress")[2])
+        assert (progress["trainerWait"], progress["rolloutIdle"]) == (0.6, 0.05)
+        role_metrics.observe({"step": 3, "trainer_wait": 0.6, "rollout_idle": 0.05})
+        text = get(server.port, "/metrics")[2]
+        assert "rljob_trainer_wait_ratio 0.6" in text
+        assert "rljob_rollout_idle_ratio 0.05" in text
+
+
+def test_load_shares_are_the_trainers_wait_and_the_rollouts_unused_time():
+    from rljob.runtime.llm.actor import load_shares
+
+    # A 10 s step: the trainer waited 4 s; two rollouts generated 5 s between them out of 20 s.
+    assert load_shares(4.0, 5.0, 2, 10.0) == {"trainer_wait": 0.4, "rollout_idle": 0.75}
+    # Chunks generated partly during the previous step can add up past the step: never below 0 idle.
+    assert load_shares(12.0, 30.0, 2, 10.0) == {"trainer_wait": 1.0, "rollout_idle": 0.0}

@@ -54,7 +54,7 @@ from rljob.runtime.llm.sharding import (
     save_checkpoint,
     weight_source,
 )
-from rljob.runtime.metrics import RunMetrics, keep_records_until, phase_key
+from rljob.runtime.metrics import ROLLOUT_IDLE, TRAINER_WAIT, RunMetrics, keep_records_until, phase_key
 from rljob.runtime.ranks import join_actor_group
 from rljob.runtime.role_http import ProgressTracker
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
@@ -114,10 +114,16 @@ class Controller:
         self._encoded: dict[int, list[int] | None] = {}
         self.groups: list[Group] = []
         self.outstanding = 0
+        self.generation_s = 0.0
+        """Seconds the rollouts spent generating the chunks accepted since the last `take_generation_seconds`."""
         self.reward_errors: dict[str, int] = {}
         self.text_env = self.task.env is not None
         self.weights: Any = learner.model
         """What weight syncs publish: the model, or its shards gathered on the fly (`sharding.weight_source`)."""
+
+    def take_generation_seconds(self) -> float:
+        seconds, self.generation_s = self.generation_s, 0.0
+        return seconds
 
     def close(self) -> None:
         self.rollouts.close()
@@ -164,6 +170,7 @@ class Controller:
         self.outstanding += len(chosen)
 
     def _accept(self, result: ChunkResult, step: int) -> None:
+        self.generation_s += result.seconds  # measured by the rollout itself: its busy time
         rows: list[int] = result.chunk.meta
         for row, prompt_ids, completions in zip(rows, result.chunk.prompts, result.completions, strict=True):
             self.outstanding -= 1
@@ -429,6 +436,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         controller.submit(batch, learner.step)
         while learner.step < total:
             step_started = time.perf_counter()
+            controller.take_generation_seconds()  # only this step's chunks (not the last evaluation's)
             version = learner.step
             groups, generate_s = controller.collect(batch, version)
             reward_started = time.perf_counter()
@@ -457,6 +465,10 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
                 controller.submit(batch, learner.step)
             samples_seen += len(samples)
             record = _record(controller, groups, samples, stats, accuracy_key, staleness, filled)
+            wall = max(time.perf_counter() - step_started, 1e-9)
+            record.update(
+                load_shares(generate_s, controller.take_generation_seconds(), len(controller.rollouts.links), wall)
+            )
             record.update(
                 {
                     "samples": samples_seen,
@@ -465,7 +477,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
                     phase_key("reward"): reward_s,
                     phase_key("train"): train_s,
                     phase_key("sync"): sync_s,
-                    "tokens_per_s": record["response_tokens"] / max(time.perf_counter() - step_started, 1e-9),
+                    "tokens_per_s": record["response_tokens"] / wall,
                 }
             )
             sync_s = 0.0
@@ -473,7 +485,9 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
                 record.update(_evaluate(controller, eval_rows, learner.step))
             line = run_metrics.log(learner.step, record) if run_metrics else {"step": learner.step, **record}
             health.metrics.observe(line)
-            tracker.update(learner.step, record["reward_mean"], record["accuracy"])
+            tracker.update(
+                learner.step, record["reward_mean"], record["accuracy"], record[TRAINER_WAIT], record[ROLLOUT_IDLE]
+            )
             if learner.step % 10 == 0 or learner.step == total or learner.step == 1:
                 context.log.info(
                     "step %d/%d reward %.3f accuracy %s",
@@ -509,6 +523,14 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     learner.leave_group()
     context.log.info("reached trainer.steps (%d)", total)
     return 0
+
+
+def load_shares(wait_s: float, busy_s: float, rollouts: int, wall_s: float) -> dict[str, float]:
+    """The rollout autoscaler's signal for one step of `wall_s` seconds: the trainer's wait for generations and
+    the share of the rollouts' time (`busy_s` summed over them, as they measured it) without work, both 0..1."""
+    wall_s = max(wall_s, 1e-9)
+    idle = 1.0 - busy_s / (max(rollouts, 1) * wall_s)
+    return {TRAINER_WAIT: min(max(wait_s / wall_s, 0.0), 1.0), ROLLOUT_IDLE: min(max(idle, 0.0), 1.0)}
 
 
 def _dynamic_sampling(controller: Controller, groups: list[Group], step: int) -> tuple[list[Group], float, float, int]:
@@ -575,6 +597,7 @@ def _record(
         "staleness_max": int(max(staleness)),
         "prompts_skipped_too_long": controller.skipped_too_long,
         "rollout_restarts": controller.rollouts.restarts,
+        "rollout_replicas": len(controller.rollouts.links),
     }
     if controller.spec.algorithm.dynamic_sampling:
         record["dynamic_sampling_filled"] = filled
