@@ -79,6 +79,20 @@ class Progress(StatusModel):
     issue: str = ""
     """What keeps the actor from its next step, as it reports it (a weight round refused, a rollout not
     answering); empty while all is well."""
+    entropy: float | None = None
+    """Mean policy entropy of the latest step (nats); spec.health.entropyFloor is checked against it."""
+    mismatch_kl: float | None = None
+    """llm jobs: KL between the rollout engine's and the trainer's token log-probs at the latest step (nats
+    per token); spec.health.mismatchKlThreshold is checked against it."""
+
+
+class HealthStreak(StatusModel):
+    """A run of steps whose value was past its spec.health threshold, kept between reconciles."""
+
+    since: int | None = None
+    """First step of the run; none while the value is within its threshold."""
+    step: int = 0
+    """Latest step looked at: a step seen again (an operator restart, a replayed read) counts nothing."""
 
 
 class ReplicaFailures(StatusModel):
@@ -112,5 +126,10 @@ class RLJobStatus(StatusModel):
     completion_time: str | None = None
     """When the job succeeded or failed, RFC 3339; ttlSecondsAfterFinished counts from it."""
     progress: Progress = Field(default_factory=Progress)
+    health: str = ""
+    """The training-health conditions that are True, comma-separated (`kubectl get rljobs` HEALTH column):
+    Diverged, EntropyCollapsed, MismatchHigh; empty while training is healthy."""
+    health_streaks: dict[str, HealthStreak] = Field(default_factory=dict)
+    """By condition type: the steps past a spec.health threshold so far."""
     observed_generation: int | None = None
     """The job generation (spec edit) this status was written for."""

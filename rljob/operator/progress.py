@@ -18,7 +18,7 @@ from rljob.api.status import Progress
 
 logger = logging.getLogger(__name__)
 
-PROGRESS_KEYS = ("step", "totalSteps", "rewardMean", "accuracy", "updatedAt", "issue")
+PROGRESS_KEYS = ("step", "totalSteps", "rewardMean", "accuracy", "updatedAt", "issue", "entropy", "mismatchKl")
 
 ProgressUrl = Callable[[dict[str, Any], int], "str | None"]
 
