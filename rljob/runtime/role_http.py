@@ -39,6 +39,10 @@ class Progress:
     issue: str = ""
     """Why the actor is not getting on with the next step (a weight round refused, a rollout not answering); ""
     while all is well."""
+    entropy: float | None = None
+    """Mean policy entropy of the latest step (nats); None where it is not a Shannon entropy (continuous actions)."""
+    mismatch_kl: float | None = None
+    """llm jobs: rollout/trainer mismatch KL of the latest step (nats per token)."""
 
     def to_json(self) -> dict[str, object]:
         data: dict[str, object] = {
@@ -51,6 +55,8 @@ class Progress:
             data["accuracy"] = self.accuracy
         if self.issue:
             data["issue"] = self.issue
+        data["entropy"] = self.entropy
+        data["mismatchKl"] = self.mismatch_kl
         return data
 
 
@@ -63,13 +69,25 @@ class ProgressTracker:
         self._progress = Progress(step=step, total_steps=total_steps)
         self._issue = issue
 
-    def update(self, step: int, reward_mean: float | None, accuracy: float | None = None) -> None:
+    def update(
+        self,
+        step: int,
+        reward_mean: float | None,
+        accuracy: float | None = None,
+        entropy: float | None = None,
+        mismatch_kl: float | None = None,
+    ) -> None:
         with self._lock:
             # A step without finished episodes keeps the last known reward rather than blanking it.
             reward = reward_mean if reward_mean is not None else self._progress.reward_mean
             accuracy = accuracy if accuracy is not None else self._progress.accuracy
             self._progress = Progress(
-                step=step, total_steps=self._progress.total_steps, reward_mean=reward, accuracy=accuracy
+                step=step,
+                total_steps=self._progress.total_steps,
+                reward_mean=reward,
+                accuracy=accuracy,
+                entropy=entropy,
+                mismatch_kl=mismatch_kl,
             )
 
     def snapshot(self) -> Progress:

@@ -26,6 +26,7 @@ from rljob.algorithms.losses import (
 )
 from rljob.api.presets import resolve_algorithm
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
+from rljob.runtime.divergence import check_update
 from rljob.runtime.gym.models import MLPActorCritic
 from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_rate
 
@@ -177,10 +178,13 @@ class PPOLearner:
                     loss = loss - algo.entropy_coef * entropy_mean
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                checked = {"loss": float(loss.detach())}
                 if self.trainer.grad_clip is not None:
                     grad_norm = nn.utils.clip_grad_norm_(self.params, self.trainer.grad_clip, foreach=True)
+                    checked["grad_norm"] = float(grad_norm)
                 else:
                     grad_norm = torch.zeros((), device=self.device)
+                check_update(self.step + 1, checked, self.world_size, self.device)
                 self.optimizer.step()
                 collected.append(
                     torch.stack(
