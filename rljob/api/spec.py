@@ -672,7 +672,7 @@ class HealthSpec(SpecModel):
     """llm jobs: MismatchHigh when the KL between the rollout engine's token log-probs and the trainer's
     recomputation of them (`mismatch_kl`, the k3 estimate in nats per response token) stays above this for
     `windowSteps` steps: the engine's numerics (dtype, kernels, a stale weight sync) differ from the
-    trainer's, which biases the update. The tiny GRPO arithmetic example (torch engine, fp32) stays below
+    trainer's, which biases the update. The tiny GRPO arithmetic example (hf engine, fp32 on CPU) stays below
     1e-8. 0 turns the check off."""
     window_steps: int = Field(default=20, ge=1)
     """Consecutive steps a value must stay past its threshold before the condition is set: one bad step is
