@@ -178,12 +178,12 @@ class PPOLearner:
                     loss = loss - algo.entropy_coef * entropy_mean
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                checked = {"loss": float(loss.detach())}
                 if self.trainer.grad_clip is not None:
                     grad_norm = nn.utils.clip_grad_norm_(self.params, self.trainer.grad_clip, foreach=True)
-                    checked["grad_norm"] = float(grad_norm)
-                else:
-                    grad_norm = torch.zeros((), device=self.device)
+                else:  # measured anyway: a non-finite gradient must stop the update even with a finite loss
+                    grads = [p.grad for p in self.params if p.grad is not None]
+                    grad_norm = nn.utils.get_total_norm(grads, foreach=True)
+                checked = {"loss": float(loss.detach()), "grad_norm": float(grad_norm)}
                 check_update(self.step + 1, checked, self.world_size, self.device)
                 self.optimizer.step()
                 collected.append(
