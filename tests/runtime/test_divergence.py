@@ -111,3 +111,19 @@ def test_a_learning_rate_that_overflows_stops_the_run_with_the_values_and_keeps_
     after = CheckpointManager(out / "checkpoints").checkpoints()
     assert [step for step, _ in after] == [1, 2]  # nothing written from the bad weights
     assert {path: (path / "state.pt").stat().st_mtime_ns for _, path in after} == before
+
+
+@pytest.mark.slow
+def test_an_llm_actor_diverged_by_its_learning_rate_stops_at_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    example = Path(__file__).parents[2] / "examples" / "grpo-tiny-arithmetic.yaml"
+    out = tmp_path / "run"
+    # Two passes per step: the first applies the overflowing update, the second sees the non-finite loss.
+    common = ("spec.checkpoint.interval=1", "spec.evaluation.interval=0", "spec.algorithm.epochs=2")
+    first = _run(example, out, "spec.trainer.steps=2", *common)
+    assert first.returncode == 0, first.stdout + first.stderr
+    diverged = _run(example, out, "spec.trainer.steps=4", "spec.trainer.learningRate=1.0e+30", *common)
+    output = diverged.stdout + diverged.stderr
+    assert diverged.returncode == EXIT_DIVERGED, output
+    assert "actor-0 diverged at step 3: non-finite loss" in output
+    assert f"last good checkpoint: {out / 'checkpoints' / 'step-00000002'} (step 2)" in output
+    assert [step for step, _ in CheckpointManager(out / "checkpoints").checkpoints()] == [1, 2]
