@@ -22,6 +22,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
     {"name": "Stalled", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Stalled")].status'},
+    {"name": "Health", "type": "string", "jsonPath": ".status.health"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Accuracy", "type": "number", "jsonPath": ".status.progress.accuracy", "priority": 1},
     {"name": "Total", "type": "integer", "jsonPath": ".status.progress.totalSteps", "priority": 1},

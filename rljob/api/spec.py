@@ -679,6 +679,31 @@ class FailurePolicySpec(SpecModel):
     fails it with reason Stalled (pods are deleted; checkpoints stay)."""
 
 
+class HealthSpec(SpecModel):
+    """Training-health checks on what the actor reports each step; each sets a condition, a Warning Event and
+    the HEALTH column of `kubectl get rljobs` (and a line from `rljob run`), and clears it when the value
+    comes back. They report, never stop the job. A non-finite loss or gradient norm always stops the actor
+    (condition Diverged), whatever is set here."""
+
+    entropy_floor: float = Field(default=0.01, ge=0)
+    """EntropyCollapsed when the policy's mean entropy (nats per action for gym, per response token for llm)
+    stays below this for `windowSteps` steps: the policy has become (almost) deterministic and stops
+    exploring. 0.01 nats is a two-action policy that picks one action 99.9% of the time; the shipped examples
+    stay far above it (their lowest step: CartPole 0.20 nats, the tiny GRPO arithmetic example 0.55). Gym
+    policies with continuous actions report no entropy (theirs is differential and may be negative).
+    0 turns the check off."""
+    mismatch_kl_threshold: float = Field(default=0.01, ge=0)
+    """llm jobs: MismatchHigh when the KL between the rollout engine's token log-probs and the trainer's
+    recomputation of them (`mismatch_kl`, the k3 estimate in nats per response token) stays above this for
+    `windowSteps` steps: the engine's numerics (dtype, kernels, a stale weight sync) differ from the
+    trainer's, which biases the update. The tiny GRPO arithmetic example (hf engine, fp32 on CPU) stays below
+    1e-8. 0 turns the check off."""
+    window_steps: int = Field(default=20, ge=1)
+    """Consecutive steps a value must stay past its threshold before the condition is set: one bad step is
+    noise. The operator looks at the latest step once per reconcile: the steps between two looks that both
+    saw the value past its threshold count as past it too."""
+
+
 # --- the spec -----------------------------------------------------------------------------------
 
 
@@ -715,6 +740,8 @@ class RLJobSpec(SpecModel):
     roles: RolesSpec = Field(default_factory=RolesSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
+    health: HealthSpec = Field(default_factory=HealthSpec)
+    """Training-health checks: entropy collapse and rollout/trainer mismatch (see docs/troubleshooting.md)."""
     suspend: bool = False
     """Delete the pods and keep status; false again recreates them and resumes from the checkpoint."""
     active_deadline_seconds: int | None = Field(default=None, ge=1)

@@ -83,6 +83,20 @@ class Progress(StatusModel):
     """llm jobs: share of the latest step the trainer spent waiting for generations (0..1)."""
     rollout_idle: float | None = None
     """llm jobs: share of the rollout replicas' time in the latest step without generation work (0..1)."""
+    entropy: float | None = None
+    """Mean policy entropy of the latest step (nats); spec.health.entropyFloor is checked against it."""
+    mismatch_kl: float | None = None
+    """llm jobs: KL between the rollout engine's and the trainer's token log-probs at the latest step (nats
+    per token); spec.health.mismatchKlThreshold is checked against it."""
+
+
+class HealthStreak(StatusModel):
+    """A run of steps whose value was past its spec.health threshold, kept between reconciles."""
+
+    since: int | None = None
+    """First step of the run; none while the value is within its threshold."""
+    step: int = 0
+    """Latest step looked at: a step seen again (an operator restart, a replayed read) counts nothing."""
 
 
 class ReplicaFailures(StatusModel):
@@ -149,5 +163,10 @@ class RLJobStatus(StatusModel):
     """Label selector of the job's rollout pods, the scale subresource's `selector` (an HPA needs it)."""
     autoscale: AutoscaleStatus | None = None
     """The rollout autoscaler's state, for jobs with spec.roles.rollout.autoscale."""
+    health: str = ""
+    """The training-health conditions that are True, comma-separated (`kubectl get rljobs` HEALTH column):
+    Diverged, EntropyCollapsed, MismatchHigh; empty while training is healthy."""
+    health_streaks: dict[str, HealthStreak] = Field(default_factory=dict)
+    """By condition type: the steps past a spec.health threshold so far."""
     observed_generation: int | None = None
     """The job generation (spec edit) this status was written for."""

@@ -133,6 +133,7 @@ def run(
         TimeRemainingColumn,
     )
 
+    from rljob.launch.health import HealthWatch
     from rljob.launch.local import LaunchError, LocalRun
     from rljob.launch.stall import STALLED, StallWatch
     from rljob.launch.supervisor import GiveUp
@@ -176,6 +177,7 @@ def run(
 
     policy = job.spec.failure_policy
     stall = StallWatch(policy.progress_deadline_seconds)
+    health = HealthWatch(job.spec.health)
 
     def tick() -> None:
         now = time.monotonic()
@@ -190,6 +192,9 @@ def run(
             console.print(f"[{colour}]{kind.lower()}[/]: {escape(message)}")
             if kind == STALLED and policy.on_stalled == "FailJob":
                 raise GiveUp(f"stalled: {message} (spec.failurePolicy.onStalled: FailJob)")
+        for verdict in health.observe(report):  # one line per transition, never per step
+            what = verdict.type if verdict.active else f"{verdict.type} {verdict.reason.lower()}"
+            console.print(f"[{'bold yellow' if verdict.active else 'green'}]{what}[/]: {escape(verdict.message)}")
         if not report:
             return
         step = int(report["step"])

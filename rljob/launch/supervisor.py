@@ -12,6 +12,8 @@ uses for pods:
   `maxRestarts` times;
 - a role that exits with EXIT_FATAL_CONFIG (a configuration error no restart can fix) fails the job at once
   with its message;
+- an actor that exits with EXIT_DIVERGED (a non-finite loss or gradient norm) fails the job at once with
+  that exit code and its line (the step, the values, the last good checkpoint): a restart would diverge again;
 - the job succeeds when actor replica 0 exits 0.
 """
 
@@ -27,7 +29,7 @@ import yaml
 
 from rljob.api import RLJob
 from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
-from rljob.runtime.identity import EXIT_FATAL_CONFIG, RoleIdentity
+from rljob.runtime.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, RoleIdentity
 
 LOG_TAIL = 30
 STOP_ORDER = {"actor": 0, "rollout": 1, "reward": 2, "env": 3}
@@ -172,6 +174,8 @@ class Supervisor:
                         continue
                     if code == EXIT_FATAL_CONFIG:
                         return self._fatal(child)
+                    if code == EXIT_DIVERGED and child.identity.role == "actor":
+                        return self._diverged(child)
                     if child.identity.role == "actor":
                         outcome = self._actor_exited(child, code)
                         if outcome is None:
@@ -250,17 +254,28 @@ class Supervisor:
         if left is not None and left <= 0:
             self.policy.forgive(child.failures)
 
-    def _fatal(self, child: Child) -> RunResult:
-        """A role stopped on a configuration error: restarting it would fail the same way."""
+    def _last_error(self, child: Child) -> str:
+        """The last ERROR line the child logged, without its prefix ("" when there is none)."""
         self._drain(child)  # its last lines (the error) are in the tail once its output is drained
         errors = [line for line in child.tail if " ERROR " in line]
         message = errors[-1].split(" ERROR ", 1)[1] if errors else ""
         if message.startswith(f"{child.identity.role}[{child.identity.replica}] "):
             message = message.split(" ", 1)[1]
+        return message
+
+    def _fatal(self, child: Child) -> RunResult:
+        """A role stopped on a configuration error: restarting it would fail the same way."""
+        message = self._last_error(child)
         reason = f"{child.name} stopped on a configuration error that no restart can fix"
         if not message:
             return self._result(1, reason, child)
         return self._result(1, f"{reason}: {message}\n(full log: {child.log_path})")
+
+    def _diverged(self, child: Child) -> RunResult:
+        """The actor stopped on a non-finite update: restarting from the same checkpoint would diverge again."""
+        message = self._last_error(child) or f"exited with code {EXIT_DIVERGED}"
+        reason = f"{child.name} {message}; not restarted (it would diverge again from the same checkpoint)"
+        return self._result(EXIT_DIVERGED, f"{reason}\n(full log: {child.log_path})")
 
     def _result(self, code: int, reason: str, failed: Child | None = None) -> RunResult:
         if failed is not None and failed.tail:

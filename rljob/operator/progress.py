@@ -18,7 +18,18 @@ from rljob.api.status import Progress
 
 logger = logging.getLogger(__name__)
 
-PROGRESS_KEYS = ("step", "totalSteps", "rewardMean", "accuracy", "updatedAt", "issue", "trainerWait", "rolloutIdle")
+PROGRESS_KEYS = (
+    "step",
+    "totalSteps",
+    "rewardMean",
+    "accuracy",
+    "updatedAt",
+    "issue",
+    "trainerWait",
+    "rolloutIdle",
+    "entropy",
+    "mismatchKl",
+)
 
 ProgressUrl = Callable[[dict[str, Any], int], "str | None"]
 

@@ -44,9 +44,18 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rljob.api import ROLE_NAMES, InvalidRLJob, RLJob
-from rljob.api.status import TERMINAL_PHASES, AutoscaleStatus, Progress, ReplicaFailures, RLJobStatus, ScaleSample
+from rljob.api.status import (
+    TERMINAL_PHASES,
+    AutoscaleStatus,
+    HealthStreak,
+    Progress,
+    ReplicaFailures,
+    RLJobStatus,
+    ScaleSample,
+)
 from rljob.launch.autoscale import SCALED_ROLLOUTS, Sample, decide, record
 from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
+from rljob.launch.health import DIVERGED, HEALTH_TYPES, NON_FINITE_UPDATE, Streak, checks, health_summary, observe
 from rljob.launch.stall import PROGRESS_DEADLINE_EXCEEDED, PROGRESSING, STALLED, stalled_message
 from rljob.operator.manifests.members import elastic_rollouts
 from rljob.operator.naming import ANNOTATION_CONFIG_HASH as CONFIG_HASH
@@ -69,7 +78,7 @@ from rljob.operator.status import (
     scheduling_problems,
     set_condition,
 )
-from rljob.runtime.identity import EXIT_FATAL_CONFIG
+from rljob.runtime.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG
 
 Manifest = dict[str, Any]
 EventType = Literal["Normal", "Warning"]
@@ -248,6 +257,7 @@ class _Planner:
         self.create_missing()
         self.update_phase()
         self.check_stalled(job)
+        self.check_health(job)
         if self.status.phase not in TERMINAL_PHASES:
             self.autoscale(job)
         return self.finalize()
@@ -347,6 +357,45 @@ class _Planner:
             self.event("Normal", SCALED_ROLLOUTS, decision.reason)
         self.status.autoscale = state
 
+    def check_health(self, job: RLJob) -> None:
+        """EntropyCollapsed / MismatchHigh from the actor's latest step, against spec.health's windows.
+
+        The streaks live in status (keyed by condition type, with the last step looked at), so an operator
+        restart or a replayed read counts no step twice. Each transition posts one Event.
+        """
+        progress = self.obs.progress
+        if progress is None or self.status.phase != "Running":
+            return
+        values = {"entropy": progress.entropy, "mismatchKl": progress.mismatch_kl}
+        for check in checks(job.spec.health):
+            stored = self.status.health_streaks.get(check.type, HealthStreak())
+            streak = Streak(stored.since, stored.step)
+            condition = get_condition(self.status, check.type)
+            active = condition is not None and condition.status == "True"
+            verdict = observe(check, streak, progress.step, values[check.key], active)
+            self.status.health_streaks[check.type] = HealthStreak(since=streak.since, step=streak.step)
+            if verdict is None:
+                continue
+            set_condition(self.status, check.type, verdict.active, verdict.reason, verdict.message, self.now)
+            self.event("Warning" if verdict.active else "Normal", verdict.reason, verdict.message)
+        self.update_health()
+
+    def update_health(self) -> None:
+        """The HEALTH column: the training-health conditions that are True."""
+        self.status.health = health_summary(
+            {c.type for c in self.status.conditions if c.type in HEALTH_TYPES and c.status == "True"}
+        )
+
+    def fail_diverged(self, pod: PodState) -> None:
+        """The actor stopped on a non-finite update: a restart from the same checkpoint would diverge again."""
+        detail = pod.message.strip() or f"the actor exited with code {EXIT_DIVERGED} (see `kubectl logs {pod.name}`)"
+        message = f"{pod.name}: {detail}"
+        set_condition(self.status, DIVERGED, True, NON_FINITE_UPDATE, message, self.now)
+        self.event("Warning", DIVERGED, message)
+        self.update_health()
+        self.count_roles()
+        self.finish(False, DIVERGED, f"{message}; not restarted (it would diverge again from the same checkpoint)")
+
     def suspend(self) -> None:
         for pod in self.live:
             self.delete(pod)
@@ -421,6 +470,9 @@ class _Planner:
                 why += f": {' '.join(x for x in (pod.reason, pod.message) if x)}"
             if pod.exit_code == EXIT_FATAL_CONFIG:
                 self.fail_on_config_error(pod)
+                return
+            if pod.exit_code == EXIT_DIVERGED:
+                self.fail_diverged(pod)
                 return
             policy = policy_of(job)
             if policy.fails_job("actor"):

@@ -33,6 +33,10 @@ EXIT_FATAL_CONFIG = 78
 """Exit status of a role stopped by its configuration (sysexits EX_CONFIG): an unknown envId, envKwargs the
 env does not take, spaces the builtin model cannot handle, a checkpoint written for another model. A restart
 would fail the same way, so the local launcher and the operator fail the job at once instead of retrying."""
+EXIT_DIVERGED = 65
+"""Exit status of an actor stopped by a non-finite loss or gradient norm (sysexits EX_DATAERR): it applied
+no update and wrote no checkpoint from the bad weights. A restart from the last good checkpoint would
+diverge the same way, so the local launcher and the operator fail the job (reason Diverged) instead."""
 
 
 class IdentityError(RuntimeError):

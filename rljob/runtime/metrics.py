@@ -43,6 +43,7 @@ SAMPLES = "samples"
 POLICY_LOSS = "policy_loss"
 VALUE_LOSS = "value_loss"
 ENTROPY = "entropy"
+MISMATCH_KL = "mismatch_kl"
 APPROX_KL = "approx_kl"
 CLIP_FRACTION = "clip_fraction"
 EXPLAINED_VARIANCE = "explained_variance"
@@ -215,6 +216,7 @@ _GAUGES: dict[str, tuple[str, str]] = {
     POLICY_LOSS: ("rljob_policy_loss", "Policy (surrogate) loss of the last step."),
     VALUE_LOSS: ("rljob_value_loss", "Value loss of the last step."),
     ENTROPY: ("rljob_policy_entropy", "Mean policy entropy of the last step."),
+    MISMATCH_KL: ("rljob_mismatch_kl", "KL between the rollout engine's and the trainer's token log-probs (llm)."),
     APPROX_KL: ("rljob_approx_kl", "Approximate KL between the rollout and the updated policy."),
     CLIP_FRACTION: ("rljob_clip_fraction", "Share of samples whose probability ratio was clipped."),
     EXPLAINED_VARIANCE: ("rljob_explained_variance", "Explained variance of the value function."),

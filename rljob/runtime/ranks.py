@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO
 
-from rljob.runtime.identity import EXIT_FATAL_CONFIG, RoleIdentity
+from rljob.runtime.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, RoleIdentity
 from rljob.runtime.parent_death import LAUNCHER_PID_ENV
 
 RANK_STOP_GRACE_S = 10.0
@@ -103,7 +103,8 @@ class RankGroup:
             reader.join(timeout=5)
 
     def wait(self, poll_s: float = 0.1) -> int:
-        """Until every rank exited 0 (-> 0) or one failed (-> its status, or EXIT_FATAL_CONFIG; the rest stopped)."""
+        """Until every rank exited 0 (-> 0) or one failed (-> its status, EXIT_FATAL_CONFIG or EXIT_DIVERGED when a
+        rank exited with it; the rest stopped)."""
         while True:
             codes = [p.poll() for p in self.processes]
             failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
@@ -117,6 +118,8 @@ class RankGroup:
                 codes = [p.returncode for p in self.processes]
                 if EXIT_FATAL_CONFIG in codes:
                     return EXIT_FATAL_CONFIG
+                if EXIT_DIVERGED in codes:  # every rank agreed; the first to exit need not be the one that saw it
+                    return EXIT_DIVERGED
                 return _exit_status(code)  # type: ignore[arg-type]
             if all(c == 0 for c in codes):
                 for reader in self.readers:

@@ -43,6 +43,10 @@ class Progress:
     """llm jobs: share of the latest step the trainer waited for generations (the rollout autoscaler's signal)."""
     rollout_idle: float | None = None
     """llm jobs: share of the rollouts' time in the latest step without generation work."""
+    entropy: float | None = None
+    """Mean policy entropy of the latest step (nats); None where it is not a Shannon entropy (continuous actions)."""
+    mismatch_kl: float | None = None
+    """llm jobs: rollout/trainer mismatch KL of the latest step (nats per token)."""
 
     def to_json(self) -> dict[str, object]:
         data: dict[str, object] = {
@@ -59,6 +63,8 @@ class Progress:
             data["trainerWait"] = self.trainer_wait
         if self.rollout_idle is not None:
             data["rolloutIdle"] = self.rollout_idle
+        data["entropy"] = self.entropy
+        data["mismatchKl"] = self.mismatch_kl
         return data
 
 
@@ -78,6 +84,8 @@ class ProgressTracker:
         accuracy: float | None = None,
         trainer_wait: float | None = None,
         rollout_idle: float | None = None,
+        entropy: float | None = None,
+        mismatch_kl: float | None = None,
     ) -> None:
         with self._lock:
             # A step without finished episodes keeps the last known reward rather than blanking it.
@@ -90,6 +98,8 @@ class ProgressTracker:
                 accuracy=accuracy,
                 trainer_wait=trainer_wait,
                 rollout_idle=rollout_idle,
+                entropy=entropy,
+                mismatch_kl=mismatch_kl,
             )
 
     def snapshot(self) -> Progress:

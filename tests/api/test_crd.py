@@ -41,7 +41,7 @@ def test_crd_names_subresources_and_printer_columns():
     assert version["subresources"]["status"] == {}
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.roles.rollout.replicas"
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == ["Phase", "Step", "Reward", "Restarts", "Stalled", "Age"]
+    assert columns == ["Phase", "Step", "Reward", "Restarts", "Stalled", "Health", "Age"]
 
 
 def _nodes(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:

@@ -64,12 +64,13 @@ def test_role_http_server_serves_healthz_metrics_and_progress():
         assert get(server.port, "/progress")[0] == 404  # no provider: not the progress-reporting replica
         server.set_progress_provider(tracker.snapshot)
         tracker.update(step=7, reward_mean=42.5)
-        tracker.update(step=8, reward_mean=None)  # no finished episode this step: keep the last reward
+        tracker.update(step=8, reward_mean=None, entropy=0.21)  # no finished episode: keep the last reward
         status, content_type, body = get(server.port, "/progress")
         progress = json.loads(body)
         assert status == 200 and content_type == "application/json"
-        assert set(progress) == {"step", "totalSteps", "rewardMean", "updatedAt"}
+        assert set(progress) == {"step", "totalSteps", "rewardMean", "updatedAt", "entropy", "mismatchKl"}
         assert (progress["step"], progress["totalSteps"], progress["rewardMean"]) == (8, 150, 42.5)
+        assert (progress["entropy"], progress["mismatchKl"]) == (0.21, None)  # a gym actor has no mismatch
         assert progress["updatedAt"].endswith("Z") and "T" in progress["updatedAt"]
 
         role_metrics.observe(
@@ -79,6 +80,7 @@ def test_role_http_server_serves_healthz_metrics_and_progress():
                 "return_mean": 42.5,
                 "env_steps_per_s": 5000.0,
                 "staleness_mean": 1.0,
+                "mismatch_kl": 0.003,
                 "episodes": 3,
                 "time_rollout_s": 0.25,
                 "time_train_s": 0.5,
@@ -92,6 +94,7 @@ def test_role_http_server_serves_healthz_metrics_and_progress():
         assert "rljob_episodic_return 42.5" in text
         assert "rljob_env_steps_per_second 5000.0" in text
         assert "rljob_policy_staleness 1.0" in text
+        assert "rljob_mismatch_kl 0.003" in text
         assert "rljob_episodes_total 3.0" in text
         assert 'rljob_step_phase_seconds{phase="train"} 0.5' in text
         assert 'rljob_phase_seconds_total{phase="rollout"} 0.25' in text

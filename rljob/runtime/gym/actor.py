@@ -29,6 +29,7 @@ from rljob.runtime.checkpoint import (
     resolve_resume_across_ranks,
     restore_rng_state,
 )
+from rljob.runtime.divergence import Diverged, diverged_exit
 from rljob.runtime.gym.envs import space_from_wire
 from rljob.runtime.gym.models import UnsupportedSpaceError, build_mlp_actor_critic
 from rljob.runtime.gym.ppo import BATCH_FIELDS, GymBatch, PPOLearner
@@ -370,6 +371,8 @@ def run_actor(context: RoleContext) -> int:
     except InterruptedError:
         context.log.info("stopped before trainer.steps was reached")
         return 0 if rank else 1
+    except Diverged as exc:
+        return diverged_exit(context, exc)
     except RuntimeError as exc:
         fatal = None if isinstance(exc, FatalConfigError) else _nccl_config_error(context, exc)
         if fatal is None:
@@ -456,7 +459,10 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
         if health is not None:
             health.ready()
         while learner.step < total:
-            learner.update(_share_batch(None, shapes, device))
+            try:
+                learner.update(_share_batch(None, shapes, device))
+            except Diverged as exc:
+                raise exc.with_checkpoint(checkpoints.checkpoints()) from None
         learner.leave_group()
         return 0
 
@@ -481,7 +487,10 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
             batch = _to_batch(replies)
             if world > 1:
                 _share_batch(batch, shapes, device)
-            stats = learner.update(batch)
+            try:
+                stats = learner.update(batch)
+            except Diverged as exc:  # nothing from this update is pushed to rollouts or checkpointed
+                raise exc.with_checkpoint(checkpoints.checkpoints()) from None
             trained = time.perf_counter()
             push_s = controller.push(learner.step) if learner.step < total else 0.0
             transitions = int(batch.rewards.numel())
@@ -525,7 +534,8 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
             health.metrics.observe(line)
             if record[RETURN_MEAN] is not None:
                 last_return = record[RETURN_MEAN]
-            tracker.update(learner.step, record[RETURN_MEAN])
+            # A Gaussian policy's entropy is differential (it may be negative): no floor applies to it.
+            tracker.update(learner.step, record[RETURN_MEAN], entropy=stats["entropy"] if model.discrete else None)
             if learner.step % 10 == 0 or learner.step == total:
                 context.log.info(
                     "step %d/%d env_steps %d return %s",

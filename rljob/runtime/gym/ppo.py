@@ -26,6 +26,7 @@ from rljob.algorithms.losses import (
 )
 from rljob.api.presets import resolve_algorithm
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
+from rljob.runtime.divergence import check_update
 from rljob.runtime.gym.models import MLPActorCritic
 from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_rate
 
@@ -179,8 +180,11 @@ class PPOLearner:
                 loss.backward()
                 if self.trainer.grad_clip is not None:
                     grad_norm = nn.utils.clip_grad_norm_(self.params, self.trainer.grad_clip, foreach=True)
-                else:
-                    grad_norm = torch.zeros((), device=self.device)
+                else:  # measured anyway: a non-finite gradient must stop the update even with a finite loss
+                    grads = [p.grad for p in self.params if p.grad is not None]
+                    grad_norm = nn.utils.get_total_norm(grads, foreach=True)
+                checked = {"loss": float(loss.detach()), "grad_norm": float(grad_norm)}
+                check_update(self.step + 1, checked, self.world_size, self.device)
                 self.optimizer.step()
                 collected.append(
                     torch.stack(

@@ -37,6 +37,7 @@ from rljob.runtime.checkpoint import (
     resolve_resume_across_ranks,
     restore_rng_state,
 )
+from rljob.runtime.divergence import Diverged, diverged_exit
 from rljob.runtime.llm.data import PromptStream, Row, render_prompt, split_off
 from rljob.runtime.llm.engine import Sampling
 from rljob.runtime.llm.learner import LLMLearner, Sample
@@ -309,6 +310,8 @@ def run_actor(context: RoleContext) -> int:
     except InterruptedError:
         context.log.info("stopped before trainer.steps was reached")
         return 0 if rank else 1
+    except Diverged as exc:
+        return diverged_exit(context, exc)
     finally:
         if health is not None:
             health.close()
@@ -394,7 +397,10 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     if rank != 0:
         if health is not None:
             health.ready()
-        follow(learner, channel)  # rank 0's updates, weight gathers, checkpoints and exports, until it ends
+        try:
+            follow(learner, channel)  # rank 0's updates, weight gathers, checkpoints and exports, until it ends
+        except Diverged as exc:
+            raise exc.with_checkpoint(checkpoints.checkpoints()) from None
         learner.leave_group()
         return 0
 
@@ -456,7 +462,10 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
             samples = build_samples(groups, algo, controller.group_size)
             train_started = time.perf_counter()
             channel.send("update", samples)
-            stats = learner.update(samples)
+            try:
+                stats = learner.update(samples)
+            except Diverged as exc:  # nothing from this update reaches a rollout or a checkpoint
+                raise exc.with_checkpoint(checkpoints.checkpoints()) from None
             train_s = time.perf_counter() - train_started
             evaluate = bool(evaluation.interval) and (learner.step % evaluation.interval == 0 or learner.step == total)
             if learner.step < total or evaluate:  # evaluation generates with the weights just trained
@@ -486,7 +495,13 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
             line = run_metrics.log(learner.step, record) if run_metrics else {"step": learner.step, **record}
             health.metrics.observe(line)
             tracker.update(
-                learner.step, record["reward_mean"], record["accuracy"], record[TRAINER_WAIT], record[ROLLOUT_IDLE]
+                learner.step,
+                record["reward_mean"],
+                record["accuracy"],
+                trainer_wait=record[TRAINER_WAIT],
+                rollout_idle=record[ROLLOUT_IDLE],
+                entropy=record["entropy"],
+                mismatch_kl=record["mismatch_kl"],
             )
             if learner.step % 10 == 0 or learner.step == total or learner.step == 1:
                 context.log.info(

@@ -32,6 +32,7 @@ from rljob.algorithms.losses import (
 )
 from rljob.api.presets import resolve_algorithm
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
+from rljob.runtime.divergence import check_update
 from rljob.runtime.llm.sharding import gradient_norm, shard_policy, shards_model
 from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_rate
 
@@ -245,12 +246,15 @@ class LLMLearner:
                 if normalizer <= 0:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
+                loss = 0.0
                 for j, mb in enumerate(batches):
                     stats = self._backward(mb, old[m][j], None if refs is None else refs[m][j], normalizer, sums)
                     for k, v in stats.items():
                         sums[k] += v
+                    loss += stats[6]
                 self._sync_gradients()
                 grad_norm = gradient_norm(self.params, self.trainer.grad_clip)
+                check_update(self.step + 1, {"loss": loss, "grad_norm": grad_norm}, self.world_size, self.device)
                 self.optimizer.step()
         self.step += 1
         totals = self._all_reduce(sums.clone())

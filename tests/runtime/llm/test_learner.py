@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rljob.api.spec import AlgorithmSpec, BuiltinNetwork, ModelSpec, OffPolicyCorrection, TrainerSpec
+from rljob.runtime.divergence import Diverged
 from rljob.runtime.llm.learner import BatchShapeError, LLMLearner, collate, token_logprobs
 from rljob.runtime.llm.policy import build_char_tokenizer, build_tiny_qwen2
 
@@ -267,3 +268,16 @@ def test_an_algorithm_built_in_code_trains_with_its_paper_preset():
     assert (
         make_learner(AlgorithmSpec(name="grpo"), model=model, reference=copy.deepcopy(model)).algorithm.kl_coef == 0.04
     )
+
+
+def test_a_non_finite_advantage_stops_the_update_before_the_optimizer_applies_it():
+    learner = make_learner(AlgorithmSpec(name="grpo", minibatches=1, epochs=1, kl_coef=0.0))
+    learner.update(make_samples(0))
+    before = flat_params(learner).clone()
+    samples = make_samples(1)
+    samples[3]["advantage"] = float("nan")  # e.g. a group whose rewards normalised to nan
+    with pytest.raises(Diverged) as raised:
+        learner.update(samples)
+    assert str(raised.value).startswith("diverged at step 2: non-finite loss and grad_norm (loss nan, grad_norm nan)")
+    assert learner.step == 1
+    assert torch.equal(flat_params(learner), before)  # nothing applied

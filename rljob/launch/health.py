@@ -1,0 +1,161 @@
+"""Training health: the policy's entropy collapsing, the rollout engine drifting from the trainer, and a
+diverged update (a non-finite loss or gradient norm, which stops the actor).
+
+The threshold and window logic behind the operator's EntropyCollapsed / MismatchHigh conditions and
+`rljob run`'s lines, in one place: both feed it the actor's latest `/progress` and say the same words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rljob.api.spec import HealthSpec
+
+DIVERGED = "Diverged"
+"""Condition type, and the reason of a job failed for it."""
+NON_FINITE_UPDATE = "NonFiniteUpdate"
+"""Reason of a Diverged condition: the actor stopped on a non-finite loss or gradient norm."""
+ENTROPY_COLLAPSED = "EntropyCollapsed"
+"""Condition type: the policy entropy stayed below spec.health.entropyFloor."""
+ENTROPY_BELOW_FLOOR = "EntropyBelowFloor"
+"""Reason of an EntropyCollapsed condition that is True."""
+MISMATCH_HIGH = "MismatchHigh"
+"""Condition type: the rollout/trainer mismatch KL stayed above spec.health.mismatchKlThreshold."""
+MISMATCH_ABOVE_THRESHOLD = "MismatchAboveThreshold"
+"""Reason of a MismatchHigh condition that is True."""
+RECOVERED = "Recovered"
+"""Reason of an EntropyCollapsed or MismatchHigh condition that went back to False."""
+
+HEALTH_TYPES = (DIVERGED, ENTROPY_COLLAPSED, MISMATCH_HIGH)
+"""The training-health conditions, in the order the HEALTH column lists them."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One windowed threshold on a value the actor reports in `/progress`."""
+
+    type: str
+    reason: str
+    key: str
+    """The `/progress` key (camelCase)."""
+    what: str
+    field: str
+    """The spec field, as the message names it."""
+    threshold: float
+    window: int
+    below: bool
+    """True: past the threshold means below it (entropy); False: above it (mismatch)."""
+
+    def past(self, value: float) -> bool:
+        return value < self.threshold if self.below else value > self.threshold
+
+
+def checks(health: HealthSpec) -> list[Check]:
+    """The checks `spec.health` turns on (a threshold of 0 turns its check off)."""
+    out = []
+    if health.entropy_floor:
+        out.append(
+            Check(
+                ENTROPY_COLLAPSED,
+                ENTROPY_BELOW_FLOOR,
+                "entropy",
+                "policy entropy",
+                "spec.health.entropyFloor",
+                health.entropy_floor,
+                health.window_steps,
+                below=True,
+            )
+        )
+    if health.mismatch_kl_threshold:
+        out.append(
+            Check(
+                MISMATCH_HIGH,
+                MISMATCH_ABOVE_THRESHOLD,
+                "mismatchKl",
+                "rollout/trainer mismatch KL",
+                "spec.health.mismatchKlThreshold",
+                health.mismatch_kl_threshold,
+                health.window_steps,
+                below=False,
+            )
+        )
+    return out
+
+
+@dataclass
+class Streak:
+    """Steps past a threshold: from step `since` (None: within it) up to the latest step looked at."""
+
+    since: int | None = None
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A condition that changed: `active` True (set, with `reason`) or False (Recovered)."""
+
+    type: str
+    active: bool
+    reason: str
+    message: str
+
+
+def observe(check: Check, streak: Streak, step: int, value: float | None, active: bool) -> Verdict | None:
+    """Look at step `step`'s value; update `streak` in place; the Verdict when the condition changes.
+
+    A step already looked at (or an earlier one) counts nothing, so a replayed read is harmless. Two looks
+    past the threshold count every step between them as past it: the window is in steps, however often
+    anyone looks.
+    """
+    if step <= streak.step or value is None:
+        return None
+    streak.step = step
+    relation = "below" if check.below else "above"
+    if not check.past(value):
+        streak.since = None
+        if active:
+            back = "above" if check.below else "below"
+            message = f"{check.what} {value:.4g} is back {back} {check.field} ({check.threshold:g}) at step {step}"
+            return Verdict(check.type, False, RECOVERED, message)
+        return None
+    if streak.since is None:
+        streak.since = step
+    steps = step - streak.since + 1
+    if active or steps < check.window:
+        return None
+    message = (
+        f"{check.what} {value:.4g} at step {step}, {relation} {check.field} ({check.threshold:g}) "
+        f"for {steps} steps (since step {streak.since})"
+    )
+    return Verdict(check.type, True, check.reason, message)
+
+
+def health_summary(active: set[str]) -> str:
+    """The HEALTH column: the training-health conditions that are True, comma-separated."""
+    return ",".join(t for t in HEALTH_TYPES if t in active)
+
+
+@dataclass
+class HealthWatch:
+    """`rljob run`'s view: feed it each `/progress` report; it returns the conditions that changed."""
+
+    health: HealthSpec
+    streaks: dict[str, Streak] = field(default_factory=dict)
+    active: set[str] = field(default_factory=set)
+
+    def observe(self, report: dict[str, Any] | None) -> list[Verdict]:
+        if not report:
+            return []
+        changed = []
+        for check in checks(self.health):
+            streak = self.streaks.setdefault(check.type, Streak())
+            verdict = observe(check, streak, int(report["step"]), report.get(check.key), check.type in self.active)
+            if verdict is None:
+                continue
+            if verdict.active:
+                self.active.add(check.type)
+            else:
+                self.active.discard(check.type)
+            changed.append(verdict)
+        return changed

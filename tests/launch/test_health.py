@@ -1,0 +1,67 @@
+"""The entropy and mismatch windows against hand-computed step sequences, as `rljob run` and the operator see them."""
+
+from __future__ import annotations
+
+from rljob.api.spec import HealthSpec
+from rljob.launch.health import (
+    ENTROPY_BELOW_FLOOR,
+    ENTROPY_COLLAPSED,
+    MISMATCH_HIGH,
+    RECOVERED,
+    HealthWatch,
+    Streak,
+    checks,
+    health_summary,
+    observe,
+)
+
+
+def _entropy_check(floor: float = 0.1, window: int = 3):
+    return checks(HealthSpec(entropy_floor=floor, window_steps=window, mismatch_kl_threshold=0))[0]
+
+
+def test_entropy_below_the_floor_for_the_window_sets_the_condition_once_then_recovery_clears_it():
+    check, streak = _entropy_check(), Streak()
+    # steps 1..6: 0.5 0.05 0.05 0.5 0.05 0.05 -> no run of 3 yet; 7: 0.05 -> steps 5, 6, 7 below
+    for step, value in [(1, 0.5), (2, 0.05), (3, 0.05), (4, 0.5), (5, 0.05), (6, 0.05)]:
+        assert observe(check, streak, step, value, active=False) is None
+    verdict = observe(check, streak, 7, 0.05, active=False)
+    assert verdict is not None and verdict.type == ENTROPY_COLLAPSED and verdict.active
+    assert verdict.reason == ENTROPY_BELOW_FLOOR
+    assert verdict.message == (
+        "policy entropy 0.05 at step 7, below spec.health.entropyFloor (0.1) for 3 steps (since step 5)"
+    )
+    assert observe(check, streak, 8, 0.04, active=True) is None  # said once, not every step
+    back = observe(check, streak, 9, 0.3, active=True)
+    assert back is not None and not back.active and back.reason == RECOVERED
+    assert back.message == "policy entropy 0.3 is back above spec.health.entropyFloor (0.1) at step 9"
+
+
+def test_a_step_seen_again_counts_nothing_and_steps_between_two_looks_count():
+    check, streak = _entropy_check(window=10), Streak()
+    assert observe(check, streak, 4, 0.01, active=False) is None
+    for _ in range(20):  # the same step read again and again (an operator restart, a fast poll)
+        assert observe(check, streak, 4, 0.01, active=False) is None
+    assert streak == Streak(since=4, step=4)
+    assert observe(check, streak, 3, 0.01, active=False) is None  # an older report: ignored
+    verdict = observe(check, streak, 13, 0.02, active=False)  # looks at 4 and 13: steps 4..13 are 10 steps
+    assert verdict is not None and "for 10 steps (since step 4)" in verdict.message
+
+
+def test_mismatch_above_the_threshold_and_a_missing_value_or_zero_threshold_do_nothing():
+    watch = HealthWatch(HealthSpec(mismatch_kl_threshold=0.01, window_steps=2, entropy_floor=0))
+    assert watch.observe({"step": 1, "mismatchKl": 0.2, "entropy": 0.0}) == []
+    [verdict] = watch.observe({"step": 2, "mismatchKl": 0.3, "entropy": 0.0})
+    assert verdict.type == MISMATCH_HIGH and verdict.active
+    assert "rollout/trainer mismatch KL 0.3 at step 2, above spec.health.mismatchKlThreshold (0.01)" in verdict.message
+    assert watch.active == {MISMATCH_HIGH}
+    assert watch.observe({"step": 3, "mismatchKl": None}) == []  # gym actors report no mismatch
+    [back] = watch.observe({"step": 4, "mismatchKl": 0.001})
+    assert not back.active and watch.active == set()
+    assert watch.observe(None) == []
+    assert checks(HealthSpec(entropy_floor=0, mismatch_kl_threshold=0)) == []
+
+
+def test_the_health_column_lists_true_conditions_in_a_fixed_order():
+    assert health_summary(set()) == ""
+    assert health_summary({MISMATCH_HIGH, ENTROPY_COLLAPSED}) == "EntropyCollapsed,MismatchHigh"
