@@ -95,9 +95,14 @@ def test_past_the_deadline_the_last_error_is_raised_and_the_last_wait_ends_at_th
             clock=time.clock,
             sleep=time.sleep,
         )
-    # Each attempt costs 1 s; waits of (jittered) 1, 2, 4, 4 ... until the deadline; the last wait is trimmed
-    # to end at it, and one more attempt is made then.
-    assert time.now == pytest.approx(11.0) and peer.attempts == len(time.waits) + 1
+    # Each attempt costs 1 s; waits of (jittered) 1, 2, 4, 4 ... never past the deadline (the last one is trimmed to
+    # end at it), and the first attempt that ends past it raises: none starts after the deadline.
+    assert 10.0 <= time.now <= 11.0 and peer.attempts == len(time.waits) + 1
+    ends, now = [], 0.0
+    for wait in time.waits:
+        now += 1.0 + wait  # an attempt, then the wait after it
+        ends.append(now)
+    assert all(end <= 10.0 + 1e-9 for end in ends), ends
     assert_jittered(time.waits[:-1], [1.0, 2.0, 4.0, 4.0][: len(time.waits) - 1])
     assert [wait for _, wait in told] == time.waits and all(error == "no reply" for error, _ in told)
 
