@@ -42,6 +42,8 @@ async def test_a_job_without_steps_is_stalled_with_the_actors_reason_and_recover
             assert f"the actor reports: {ISSUE}" in condition["message"]
             assert cluster.status("cp")["progress"]["issue"] == ISSUE
             assert cluster.phase("cp") == "Running"  # onStalled: Report keeps it running
+            # The Event is posted after the status write that set the condition: wait for it too.
+            await eventually(lambda: "Stalled" in cluster.reasons("cp"), what="Stalled event")
             stalled_events = [e for e in cluster.events("cp") if e["reason"] == "Stalled"]
             assert stalled_events and stalled_events[0]["type"] == "Warning"
             assert ISSUE in stalled_events[0]["message"]
