@@ -53,6 +53,7 @@ async def test_rollout_replicas_follow_the_trainers_wait_within_bounds_and_never
             await eventually(lambda: replicas() == 2, what="scaled to 2")
             await eventually(lambda: _rollouts(cluster) == {"ar-rollout-0", "ar-rollout-1"}, what="rollout 1")
             cluster.run("ar-rollout-1")
+            await eventually(lambda: "ScaledRollouts" in cluster.reasons("ar"), what="ScaledRollouts event")
             scaled = [e for e in cluster.events("ar") if e["reason"] == "ScaledRollouts"]
             assert scaled[0]["type"] == "Normal" and "1 -> 2 rollouts" in scaled[0]["message"]
             assert "waited 60%" in scaled[0]["message"]
@@ -73,6 +74,8 @@ async def test_rollout_replicas_follow_the_trainers_wait_within_bounds_and_never
             await eventually(lambda: len(_rollouts(cluster)) == 2, what="rollout 2 deleted")
             assert _rollouts(cluster) == {"ar-rollout-0", "ar-rollout-1"}
             assert cluster.status("ar")["autoscale"]["lastScaleDirection"] == "Down"
+            # Events are posted after the status write that decided the scaling.
+            await eventually(lambda: cluster.reasons("ar").count("ScaledRollouts") == 3, what="the third event")
             assert [e["message"].split(": ")[-1] for e in cluster.events("ar") if e["reason"] == "ScaledRollouts"] == [
                 "1 -> 2 rollouts",
                 "2 -> 3 rollouts",
