@@ -220,6 +220,7 @@ _LLM_ONLY_SETTINGS: tuple[tuple[str, Callable[[RLJobSpec], object], object], ...
     ("evaluation.interval", lambda s: s.evaluation.interval, 0),
     ("trainer.precision", lambda s: s.trainer.precision, "fp32"),
     ("trainer.microBatchSize", lambda s: s.trainer.micro_batch_size, None),
+    ("trainer.logprobChunkTokens", lambda s: s.trainer.logprob_chunk_tokens, 512),
     ("algorithm.klCoef", lambda s: s.algorithm.kl_coef, 0.0),
     ("algorithm.lossAggregation", lambda s: s.algorithm.loss_aggregation, "token-mean"),
     ("rollout.temperature", lambda s: s.rollout.temperature, 1.0),

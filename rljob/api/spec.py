@@ -336,6 +336,11 @@ class TrainerSpec(SpecModel):
     """Per step: gym, transitions (a multiple of numEnvs); llm, prompts (each sampled groupSize times)."""
     micro_batch_size: int | None = Field(default=None, ge=1)
     """Samples per forward/backward pass (gradient accumulation); the whole minibatch when unset."""
+    logprob_chunk_tokens: int | None = Field(default=512, ge=1)
+    """Response tokens whose logits are computed at once (llm): log-probs and entropy come from the LM head
+    chunk by chunk in fp32, recomputed in backward, so a few [chunk, vocabulary] blocks are alive instead of
+    the whole batch's logits (512 x Qwen2's 152k vocabulary: 0.3 GB a block, about 1.5 GB at the peak of
+    backward); unset computes the full logits at once."""
     learning_rate: float = Field(default=3e-4, gt=0.0)
     """Peak learning rate of the optimizer."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
@@ -353,7 +358,9 @@ class TrainerSpec(SpecModel):
     seed: int = Field(default=0, ge=0)
     """Seed of every random choice of the job: initial weights, data order, sampling, held-out split."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """Compute precision of the actor on GPU; the CPU computes in fp32."""
+    """Compute precision of the actor on GPU (`bf16`: the policy loaded in bfloat16 with model.dtype auto, or fp32
+    weights computing in bf16 with parallelism fsdp2); log-softmax is fp32 whatever it says. The CPU computes
+    in fp32."""
     parallelism: Literal["ddp", "fsdp2"] = "ddp"
     """How the actor group shares the model: replicated (ddp) or sharded (fsdp2)."""
 

@@ -129,9 +129,12 @@ def demonstration_texts(spec: RLJobSpec, rows: list[Row]) -> list[str]:
     return [turn for row in rows for turn in demonstration_turns(spec.sft, row)]
 
 
-def sft_loss(model: torch.nn.Module, batch: MicroBatch, normalizer: float) -> tuple[torch.Tensor, float]:
-    """(summed cross-entropy of the demonstration tokens / normalizer, that sum): prompt and padding masked."""
-    logprobs, _ = token_logprobs(model, batch, temperature=1.0, with_entropy=False)
+def sft_loss(
+    model: torch.nn.Module, batch: MicroBatch, normalizer: float, chunk_tokens: int | None = None
+) -> tuple[torch.Tensor, float]:
+    """(summed cross-entropy of the demonstration tokens / normalizer, that sum): prompt and padding masked;
+    `chunk_tokens` as in `token_logprobs`."""
+    logprobs, _ = token_logprobs(model, batch, temperature=1.0, with_entropy=False, chunk_tokens=chunk_tokens)
     total = -(logprobs * batch.response_mask).sum()
     return total / normalizer, float(total.detach())
 
@@ -255,7 +258,7 @@ class Warmup:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         for mb in micro:
-            loss, summed = sft_loss(learner.model, mb, tokens)
+            loss, summed = sft_loss(learner.model, mb, tokens, learner.trainer.logprob_chunk_tokens)
             loss.backward()
             loss_sum += summed
         learner._sync_gradients()

@@ -58,11 +58,18 @@ def make_learner(
     world: int = 1,
     reference: torch.nn.Module | None = None,
     model: torch.nn.Module | None = None,
+    **trainer_fields,
 ) -> LLMLearner:
     # Plain SGD: parameters then differ exactly as gradients do. Adam would hide a gradient scaled by a wrong
     # normalizer (its step is scale-free) and blow float noise on zero-gradient parameters (a key bias) up to lr.
     trainer = TrainerSpec(
-        steps=10, optimizer="sgd", learning_rate=0.05, micro_batch_size=micro_batch_size, seed=3, grad_clip=None
+        steps=10,
+        optimizer="sgd",
+        learning_rate=0.05,
+        micro_batch_size=micro_batch_size,
+        seed=3,
+        grad_clip=None,
+        **trainer_fields,
     )
     return LLMLearner(
         make_model() if model is None else model,
@@ -97,6 +104,16 @@ def test_micro_batch_size_does_not_change_the_update(name, aggregation):
     moved = flat_params(whole) - flat_params(make_model())
     assert float(moved.abs().max()) > 1e-4  # the update did something
     assert torch.allclose(flat_params(quarters), flat_params(whole), atol=1e-6)
+
+
+def test_log_probs_in_chunks_give_the_update_of_the_full_logits():
+    algorithm = AlgorithmSpec(name="grpo", kl_coef=0.0, entropy_coef=0.01, minibatches=2, clip_ratio_high=0.28)
+    full, chunked = make_learner(algorithm, logprob_chunk_tokens=None), make_learner(algorithm, logprob_chunk_tokens=5)
+    for seed in (0, 1):
+        stats_full, stats_chunked = full.update(make_samples(seed)), chunked.update(make_samples(seed))
+        for key in STAT_KEYS:
+            assert stats_chunked[key] == pytest.approx(stats_full[key], rel=1e-5, abs=1e-6), key
+    assert torch.allclose(flat_params(chunked), flat_params(full), atol=1e-6)
 
 
 RANK_SCRIPT = textwrap.dedent(
