@@ -220,6 +220,7 @@ _LLM_ONLY_SETTINGS: tuple[tuple[str, Callable[[RLJobSpec], object], object], ...
     ("evaluation.interval", lambda s: s.evaluation.interval, 0),
     ("trainer.precision", lambda s: s.trainer.precision, "fp32"),
     ("trainer.microBatchSize", lambda s: s.trainer.micro_batch_size, None),
+    ("trainer.microBatchTokens", lambda s: s.trainer.micro_batch_tokens, None),
     ("trainer.logprobChunkTokens", lambda s: s.trainer.logprob_chunk_tokens, 512),
     ("algorithm.klCoef", lambda s: s.algorithm.kl_coef, 0.0),
     ("algorithm.lossAggregation", lambda s: s.algorithm.loss_aggregation, "token-mean"),
@@ -325,6 +326,14 @@ def _check_batch(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     else:
         group = spec.algorithm.group_size or 1
         samples, counted = batch * group, f"trainer.batchSize {batch} x algorithm.groupSize {group}"
+    budget, llm = spec.trainer.micro_batch_tokens, spec.task.llm
+    if budget is not None and llm is not None and budget < llm.max_prompt_length + llm.max_response_length:
+        longest = llm.max_prompt_length + llm.max_response_length
+        yield (
+            "trainer.microBatchTokens",
+            f"must hold one whole sequence: at least task.llm.maxPromptLength + maxResponseLength = {longest} "
+            f"(got {budget})",
+        )
     minibatches = spec.algorithm.minibatches
     if samples % minibatches:
         yield (

@@ -336,6 +336,12 @@ class TrainerSpec(SpecModel):
     """Per step: gym, transitions (a multiple of numEnvs); llm, prompts (each sampled groupSize times)."""
     micro_batch_size: int | None = Field(default=None, ge=1)
     """Samples per forward/backward pass (gradient accumulation); the whole minibatch when unset."""
+    micro_batch_tokens: int | None = Field(default=None, ge=1)
+    """Token budget of a forward/backward pass (llm): sequences sorted by length are packed into micro-batches
+    whose padded size (rows x longest sequence) stays within it, so short sequences share a pass and long ones
+    do not run out of memory; with microBatchSize too, both limits hold. Must be at least
+    task.llm.maxPromptLength + maxResponseLength, the longest sequence. The loss is normalised over the whole
+    minibatch, so the update does not depend on the packing."""
     logprob_chunk_tokens: int | None = Field(default=512, ge=1)
     """Response tokens whose logits are computed at once (llm): log-probs and entropy come from the LM head
     chunk by chunk in fp32, recomputed in backward, so a few [chunk, vocabulary] blocks are alive instead of

@@ -33,6 +33,7 @@ from rljob.algorithms.losses import (
 from rljob.api.presets import resolve_algorithm
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
 from rljob.runtime.llm.logprobs import chunked_logprobs, full_logprobs
+from rljob.runtime.llm.packing import pack_by_tokens, split_to_count
 from rljob.runtime.llm.sharding import gradient_norm, shard_policy, shards_model
 from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_rate
 
@@ -206,8 +207,15 @@ class LLMLearner:
         ]
 
     def _micro(self, samples: list[Sample]) -> list[MicroBatch]:
-        size = self.trainer.micro_batch_size or len(samples)
-        return [collate(samples[i : i + size], self.pad_id).to(self.device) for i in range(0, len(samples), size)]
+        size = self.trainer.micro_batch_size or max(len(samples), 1)
+        budget = self.trainer.micro_batch_tokens
+        if budget is None:
+            return [collate(samples[i : i + size], self.pad_id).to(self.device) for i in range(0, len(samples), size)]
+        lengths = [len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples]
+        groups = pack_by_tokens(lengths, budget, self.trainer.micro_batch_size)
+        if self.sharded:  # every rank runs as many passes as the one that needs most
+            groups = split_to_count(groups, int(self._max_over_ranks(float(len(groups)))))
+        return [collate([samples[i] for i in g], self.pad_id).to(self.device) for g in groups]
 
     def _all_reduce(self, values: Tensor) -> Tensor:
         if self.world_size > 1:

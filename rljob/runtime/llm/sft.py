@@ -35,7 +35,7 @@ import torch
 
 from rljob.api.spec import RLJobSpec, SFTSpec
 from rljob.runtime.llm.data import PromptStream, Row, render_prompt
-from rljob.runtime.llm.learner import LLMLearner, MicroBatch, collate, token_logprobs
+from rljob.runtime.llm.learner import LLMLearner, MicroBatch, token_logprobs
 from rljob.runtime.llm.multiturn import EpisodeRunner
 from rljob.runtime.llm.sharding import gradient_norm
 from rljob.runtime.optim import build_optimizer
@@ -250,8 +250,7 @@ class Warmup:
         learner = self.learner
         examples = self.batch()
         mine = examples[learner.rank :: learner.world_size]
-        size = self.spec.trainer.micro_batch_size or max(len(mine), 1)
-        micro = [collate(mine[i : i + size], learner.pad_id).to(learner.device) for i in range(0, len(mine), size)]
+        micro = learner._micro(mine)  # the RL update's micro-batches: trainer.microBatchSize / microBatchTokens
         local = sum(float(mb.response_mask.sum()) for mb in micro)
         tokens = float(learner._all_reduce(torch.tensor([local], dtype=torch.float64))[0])
         learner.model.train()
