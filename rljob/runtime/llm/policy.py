@@ -200,6 +200,16 @@ def load_policy(
     return model.to(device), tokenizer
 
 
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """`model.gradientCheckpointing`: each decoder layer keeps only its input and recomputes the rest in backward.
+
+    Non-reentrant checkpointing: torch's recommended kind, right whatever requires grad and nestable with the
+    chunked log-probs' own checkpoints. The KV cache that checkpointing rules out is off in every training
+    forward already (`use_cache=False` there), not in the config, which exports would carry to generation.
+    """
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def export_hf(
     model: torch.nn.Module, tokenizer: Any, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None
 ) -> Path:

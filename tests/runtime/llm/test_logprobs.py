@@ -1,5 +1,5 @@
 """Chunked log-probs and entropy: the full-logits numbers and gradients, a fallback for transformed logits,
-and a peak memory far below the full logits of a 151,936-token vocabulary."""
+gradient checkpointing, and a peak memory far below the full logits of a 151,936-token vocabulary."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForC
 
 from rljob.runtime.llm.learner import MicroBatch, collate, token_logprobs
 from rljob.runtime.llm.logprobs import chunked_logprobs, full_logprobs
+from rljob.runtime.llm.policy import enable_gradient_checkpointing
 
 VOCAB = 53
 PAD = 0
@@ -134,6 +135,21 @@ def test_a_model_that_softcaps_its_logits_falls_back_to_the_full_logits_and_says
     with caplog.at_level(logging.WARNING, logger="rljob.actor"):
         loss_and_grads(model, batch, 4)
     assert caplog.text == ""  # said once per model
+
+
+def test_gradient_checkpointing_recomputes_the_layers_with_the_same_gradients():
+    plain, checkpointed = qwen2(tied=True), qwen2(tied=True)
+    enable_gradient_checkpointing(checkpointed)
+    assert checkpointed.is_gradient_checkpointing and not plain.is_gradient_checkpointing
+    calls = {"plain": 0, "checkpointed": 0}
+    for name, model in (("plain", plain), ("checkpointed", checkpointed)):
+        model.train()
+        layer = model.model.layers[0]
+        layer.register_forward_pre_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
+    batch = collate(samples(), PAD)
+    assert_same(loss_and_grads(checkpointed, batch, 4), loss_and_grads(plain, batch, 4))
+    # One forward each; the checkpointed layer started again in backward to rebuild its activations.
+    assert calls == {"plain": 1, "checkpointed": 2}
 
 
 PEAK_SCRIPT = textwrap.dedent(
