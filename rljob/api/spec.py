@@ -363,10 +363,10 @@ class TrainerSpec(SpecModel):
     """Maximum global gradient norm; no clipping when unset."""
     seed: int = Field(default=0, ge=0)
     """Seed of every random choice of the job: initial weights, data order, sampling, held-out split."""
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """Compute precision of the actor on GPU (`bf16`: the policy loaded in bfloat16 with model.dtype auto, or fp32
-    weights computing in bf16 with parallelism fsdp2); log-softmax is fp32 whatever it says. The CPU computes
-    in fp32."""
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """Compute precision of the actor on GPU; `auto` is bf16 on CUDA (fp16 for GPUs without bf16, such as V100
+    and T4). With bf16 the policy is loaded in bfloat16 (model.dtype auto), or with parallelism fsdp2 holds fp32
+    shards computing in bf16. Log-softmax is fp32 whatever it says; the CPU computes in fp32."""
     parallelism: Literal["ddp", "fsdp2"] = "ddp"
     """How the actor group shares the model: replicated (ddp) or sharded (fsdp2)."""
 

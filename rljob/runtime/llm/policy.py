@@ -34,10 +34,18 @@ class ModelSourceError(ValueError):
     """The model cannot be loaded as configured; the message names the field and the fix."""
 
 
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`trainer.precision` on `device`: `auto` is bf16 on CUDA and fp32 elsewhere; the others as they say."""
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return precision
+
+
 def policy_dtype(model: ModelSpec, precision: str, device: torch.device) -> torch.dtype:
     """The dtype the policy is loaded in on `device` (the actor's is the one weight sync carries)."""
     if model.dtype != "auto":
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[model.dtype]
+    precision = resolve_precision(precision, device)
     if device.type == "cuda" and precision == "bf16":
         return torch.bfloat16
     if device.type == "cuda" and precision == "fp16":
