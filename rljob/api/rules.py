@@ -218,8 +218,10 @@ def _check_text_env(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
 _LLM_ONLY_SETTINGS: tuple[tuple[str, Callable[[RLJobSpec], object], object], ...] = (
     ("trainer.parallelism", lambda s: s.trainer.parallelism, "ddp"),
     ("evaluation.interval", lambda s: s.evaluation.interval, 0),
-    ("trainer.precision", lambda s: s.trainer.precision, "fp32"),
+    ("trainer.precision", lambda s: s.trainer.precision, "auto"),
     ("trainer.microBatchSize", lambda s: s.trainer.micro_batch_size, None),
+    ("trainer.microBatchTokens", lambda s: s.trainer.micro_batch_tokens, None),
+    ("trainer.logprobChunkTokens", lambda s: s.trainer.logprob_chunk_tokens, 512),
     ("algorithm.klCoef", lambda s: s.algorithm.kl_coef, 0.0),
     ("algorithm.lossAggregation", lambda s: s.algorithm.loss_aggregation, "token-mean"),
     ("rollout.temperature", lambda s: s.rollout.temperature, 1.0),
@@ -324,6 +326,14 @@ def _check_batch(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     else:
         group = spec.algorithm.group_size or 1
         samples, counted = batch * group, f"trainer.batchSize {batch} x algorithm.groupSize {group}"
+    budget, llm = spec.trainer.micro_batch_tokens, spec.task.llm
+    if budget is not None and llm is not None and budget < llm.max_prompt_length + llm.max_response_length:
+        longest = llm.max_prompt_length + llm.max_response_length
+        yield (
+            "trainer.microBatchTokens",
+            f"must hold one whole sequence: at least task.llm.maxPromptLength + maxResponseLength = {longest} "
+            f"(got {budget})",
+        )
     minibatches = spec.algorithm.minibatches
     if samples % minibatches:
         yield (

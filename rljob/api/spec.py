@@ -336,6 +336,17 @@ class TrainerSpec(SpecModel):
     """Per step: gym, transitions (a multiple of numEnvs); llm, prompts (each sampled groupSize times)."""
     micro_batch_size: int | None = Field(default=None, ge=1)
     """Samples per forward/backward pass (gradient accumulation); the whole minibatch when unset."""
+    micro_batch_tokens: int | None = Field(default=None, ge=1)
+    """Token budget of a forward/backward pass (llm): sequences sorted by length are packed into micro-batches
+    whose padded size (rows x longest sequence) stays within it, so short sequences share a pass and long ones
+    do not run out of memory; with microBatchSize too, both limits hold. Must be at least
+    task.llm.maxPromptLength + maxResponseLength, the longest sequence. The loss is normalised over the whole
+    minibatch, so the update does not depend on the packing."""
+    logprob_chunk_tokens: int | None = Field(default=512, ge=1)
+    """Response tokens whose logits are computed at once (llm): log-probs and entropy come from the LM head
+    chunk by chunk in fp32, recomputed in backward, so a few [chunk, vocabulary] blocks are alive instead of
+    the whole batch's logits (512 x Qwen2's 152k vocabulary: 0.3 GB a block, about 1.5 GB at the peak of
+    backward); unset computes the full logits at once."""
     learning_rate: float = Field(default=3e-4, gt=0.0)
     """Peak learning rate of the optimizer."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
@@ -352,8 +363,10 @@ class TrainerSpec(SpecModel):
     """Maximum global gradient norm; no clipping when unset."""
     seed: int = Field(default=0, ge=0)
     """Seed of every random choice of the job: initial weights, data order, sampling, held-out split."""
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """Compute precision of the actor on GPU; the CPU computes in fp32."""
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """Compute precision of the actor on GPU; `auto` is bf16 on CUDA (fp16 for GPUs without bf16, such as V100
+    and T4). With bf16 the policy is loaded in bfloat16 (model.dtype auto), or with parallelism fsdp2 holds fp32
+    shards computing in bf16. Log-softmax is fp32 whatever it says; the CPU computes in fp32."""
     parallelism: Literal["ddp", "fsdp2"] = "ddp"
     """How the actor group shares the model: replicated (ddp) or sharded (fsdp2)."""
 

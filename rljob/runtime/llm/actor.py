@@ -43,7 +43,7 @@ from rljob.runtime.llm.engine import Sampling
 from rljob.runtime.llm.learner import LLMLearner, Sample
 from rljob.runtime.llm.membership import RolloutMembership
 from rljob.runtime.llm.multiturn import episode_metrics, episode_runner
-from rljob.runtime.llm.policy import ModelSourceError, load_policy
+from rljob.runtime.llm.policy import ModelSourceError, enable_gradient_checkpointing, load_policy
 from rljob.runtime.llm.pool import ChunkResult, RewardPool, RolloutPool
 from rljob.runtime.llm.setup import job_rows, load_job_policy, role_device, weights_dir
 from rljob.runtime.llm.sft import Warmup
@@ -328,7 +328,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     torch.manual_seed(spec.trainer.seed)
     model, tokenizer = load_job_policy(context, device, all_rows)
     if spec.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_gradient_checkpointing(model)
     evaluation = spec.evaluation
     train_rows, eval_rows = all_rows, []
     if evaluation.interval and evaluation.size:

@@ -33,6 +33,8 @@ from rljob.algorithms.losses import (
 from rljob.api.presets import resolve_algorithm
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
 from rljob.runtime.divergence import check_update
+from rljob.runtime.llm.logprobs import chunked_logprobs, full_logprobs
+from rljob.runtime.llm.packing import pack_by_tokens, split_to_count
 from rljob.runtime.llm.sharding import gradient_norm, shard_policy, shards_model
 from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_rate
 
@@ -99,22 +101,22 @@ def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
 
 
 def token_logprobs(
-    model: nn.Module, batch: MicroBatch, temperature: float, with_entropy: bool, entropy_grad: bool = True
+    model: nn.Module,
+    batch: MicroBatch,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool = True,
+    chunk_tokens: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """log p(target) per position under softmax(logits / T), and the entropy of that distribution.
 
-    With `entropy_grad=False` the entropy is computed outside autograd (a statistic, not a loss term).
+    With `entropy_grad=False` the entropy is computed outside autograd (a statistic, not a loss term). With
+    `chunk_tokens` only the response positions get values (0 elsewhere), at most that many rows of logits alive
+    at once (see `logprobs`); without it, every position from the full logits.
     """
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
-    if temperature > 0:
-        logits = logits / temperature
-    log_probs = torch.log_softmax(logits, dim=-1)
-    chosen = log_probs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return chosen, entropy
+    if chunk_tokens is None:
+        return full_logprobs(model, batch, temperature, with_entropy, entropy_grad)
+    return chunked_logprobs(model, batch, temperature, with_entropy, entropy_grad, chunk_tokens)
 
 
 def has_dropout(model: nn.Module) -> bool:
@@ -206,8 +208,15 @@ class LLMLearner:
         ]
 
     def _micro(self, samples: list[Sample]) -> list[MicroBatch]:
-        size = self.trainer.micro_batch_size or len(samples)
-        return [collate(samples[i : i + size], self.pad_id).to(self.device) for i in range(0, len(samples), size)]
+        size = self.trainer.micro_batch_size or max(len(samples), 1)
+        budget = self.trainer.micro_batch_tokens
+        if budget is None:
+            return [collate(samples[i : i + size], self.pad_id).to(self.device) for i in range(0, len(samples), size)]
+        lengths = [len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples]
+        groups = pack_by_tokens(lengths, budget, self.trainer.micro_batch_size)
+        if self.sharded:  # every rank runs as many passes as the one that needs most
+            groups = split_to_count(groups, int(self._max_over_ranks(float(len(groups)))))
+        return [collate([samples[i] for i in g], self.pad_id).to(self.device) for g in groups]
 
     def _all_reduce(self, values: Tensor) -> Tensor:
         if self.world_size > 1:
@@ -227,12 +236,13 @@ class LLMLearner:
         sums = torch.zeros(8, dtype=torch.float64)
         # [tokens, mismatch k3 sum, mismatch max gap, entropy sum, kl sum, clip sum, loss sum, corrected sum]
         self.model.train()
+        chunk = self.trainer.logprob_chunk_tokens
         if old_pass:
             with torch.no_grad():  # the data's own policy, once per step
                 for batches in micro:
                     old.append([])
                     for mb in batches:
-                        logprobs, entropy = token_logprobs(self.model, mb, self.temperature, with_entropy=True)
+                        logprobs, entropy = token_logprobs(self.model, mb, self.temperature, True, chunk_tokens=chunk)
                         assert entropy is not None
                         old[-1].append(logprobs)
                         _add_policy_stats(sums, mb, logprobs, entropy)
@@ -282,7 +292,12 @@ class LLMLearner:
         # Without an old-log-prob pass this forward also reports the entropy statistic, with or without a bonus.
         with_entropy = algo.entropy_coef > 0 or old is None
         logprobs, entropy = token_logprobs(
-            self.model, mb, self.temperature, with_entropy=with_entropy, entropy_grad=algo.entropy_coef > 0
+            self.model,
+            mb,
+            self.temperature,
+            with_entropy=with_entropy,
+            entropy_grad=algo.entropy_coef > 0,
+            chunk_tokens=self.trainer.logprob_chunk_tokens,
         )
         old_logprobs = logprobs.detach() if old is None else old
         if old is None:
@@ -324,7 +339,11 @@ class LLMLearner:
     def _reference_logprobs(self, micro: list[list[MicroBatch]]) -> list[list[Tensor]]:
         assert self.reference is not None
         self.reference.eval()
-        return [[token_logprobs(self.reference, mb, self.temperature, False)[0] for mb in b] for b in micro]
+        chunk = self.trainer.logprob_chunk_tokens
+        return [
+            [token_logprobs(self.reference, mb, self.temperature, False, chunk_tokens=chunk)[0] for mb in batches]
+            for batches in micro
+        ]
 
     def _sync_gradients(self) -> None:
         """Sum gradients over ranks: each rank's loss is already divided by the global count."""

@@ -34,10 +34,18 @@ class ModelSourceError(ValueError):
     """The model cannot be loaded as configured; the message names the field and the fix."""
 
 
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`trainer.precision` on `device`: `auto` is bf16 on CUDA and fp32 elsewhere; the others as they say."""
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return precision
+
+
 def policy_dtype(model: ModelSpec, precision: str, device: torch.device) -> torch.dtype:
     """The dtype the policy is loaded in on `device` (the actor's is the one weight sync carries)."""
     if model.dtype != "auto":
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[model.dtype]
+    precision = resolve_precision(precision, device)
     if device.type == "cuda" and precision == "bf16":
         return torch.bfloat16
     if device.type == "cuda" and precision == "fp16":
@@ -198,6 +206,16 @@ def load_policy(
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return model.to(device), tokenizer
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """`model.gradientCheckpointing`: each decoder layer keeps only its input and recomputes the rest in backward.
+
+    Non-reentrant checkpointing: torch's recommended kind, right whatever requires grad and nestable with the
+    chunked log-probs' own checkpoints. The KV cache that checkpointing rules out is off in every training
+    forward already (`use_cache=False` there), not in the config, which exports would carry to generation.
+    """
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def export_hf(

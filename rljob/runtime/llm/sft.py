@@ -35,7 +35,7 @@ import torch
 
 from rljob.api.spec import RLJobSpec, SFTSpec
 from rljob.runtime.llm.data import PromptStream, Row, render_prompt
-from rljob.runtime.llm.learner import LLMLearner, MicroBatch, collate, token_logprobs
+from rljob.runtime.llm.learner import LLMLearner, MicroBatch, token_logprobs
 from rljob.runtime.llm.multiturn import EpisodeRunner
 from rljob.runtime.llm.sharding import gradient_norm
 from rljob.runtime.optim import build_optimizer
@@ -129,9 +129,12 @@ def demonstration_texts(spec: RLJobSpec, rows: list[Row]) -> list[str]:
     return [turn for row in rows for turn in demonstration_turns(spec.sft, row)]
 
 
-def sft_loss(model: torch.nn.Module, batch: MicroBatch, normalizer: float) -> tuple[torch.Tensor, float]:
-    """(summed cross-entropy of the demonstration tokens / normalizer, that sum): prompt and padding masked."""
-    logprobs, _ = token_logprobs(model, batch, temperature=1.0, with_entropy=False)
+def sft_loss(
+    model: torch.nn.Module, batch: MicroBatch, normalizer: float, chunk_tokens: int | None = None
+) -> tuple[torch.Tensor, float]:
+    """(summed cross-entropy of the demonstration tokens / normalizer, that sum): prompt and padding masked;
+    `chunk_tokens` as in `token_logprobs`."""
+    logprobs, _ = token_logprobs(model, batch, temperature=1.0, with_entropy=False, chunk_tokens=chunk_tokens)
     total = -(logprobs * batch.response_mask).sum()
     return total / normalizer, float(total.detach())
 
@@ -247,15 +250,14 @@ class Warmup:
         learner = self.learner
         examples = self.batch()
         mine = examples[learner.rank :: learner.world_size]
-        size = self.spec.trainer.micro_batch_size or max(len(mine), 1)
-        micro = [collate(mine[i : i + size], learner.pad_id).to(learner.device) for i in range(0, len(mine), size)]
+        micro = learner._micro(mine)  # the RL update's micro-batches: trainer.microBatchSize / microBatchTokens
         local = sum(float(mb.response_mask.sum()) for mb in micro)
         tokens = float(learner._all_reduce(torch.tensor([local], dtype=torch.float64))[0])
         learner.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         for mb in micro:
-            loss, summed = sft_loss(learner.model, mb, tokens)
+            loss, summed = sft_loss(learner.model, mb, tokens, learner.trainer.logprob_chunk_tokens)
             loss.backward()
             loss_sum += summed
         learner._sync_gradients()

@@ -4,7 +4,7 @@ With fsdp2 and more than one actor rank, every decoder layer and then the root m
 rank holds 1/N of the parameters, gradients and optimizer state. FSDP reduce-scatters the gradients itself,
 as a plain sum (no division by the rank count): each rank's loss is already divided by the global token or
 sequence count, so the update equals ddp's (gradients summed over ranks) and a single rank's. On CUDA with
-`trainer.precision: bf16` the sharded parameters are fp32 and FSDP computes in bf16, reducing in fp32
+`trainer.precision` bf16 (or auto) the sharded parameters are fp32 and FSDP computes in bf16, reducing in fp32
 (`MixedPrecisionPolicy`); on CPU there is no mixed precision.
 
 Rank 0 drives the loop; every collective it starts, the other ranks must join in the same order. It says
@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from rljob.runtime.checkpoint import STATE_FILE, CheckpointError, CheckpointManager
+from rljob.runtime.llm.policy import resolve_precision
 
 SHARDED_DIR = "sharded"
 """Subdirectory of a checkpoint with the DCP shards of the model and optimizer."""
@@ -56,7 +57,7 @@ def shard_policy(model: nn.Module, device: torch.device, precision: str) -> torc
 
     wire_dtype = next(model.parameters()).dtype
     policy = MixedPrecisionPolicy()
-    if device.type == "cuda" and precision == "bf16":
+    if device.type == "cuda" and resolve_precision(precision, device) == "bf16":
         # fp32 master weights (sharded, so 1/N each), bf16 compute, fp32 gradient reduction.
         model.float()
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

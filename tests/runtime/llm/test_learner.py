@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rljob.algorithms.losses import AGGREGATIONS
 from rljob.api.spec import AlgorithmSpec, BuiltinNetwork, ModelSpec, OffPolicyCorrection, TrainerSpec
 from rljob.runtime.divergence import Diverged
 from rljob.runtime.llm.learner import BatchShapeError, LLMLearner, collate, token_logprobs
@@ -59,11 +60,18 @@ def make_learner(
     world: int = 1,
     reference: torch.nn.Module | None = None,
     model: torch.nn.Module | None = None,
+    **trainer_fields,
 ) -> LLMLearner:
     # Plain SGD: parameters then differ exactly as gradients do. Adam would hide a gradient scaled by a wrong
     # normalizer (its step is scale-free) and blow float noise on zero-gradient parameters (a key bias) up to lr.
     trainer = TrainerSpec(
-        steps=10, optimizer="sgd", learning_rate=0.05, micro_batch_size=micro_batch_size, seed=3, grad_clip=None
+        steps=10,
+        optimizer="sgd",
+        learning_rate=0.05,
+        micro_batch_size=micro_batch_size,
+        seed=3,
+        grad_clip=None,
+        **trainer_fields,
     )
     return LLMLearner(
         make_model() if model is None else model,
@@ -98,6 +106,34 @@ def test_micro_batch_size_does_not_change_the_update(name, aggregation):
     moved = flat_params(whole) - flat_params(make_model())
     assert float(moved.abs().max()) > 1e-4  # the update did something
     assert torch.allclose(flat_params(quarters), flat_params(whole), atol=1e-6)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_micro_batches_by_token_budget_give_the_full_batch_update_in_every_aggregation(aggregation):
+    """Packed by length, the micro-batches hold different row counts; the update is still the whole batch's."""
+    algorithm = AlgorithmSpec(name="grpo", kl_coef=0.0, loss_aggregation=aggregation, clip_ratio_high=0.28)
+    budget = 24  # a sample is at most 1 + 6 + 7 = 14 tokens: one to a few rows per pass
+    whole, packed = make_learner(algorithm), make_learner(algorithm, micro_batch_tokens=budget)
+    micro = packed._micro(make_samples(0))
+    assert len(micro) > 2 and len({mb.input_ids.shape[0] for mb in micro}) > 1
+    assert all(mb.input_ids.numel() <= budget for mb in micro)
+    for seed in (0, 1):
+        stats_whole, stats_packed = whole.update(make_samples(seed)), packed.update(make_samples(seed))
+        for key in STAT_KEYS:
+            assert stats_packed[key] == pytest.approx(stats_whole[key], rel=1e-5, abs=1e-6), key
+    moved = flat_params(whole) - flat_params(make_model())
+    assert float(moved.abs().max()) > 1e-4
+    assert torch.allclose(flat_params(packed), flat_params(whole), atol=1e-6)
+
+
+def test_log_probs_in_chunks_give_the_update_of_the_full_logits():
+    algorithm = AlgorithmSpec(name="grpo", kl_coef=0.0, entropy_coef=0.01, minibatches=2, clip_ratio_high=0.28)
+    full, chunked = make_learner(algorithm, logprob_chunk_tokens=None), make_learner(algorithm, logprob_chunk_tokens=5)
+    for seed in (0, 1):
+        stats_full, stats_chunked = full.update(make_samples(seed)), chunked.update(make_samples(seed))
+        for key in STAT_KEYS:
+            assert stats_chunked[key] == pytest.approx(stats_full[key], rel=1e-5, abs=1e-6), key
+    assert torch.allclose(flat_params(chunked), flat_params(full), atol=1e-6)
 
 
 RANK_SCRIPT = textwrap.dedent(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rljob.api.spec import BuiltinNetwork, DatasetSpec, LLMTask, ModelSpec
+from rljob.api.spec import BuiltinNetwork, DatasetSpec, LLMTask, ModelSpec, TrainerSpec
 from rljob.runtime.llm.data import arithmetic_rows
 from rljob.runtime.llm.policy import (
     ModelSourceError,
@@ -13,6 +13,7 @@ from rljob.runtime.llm.policy import (
     check_model_source,
     export_hf,
     load_policy,
+    policy_dtype,
 )
 
 TASK = LLMTask(
@@ -114,3 +115,19 @@ def test_an_uncached_hub_model_while_offline_names_spec_model_hub_id(monkeypatch
         ModelSourceError, match=r"^spec\.model\.hubId: 'rljob-tests/model-that-is-not-cached' is not in"
     ):
         check_model_source(spec)
+
+
+@pytest.mark.parametrize(
+    ("precision", "device", "dtype"),
+    [
+        ("auto", "cuda", torch.bfloat16),
+        ("auto", "cpu", torch.float32),
+        ("fp32", "cuda", torch.float32),
+        ("fp16", "cuda", torch.float16),
+        ("bf16", "cpu", torch.float32),
+    ],
+)
+def test_the_policy_computes_in_bf16_on_cuda_by_default_and_in_fp32_on_the_cpu(precision, device, dtype):
+    assert TrainerSpec(steps=1).precision == "auto"
+    assert policy_dtype(TINY, precision, torch.device(device)) == dtype
+    assert policy_dtype(TINY.model_copy(update={"dtype": "float32"}), precision, torch.device(device)) == torch.float32

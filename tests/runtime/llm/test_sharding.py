@@ -18,6 +18,7 @@ import torch
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
 from rljob.runtime.checkpoint import CheckpointManager
 from rljob.runtime.llm.learner import LLMLearner
+from rljob.runtime.llm.packing import pack_by_tokens
 from rljob.runtime.llm.sharding import CommandChannel, follow, load_checkpoint, save_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -27,7 +28,9 @@ ALGORITHM = AlgorithmSpec(name="grpo", kl_coef=0.0, loss_aggregation="token-mean
 SAMPLES = 24  # splits into 2 minibatches over 1, 2 or 3 ranks
 
 
-def make_learner(parallelism: str, optimizer: str, rank: int = 0, world: int = 1) -> LLMLearner:
+def make_learner(
+    parallelism: str, optimizer: str, rank: int = 0, world: int = 1, micro_batch_tokens: int | None = None
+) -> LLMLearner:
     # SGD for the invariance (parameters differ exactly as gradients do); Adam, with an eps that keeps float
     # noise on zero-gradient parameters from being blown up to the learning rate, to carry optimizer state.
     trainer = TrainerSpec(
@@ -35,7 +38,8 @@ def make_learner(parallelism: str, optimizer: str, rank: int = 0, world: int = 1
         optimizer=optimizer,
         learning_rate=0.05 if optimizer == "sgd" else 0.01,
         optimizer_eps=1e-2,
-        micro_batch_size=2,
+        micro_batch_size=None if micro_batch_tokens else 2,
+        micro_batch_tokens=micro_batch_tokens,
         seed=3,
         grad_clip=1.0,
         parallelism=parallelism,
@@ -76,6 +80,17 @@ def invariance(rank: int, world: int, checkpoints: Path) -> dict:
         result[parallelism + "_stats"] = [learner.update(make_samples(seed, SAMPLES)) for seed in (0, 1)]
         result[parallelism] = full_params(learner)
     return result
+
+
+PACKED_BUDGET = 22  # tokens per pass (a sample is at most 14): 1 to 5 rows, pass counts differ by rank
+
+
+def packed(rank: int, world: int, checkpoints: Path) -> dict:
+    """Two fsdp2 updates in micro-batches by token budget."""
+    learner = make_learner("fsdp2", "sgd", rank, world, micro_batch_tokens=PACKED_BUDGET)
+    for seed in (0, 1):
+        learner.update(make_samples(seed, SAMPLES))
+    return {"params": full_params(learner)}
 
 
 def save(rank: int, world: int, checkpoints: Path) -> dict:
@@ -174,6 +189,22 @@ def test_fsdp2_with_two_ranks_updates_like_ddp_with_two_ranks_and_like_one_rank(
     for mine, theirs in zip(stats, two["fsdp2_stats"], strict=True):
         for key in ("policy_loss", "entropy", "clip_fraction", "mismatch_kl", "grad_norm"):
             assert theirs[key] == pytest.approx(mine[key], rel=1e-5, abs=1e-6), key
+
+
+def test_fsdp2_ranks_packing_different_micro_batch_counts_update_like_one_rank(tmp_path):
+    # Each rank packs its own share: for these samples the ranks' pass counts differ, and sharded ranks must
+    # still run as many passes each (their collectives pair up), or the group would hang.
+    generator, counts = torch.Generator().manual_seed(3), []
+    for seed in (0, 1):
+        samples, order = make_samples(seed, SAMPLES), torch.randperm(SAMPLES, generator=generator).tolist()
+        for start in range(0, SAMPLES, SAMPLES // 4):  # 2 minibatches x 2 ranks, in the learner's order
+            lengths = [len(samples[i]["prompt_ids"]) + len(samples[i]["response_ids"]) for i in order[start:][:6]]
+            counts.append(len(pack_by_tokens(lengths, PACKED_BUDGET)))
+    assert any(counts[k] != counts[k + 1] for k in range(0, len(counts), 2))
+    single = make_learner("ddp", "sgd")
+    for seed in (0, 1):
+        single.update(make_samples(seed, SAMPLES))
+    assert_close(run_ranks(2, "packed", tmp_path)["params"], full_params(single), atol=1e-6)
 
 
 def test_a_checkpoint_of_two_sharded_ranks_resumes_on_one_rank_and_on_three(tmp_path):
