@@ -7,9 +7,6 @@ so the check runs with the few wheels `make gpu-wheels` brings along.
 
 from __future__ import annotations
 
-import socket
-import threading
-
 import gymnasium
 import pytest
 import torch
@@ -19,6 +16,7 @@ from rljob.runtime.gym.models import MLPActorCritic
 from rljob.runtime.llm.learner import LLMLearner
 from rljob.runtime.weight_sync import WeightPublisher, WeightSubscriber
 from tests.runtime.llm.test_learner import MAX_RESPONSE, TOKENIZER, make_model, make_samples
+from tests.runtime.test_weight_sync import free_port, perturb, sync_round
 
 pytestmark = pytest.mark.cuda
 
@@ -70,29 +68,11 @@ def test_a_bf16_update_on_cuda_stays_finite_and_close_to_fp32():
 
 
 def test_weights_trained_on_cuda_reach_a_cpu_rollout_exactly():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     space = gymnasium.make("CartPole-v1").action_space
-    actor, rollout = MLPActorCritic(4, space).cuda(), MLPActorCritic(4, space)
-    with torch.no_grad():
-        for p in actor.parameters():
-            p.add_(torch.randn_like(p))
+    actor, rollout, port = MLPActorCritic(4, space).cuda(), MLPActorCritic(4, space), free_port()
+    perturb(actor)
     publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
     subscriber = WeightSubscriber("127.0.0.1", port, 1)
-    keys = publisher.plan([(0, "rollout-0")], 1, actor)
-    errors: list[BaseException] = []
-
-    def receive() -> None:
-        try:
-            subscriber.receive(keys[0], 1, "actor-a", rollout)
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=receive)
-    thread.start()
-    publisher.publish(1, actor)
-    thread.join(timeout=60)
-    assert not thread.is_alive() and not errors, errors
+    assert sync_round(publisher, actor, 1, {0: ("rollout-0", subscriber, rollout)}) == {0: None}
     for sent, received in zip(actor.state_dict().values(), rollout.state_dict().values(), strict=True):
         assert torch.equal(sent.cpu(), received)
