@@ -218,7 +218,7 @@ def _check_text_env(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
 _LLM_ONLY_SETTINGS: tuple[tuple[str, Callable[[RLJobSpec], object], object], ...] = (
     ("trainer.parallelism", lambda s: s.trainer.parallelism, "ddp"),
     ("evaluation.interval", lambda s: s.evaluation.interval, 0),
-    ("trainer.precision", lambda s: s.trainer.precision, "auto"),
+    ("trainer.precision", lambda s: s.trainer.precision, "fp32"),
     ("trainer.microBatchSize", lambda s: s.trainer.micro_batch_size, None),
     ("trainer.microBatchTokens", lambda s: s.trainer.micro_batch_tokens, None),
     ("trainer.logprobChunkTokens", lambda s: s.trainer.logprob_chunk_tokens, 512),

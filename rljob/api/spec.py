@@ -363,10 +363,12 @@ class TrainerSpec(SpecModel):
     """Maximum global gradient norm; no clipping when unset."""
     seed: int = Field(default=0, ge=0)
     """Seed of every random choice of the job: initial weights, data order, sampling, held-out split."""
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    """Compute precision of the actor on GPU; `auto` is bf16 on CUDA (fp16 for GPUs without bf16, such as V100
-    and T4). With bf16 the policy is loaded in bfloat16 (model.dtype auto), or with parallelism fsdp2 holds fp32
-    shards computing in bf16. Log-softmax is fp32 whatever it says; the CPU computes in fp32."""
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
+    """Compute precision of the actor on GPU; the CPU computes in fp32 whatever it says. `auto`: bf16 on CUDA, fp32
+    elsewhere (set fp16 yourself for GPUs without bf16, such as V100 and T4). With bf16 and parallelism fsdp2 the
+    shards stay fp32 (master weights) and compute runs in bf16; with ddp the policy itself is loaded in bfloat16
+    (model.dtype auto) and the optimizer steps bf16 weights, which rounds away updates far below 1/256 of a weight:
+    prefer fsdp2 for bf16 at small learning rates. Log-softmax is fp32 whatever it says."""
     parallelism: Literal["ddp", "fsdp2"] = "ddp"
     """How the actor group shares the model: replicated (ddp) or sharded (fsdp2)."""
 

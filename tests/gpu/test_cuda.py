@@ -14,8 +14,9 @@ import torch
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
 from rljob.runtime.gym.models import MLPActorCritic
 from rljob.runtime.llm.learner import LLMLearner
+from rljob.runtime.llm.policy import policy_dtype
 from rljob.runtime.weight_sync import WeightPublisher, WeightSubscriber
-from tests.runtime.llm.test_learner import MAX_RESPONSE, TOKENIZER, make_model, make_samples
+from tests.runtime.llm.test_learner import MAX_RESPONSE, TINY, TOKENIZER, make_model, make_samples
 from tests.runtime.test_weight_sync import free_port, perturb, sync_round
 
 pytestmark = pytest.mark.cuda
@@ -34,8 +35,10 @@ def _exact_fp32_matmuls():
 
 def learner_on(device: str, precision: str = "fp32") -> LLMLearner:
     trainer = TrainerSpec(steps=10, optimizer="sgd", learning_rate=0.05, seed=3, grad_clip=None, precision=precision)
+    # As the actor loads it: with ddp the policy itself is in the precision's dtype.
+    dtype = policy_dtype(TINY, precision, torch.device(device))
     return LLMLearner(
-        make_model().to(device),
+        make_model().to(device=device, dtype=dtype),
         ALGORITHM,
         trainer,
         pad_id=TOKENIZER.pad_token_id,
@@ -59,6 +62,7 @@ def test_an_update_on_cuda_equals_the_cpu_update():
 
 def test_a_bf16_update_on_cuda_stays_finite_and_close_to_fp32():
     fp32, bf16 = learner_on("cuda"), learner_on("cuda", precision="bf16")
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16
     stats32, stats16 = fp32.update(make_samples(0)), bf16.update(make_samples(0))
     for key in ("policy_loss", "entropy", "grad_norm"):
         assert torch.isfinite(torch.tensor(stats16[key])), key
@@ -76,3 +80,15 @@ def test_weights_trained_on_cuda_reach_a_cpu_rollout_exactly():
     assert sync_round(publisher, actor, 1, {0: ("rollout-0", subscriber, rollout)}) == {0: None}
     for sent, received in zip(actor.state_dict().values(), rollout.state_dict().values(), strict=True):
         assert torch.equal(sent.cpu(), received)
+
+
+def test_a_bf16_policy_on_cuda_reaches_a_cpu_hf_rollout_holding_the_sent_dtype():
+    """The rollout holds the dtype the actor sends (runtime/llm/setup.py sent_dtype), not its own device's fp32."""
+    actor = make_model().to(device="cuda", dtype=torch.bfloat16)
+    rollout, port = make_model().to(dtype=torch.bfloat16), free_port()
+    perturb(actor)
+    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
+    subscriber = WeightSubscriber("127.0.0.1", port, 1)
+    assert sync_round(publisher, actor, 1, {0: ("rollout-0", subscriber, rollout)}) == {0: None}
+    for sent, received in zip(actor.state_dict().values(), rollout.state_dict().values(), strict=True):
+        assert received.dtype == torch.bfloat16 and torch.equal(sent.cpu(), received)

@@ -21,12 +21,12 @@ CUDA = torch.device("cuda")
 
 
 def bf16_model() -> torch.nn.Module:
-    dtype = policy_dtype(TINY, TrainerSpec(steps=1).precision, CUDA)  # the default precision
+    dtype = policy_dtype(TINY, TrainerSpec(steps=1, precision="auto").precision, CUDA)
     assert dtype == torch.bfloat16
     return make_model().to(device=CUDA, dtype=dtype)
 
 
-def test_the_default_precision_computes_in_bf16_with_fp32_log_probs_and_chunks_match_the_full_logits():
+def test_precision_auto_computes_in_bf16_with_fp32_log_probs_and_chunks_match_the_full_logits():
     model = bf16_model()
     batch = collate(make_samples(0), TOKENIZER.pad_token_id).to(CUDA)
     mask = batch.response_mask

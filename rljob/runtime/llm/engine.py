@@ -243,7 +243,7 @@ class HFEngine:
 
 def build_engine(context: RoleContext, device: torch.device) -> GenerationEngine:
     """The engine `spec.rollout.engine` names, holding the job's starting policy, wired to its weight sync."""
-    from rljob.runtime.llm.setup import load_job_policy
+    from rljob.runtime.llm.setup import load_job_policy, sent_dtype
 
     spec = context.job.spec
     sync = WeightSyncSettings.from_context(context)
@@ -253,5 +253,6 @@ def build_engine(context: RoleContext, device: torch.device) -> GenerationEngine
         return start_vllm_engine(context, sync)
     if spec.rollout.engine in (None, "hf"):
         model, tokenizer = load_job_policy(context, device)
-        return HFEngine(model, tokenizer, device, sync)
+        # In the dtype the actor sends, not the one this device would pick (a bf16 CUDA actor, a CPU rollout).
+        return HFEngine(model.to(dtype=sent_dtype(spec)), tokenizer, device, sync)
     raise ValueError(f"spec.rollout.engine {spec.rollout.engine!r}: llm rollouts generate with hf or vllm")

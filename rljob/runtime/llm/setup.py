@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from rljob.runtime.llm.data import DatasetError, Row, load_rows
-from rljob.runtime.llm.policy import ModelSourceError, load_policy
+from rljob.runtime.llm.policy import ModelSourceError, load_policy, policy_dtype
 from rljob.runtime.llm.rewards import check_reward_columns
 from rljob.runtime.llm.sft import check_sft_rows, demonstration_texts
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
@@ -35,6 +35,13 @@ def job_rows(context: RoleContext) -> list[Row]:
     if problems:
         raise FatalConfigError("\n".join(f"{field}: {message}" for field, message in problems))
     return rows
+
+
+def sent_dtype(spec: Any) -> torch.dtype:
+    """The dtype the actor's weight sync carries: its policy's dtype on the actor's device. A rollout's staging
+    copy must be of it (a broadcast into tensors of another dtype reads garbage), wherever the rollout runs."""
+    actor_device = torch.device("cuda" if spec.roles.actor.gpus_per_replica > 0 else "cpu")
+    return policy_dtype(spec.model, spec.trainer.precision, actor_device)
 
 
 def load_job_policy(context: RoleContext, device: torch.device, rows: list[Row] | None = None) -> tuple[Any, Any]:

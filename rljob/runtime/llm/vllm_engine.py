@@ -234,14 +234,12 @@ def weights_layout(model: torch.nn.Module, dtype: torch.dtype) -> TensorLayout:
 
 def start_vllm_engine(context: RoleContext, sync: WeightSyncSettings) -> VLLMEngine:
     """The job's starting policy in a vLLM engine; a setting the engine cannot start with is exit 78."""
-    from rljob.runtime.llm.policy import policy_dtype
+    from rljob.runtime.llm.setup import sent_dtype
 
     if not vllm_installed():
         raise FatalConfigError(NOT_INSTALLED)
     spec = context.job.spec
-    # The staging tensors must match what the actor sends: its dtype, which follows the actor's device.
-    actor_device = torch.device("cuda" if spec.roles.actor.gpus_per_replica > 0 else "cpu")
-    dtype = policy_dtype(spec.model, spec.trainer.precision, actor_device)
+    dtype = sent_dtype(spec)  # the staging tensors must match what the actor sends
     max_len = max_model_len(spec)
     on_cpu = spec.roles.rollout.gpus_per_replica == 0 or not torch.cuda.is_available()
     model_dir, layout, owned = engine_model(context, dtype, on_cpu)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -127,7 +129,30 @@ def test_an_uncached_hub_model_while_offline_names_spec_model_hub_id(monkeypatch
         ("bf16", "cpu", torch.float32),
     ],
 )
-def test_the_policy_computes_in_bf16_on_cuda_by_default_and_in_fp32_on_the_cpu(precision, device, dtype):
-    assert TrainerSpec(steps=1).precision == "auto"
+def test_the_policy_computes_in_bf16_on_cuda_with_auto_and_in_fp32_on_the_cpu(precision, device, dtype):
+    # fp32 stays the default: with ddp a bf16 policy's optimizer steps bf16 weights (see TrainerSpec.precision).
+    assert TrainerSpec(steps=1).precision == "fp32"
     assert policy_dtype(TINY, precision, torch.device(device)) == dtype
     assert policy_dtype(TINY.model_copy(update={"dtype": "float32"}), precision, torch.device(device)) == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("actor_gpus", "precision", "dtype"),
+    [(1, "bf16", torch.bfloat16), (1, "auto", torch.bfloat16), (0, "bf16", torch.float32), (1, "fp32", torch.float32)],
+)
+def test_rollouts_hold_the_dtype_the_actor_sends_whatever_their_own_device(actor_gpus, precision, dtype):
+    """A CPU hf rollout of a bf16 CUDA actor holds bf16: a broadcast into fp32 staging would read garbage."""
+    from rljob.api import validate_job
+    from rljob.api.loading import parse_documents
+    from rljob.launch.overrides import apply_overrides
+    from rljob.runtime.llm.setup import sent_dtype
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny-arithmetic.yaml"
+    document = parse_documents(example.read_text())[0]
+    job = validate_job(
+        apply_overrides(
+            document.data,
+            [f"spec.roles.actor.gpusPerReplica={actor_gpus}", f"spec.trainer.precision={precision}"],
+        )
+    )
+    assert sent_dtype(job.spec) == dtype
