@@ -22,8 +22,8 @@ Failure policy (spec.failurePolicy, applied through `rljob.launch.failure_policy
   nothing twice) and past maxReplacements the job fails (BackoffLimitExceeded). The count is forgotten
   once a replacement stays Ready for the policy's stable time (10 minutes) or exits 0.
 - actor replica 0 exits 0 -> Succeeded; pods still running are deleted (finished ones stay for logs).
-- a spec edit that changes what pods run (anything but rollout replicas, suspend, failurePolicy,
-  activeDeadlineSeconds and ttlSecondsAfterFinished) -> controlled restart of every pod, not charged.
+- a spec edit that changes what pods run (anything but rollout replicas and autoscale, health, suspend,
+  failurePolicy, activeDeadlineSeconds and ttlSecondsAfterFinished) -> controlled restart of every pod, not charged.
 - spec.roles.rollout.autoscale (llm jobs) -> on each pass the actor's fresh `trainerWait` / `rolloutIdle` are
   added to `status.autoscale.samples` and `rljob.launch.autoscale.decide` picks the rollout count; a change is
   the plan's `scale_rollouts` (written through the scale subresource, after the status that records the

@@ -374,3 +374,14 @@ def test_restart_free_edits_keep_the_config_hash() -> None:
     scaled_doc = scaled.model_dump(mode="json", by_alias=True, exclude_none=True)
     scaled_doc["spec"]["roles"]["rollout"]["replicas"] = 2
     assert config_hash(validate_job(scaled_doc)) != config_hash(base)
+
+
+def test_editing_health_thresholds_or_rollout_autoscaling_restarts_no_pod() -> None:
+    """Both are read by the operator, never by a pod: tuning them on a live job keeps its step and its engines."""
+    base = arithmetic_job()
+    data = base.model_dump(mode="json", by_alias=True, exclude_none=True)
+    data["spec"]["health"] = {"entropyFloor": 0.3, "windowSteps": 5}
+    data["spec"]["roles"]["rollout"]["autoscale"] = {"minReplicas": 1, "maxReplicas": 4}
+    assert config_hash(validate_job(data)) == config_hash(base)
+    data["spec"]["trainer"]["steps"] = base.spec.trainer.steps + 1  # a field pods read still restarts them
+    assert config_hash(validate_job(data)) != config_hash(base)

@@ -42,6 +42,8 @@ def resolved_job_yaml(job: RLJob) -> str:
 
 RESTART_FREE_FIELDS: tuple[tuple[str, ...], ...] = (
     ("roles", "rollout", "replicas"),
+    ("roles", "rollout", "autoscale"),  # read by the operator (and `rljob run`), never by a pod
+    ("health",),  # thresholds the operator (and `rljob run`) checks the actor's reports against
     ("suspend",),
     ("failurePolicy",),
     ("activeDeadlineSeconds",),
