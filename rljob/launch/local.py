@@ -156,13 +156,23 @@ def check_actor_ranks(job: RLJob, ranks_per_replica: int) -> None:
         )
 
 
+def most_replicas(job: RLJob, role: str) -> tuple[int, str]:
+    """(the most replicas of `role` this run can have, the field that says so): an autoscaled rollout role can
+    grow to its maxReplicas, and each of those replicas needs GPUs of its own from the start."""
+    rs = job.spec.roles.get(role)
+    autoscale = job.spec.roles.rollout.autoscale if role == "rollout" else None
+    if autoscale is not None and autoscale.max_replicas > (rs.replicas or 0):
+        return autoscale.max_replicas, "spec.roles.rollout.autoscale.maxReplicas"
+    return rs.replicas or 0, f"spec.roles.{role}.replicas"
+
+
 def gpus_asked(job: RLJob) -> list[tuple[str, int, int]]:
     """(role, gpusPerReplica, replicas) of every role that asks for GPUs, actors first."""
     asked = []
     for role in ROLE_NAMES:
-        rs = job.spec.roles.get(role)
-        if rs.gpus_per_replica > 0 and (rs.replicas or 0) > 0:
-            asked.append((role, rs.gpus_per_replica, rs.replicas or 0))
+        gpus, (replicas, _) = job.spec.roles.get(role).gpus_per_replica, most_replicas(job, role)
+        if gpus > 0 and replicas > 0:
+            asked.append((role, gpus, replicas))
     return asked
 
 
@@ -178,7 +188,8 @@ def check_local_gpus(job: RLJob, device_count: int, cuda_visible_devices: str | 
         return
     role = asked[0][0]
     terms = " + ".join(
-        f"spec.roles.{r}.replicas ({replicas}) x spec.roles.{r}.gpusPerReplica ({gpus})" for r, gpus, replicas in asked
+        f"{most_replicas(job, r)[1]} ({replicas}) x spec.roles.{r}.gpusPerReplica ({gpus})"
+        for r, gpus, replicas in asked
     )
     visible = (
         "CUDA_VISIBLE_DEVICES unset"
@@ -318,10 +329,9 @@ class LocalRun(Supervisor):
         self.extra_env = extra_env or {}
         self.config_path = run_dir / "job.yaml"
         self.hosts = hosts
-        replicas = {r: job.spec.roles.get(r).replicas or 0 for r in ROLE_NAMES}
         autoscale = job.spec.roles.rollout.autoscale if job.spec.task.type == "llm" else None
-        if autoscale is not None:
-            replicas["rollout"] = autoscale.max_replicas  # identities (ports) for all; the scaler starts some
+        # Identities (ports, GPUs) for every replica the run can have; the scaler starts some of the rollouts.
+        replicas = {r: most_replicas(job, r)[0] for r in ROLE_NAMES}
         if hosts is None:
             identities = local_identities(
                 job.name,

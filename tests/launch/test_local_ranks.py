@@ -135,3 +135,20 @@ def test_a_killed_rank_takes_its_replica_down_and_the_actor_group_restarts(cartp
     assert "resumed from" in log
     assert [r["step"] for r in run.metrics()] == list(range(1, 13))
     assert not run.roles()
+
+
+def test_an_autoscaled_rollout_role_gets_gpus_for_its_max_replicas_up_front():
+    """A rollout the scaler starts later needs a GPU of its own, not the actor's."""
+    data = yaml.safe_load((EXAMPLE.parent / "grpo-tiny-arithmetic.yaml").read_text())
+    data["spec"]["roles"]["actor"].update(gpusPerReplica=1)
+    data["spec"]["roles"]["rollout"].update(gpusPerReplica=1, autoscale={"minReplicas": 1, "maxReplicas": 3})
+    job = validate_job(data)
+    assert assign_local_gpus(job, ["g0", "g1", "g2", "g3"], None) == {
+        ("actor", 0): "g0",
+        ("rollout", 0): "g1",
+        ("rollout", 1): "g2",
+        ("rollout", 2): "g3",
+    }
+    with pytest.raises(LaunchError) as caught:
+        check_local_gpus(job, device_count=2)
+    assert "spec.roles.rollout.autoscale.maxReplicas (3) x spec.roles.rollout.gpusPerReplica (1)" in str(caught.value)
