@@ -74,6 +74,15 @@ def record(
     return kept[-KEEP:]
 
 
+def rewind(samples: Sequence[Sample], step: int, last_scale_step: int) -> tuple[list[Sample], int]:
+    """(samples, last scale step) once the actor reports `step`: when it went back (an actor restart resumed an
+    earlier checkpoint), the samples of the steps it will train again are dropped and the last scaling is taken
+    as at that step, so the steps after the resume decide at once instead of waiting to pass the old ones."""
+    if samples and step < samples[-1].step:
+        return [s for s in samples if s.step < step], min(last_scale_step, step)
+    return list(samples), last_scale_step
+
+
 def decide(
     spec: AutoscaleSpec,
     current: int,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rljob.api.spec import AutoscaleSpec
-from rljob.launch.autoscale import Sample, decide, record
+from rljob.launch.autoscale import Sample, decide, record, rewind
 from rljob.runtime.llm.membership import members_document
 
 MEMBERS_FILE = "rollouts.json"
@@ -73,9 +73,9 @@ class RolloutScaler:
             self.members = sorted(self.members + joined)
             self.write_members()
         if report is not None:
-            self.samples = record(
-                self.samples, int(report.get("step") or 0), report.get("trainerWait"), report.get("rolloutIdle")
-            )
+            step = int(report.get("step") or 0)
+            self.samples, self.last_scale_step = rewind(self.samples, step, self.last_scale_step)
+            self.samples = record(self.samples, step, report.get("trainerWait"), report.get("rolloutIdle"))
         decision = decide(self.spec, self.count, self.samples, self.last_scale_at, self.last_scale_step, self.clock())
         if decision.direction is None:
             return

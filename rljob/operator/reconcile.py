@@ -53,7 +53,7 @@ from rljob.api.status import (
     RLJobStatus,
     ScaleSample,
 )
-from rljob.launch.autoscale import SCALED_ROLLOUTS, Sample, decide, record
+from rljob.launch.autoscale import SCALED_ROLLOUTS, Sample, decide, record, rewind
 from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
 from rljob.launch.health import DIVERGED, HEALTH_TYPES, NON_FINITE_UPDATE, Streak, checks, health_summary, observe
 from rljob.launch.stall import PROGRESS_DEADLINE_EXCEEDED, PROGRESSING, STALLED, stalled_message
@@ -333,13 +333,15 @@ class _Planner:
         progress = self.obs.progress
         samples = [Sample(s.step, s.trainer_wait, s.rollout_idle) for s in state.samples]
         if progress is not None and self.status.phase == "Running":
+            samples, state.last_scale_step = rewind(samples, progress.step, state.last_scale_step)
             samples = record(samples, progress.step, progress.trainer_wait, progress.rollout_idle)
         last = parse_rfc3339(state.last_scale_time)
         current = job.spec.roles.rollout.replicas
+        # Outside Running (a restart, a resume from suspend) the signal is old: only the bounds apply.
         decision = decide(
             spec,
             current,
-            samples,
+            samples if self.status.phase == "Running" else [],
             last.timestamp() if last is not None else None,
             state.last_scale_step,
             self.now.timestamp(),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rljob.api.spec import AutoscaleSpec
-from rljob.launch.autoscale import KEEP, Decision, Sample, decide, record
+from rljob.launch.autoscale import KEEP, Decision, Sample, decide, record, rewind
 
 SPEC = AutoscaleSpec(
     min_replicas=1,
@@ -120,3 +120,14 @@ def test_record_keeps_new_steps_with_a_signal_only():
     for step in range(2, 20):
         samples = record(samples, step, 0.5, None)
     assert len(samples) == KEEP and samples[-1].step == 19
+
+
+def test_an_actor_resumed_at_an_earlier_step_is_heard_from_its_next_steps_on():
+    """A restart resumed step 10's checkpoint after steps up to 14 (scaled at 13): steps 11+ decide again."""
+    before = steps(*[(0.05, 0.9)] * 14)
+    samples, last_scale_step = rewind(before, 10, 13)
+    assert [s.step for s in samples] == list(range(1, 10)) and last_scale_step == 10
+    for step in (11, 12):  # the steps after the resume, not old step 14's ghost
+        samples = record(samples, step, 0.9, 0.0)
+    assert decide(SPEC, 2, samples, 0.0, last_scale_step, 1000.0).direction == "Up"
+    assert rewind(before, 14, 13) == (before, 13)  # the same or a later step changes nothing

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rljob.api import load_job_file, validate_job
-from rljob.api.status import Progress, RLJobStatus
+from rljob.api.status import AutoscaleStatus, Progress, RLJobStatus, ScaleSample
 from rljob.operator.reconcile import plan
 from rljob.operator.status import rfc3339
 from tests.operator.test_reconcile import LLM_EXAMPLE, NOW, observe, running_llm_pods, seconds
@@ -103,3 +103,13 @@ def test_the_scale_subresource_selects_the_rollout_pods_for_an_hpa():
         if c["kind"] == "Pod" and wanted.items() <= c["metadata"]["labels"].items()
     ]
     assert selected == ["ar-rollout-0", "ar-rollout-1"]
+
+
+def test_outside_running_only_the_bounds_apply_whatever_the_old_samples_say():
+    """After a restart or a resume from suspend the kept samples are old: they scale nothing until steps come."""
+    old = [ScaleSample(step=n, trainer_wait=0.6, rollout_idle=0.0) for n in (1, 2)]  # would scale up while Running
+    status = RLJobStatus(phase="Restarting", autoscale=AutoscaleStatus(replicas=1, samples=old))
+    restarting = plan(observe(status, running_llm_pods(1), the_job=autoscaled_job(1), progress=step(2, 0.6)))
+    assert restarting.scale_rollouts is None
+    below_min = plan(observe(status, running_llm_pods(1), the_job=autoscaled_job(1, minReplicas=2)))
+    assert below_min.scale_rollouts == 2  # the bounds are the user's: applied in any phase
