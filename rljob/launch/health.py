@@ -104,11 +104,15 @@ class Verdict:
 def observe(check: Check, streak: Streak, step: int, value: float | None, active: bool) -> Verdict | None:
     """Look at step `step`'s value; update `streak` in place; the Verdict when the condition changes.
 
-    A step already looked at (or an earlier one) counts nothing, so a replayed read is harmless. Two looks
+    A step already looked at counts nothing, so a replayed read is harmless; an earlier step (an actor resumed
+    from an earlier checkpoint) starts the count again from there. Two looks
     past the threshold count every step between them as past it: the window is in steps, however often
     anyone looks.
     """
-    if step <= streak.step or value is None:
+    if step < streak.step:  # the actor resumed an earlier checkpoint: the steps it trains again count again
+        streak.step, streak.since = step, None
+        return None
+    if step == streak.step or value is None:
         return None
     streak.step = step
     relation = "below" if check.below else "above"

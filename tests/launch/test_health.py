@@ -43,7 +43,6 @@ def test_a_step_seen_again_counts_nothing_and_steps_between_two_looks_count():
     for _ in range(20):  # the same step read again and again (an operator restart, a fast poll)
         assert observe(check, streak, 4, 0.01, active=False) is None
     assert streak == Streak(since=4, step=4)
-    assert observe(check, streak, 3, 0.01, active=False) is None  # an older report: ignored
     verdict = observe(check, streak, 13, 0.02, active=False)  # looks at 4 and 13: steps 4..13 are 10 steps
     assert verdict is not None and "for 10 steps (since step 4)" in verdict.message
 
@@ -65,3 +64,15 @@ def test_mismatch_above_the_threshold_and_a_missing_value_or_zero_threshold_do_n
 def test_the_health_column_lists_true_conditions_in_a_fixed_order():
     assert health_summary(set()) == ""
     assert health_summary({MISMATCH_HIGH, ENTROPY_COLLAPSED}) == "EntropyCollapsed,MismatchHigh"
+
+
+def test_an_actor_resumed_at_an_earlier_step_is_counted_again_from_there():
+    check, streak = _entropy_check(), Streak()
+    for step in (10, 11):
+        observe(check, streak, step, 0.05, active=False)
+    assert observe(check, streak, 8, 0.05, active=False) is None  # resumed step 8's checkpoint
+    assert (streak.step, streak.since) == (8, None)
+    assert observe(check, streak, 9, 0.05, active=False) is None  # steps 9.. count, not after 11 only
+    assert observe(check, streak, 10, 0.05, active=False) is None
+    verdict = observe(check, streak, 11, 0.05, active=False)
+    assert verdict is not None and "for 3 steps (since step 9)" in verdict.message
