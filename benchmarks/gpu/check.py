@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             accuracy_first10=mean_of(records[:10], "accuracy"),
             accuracy_last10=mean_of(records[-10:], "accuracy"),
             eval_accuracy_last=evals[-1] if evals else None,
-            step_s_median={k: median_of(records, f"time_{k}_s") for k in ("rollout", "train", "sync", "waiting")},
+            step_s_median={k: median_of(records, f"time_{k}_s") for k in ("generate", "reward", "train", "sync")},
         )
 
     passed = on_gpu and all(part["ok"] for part in check.parts.values()) and len(check.parts) == 4

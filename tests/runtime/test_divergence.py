@@ -127,3 +127,14 @@ def test_an_llm_actor_diverged_by_its_learning_rate_stops_at_the_step_and_keeps_
     assert "actor-0 diverged at step 3: non-finite loss" in output
     assert f"last good checkpoint: {out / 'checkpoints' / 'step-00000002'} (step 2)" in output
     assert [step for step, _ in CheckpointManager(out / "checkpoints").checkpoints()] == [1, 2]
+
+
+@pytest.mark.slow
+def test_a_supervised_warm_up_that_overflows_stops_the_actor_before_rl_starts(tmp_path):
+    example = Path(__file__).parents[2] / "examples" / "grpo-tiny-arithmetic.yaml"
+    sft = ("spec.sft.steps=4", "spec.sft.responseKey=answer", "spec.sft.learningRate=1.0e+30")
+    diverged = _run(example, tmp_path / "run", "spec.trainer.steps=2", "spec.evaluation.interval=0", *sft)
+    output = diverged.stdout + diverged.stderr
+    assert diverged.returncode == EXIT_DIVERGED, output
+    assert "actor-0 diverged at step 0: non-finite" in output and "the update was not applied" in output
+    assert "not restarted" in output

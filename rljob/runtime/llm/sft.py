@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from rljob.api.spec import RLJobSpec, SFTSpec
+from rljob.runtime.divergence import check_update
 from rljob.runtime.llm.data import PromptStream, Row, render_prompt
 from rljob.runtime.llm.learner import LLMLearner, MicroBatch, token_logprobs
 from rljob.runtime.llm.multiturn import EpisodeRunner
@@ -262,6 +263,8 @@ class Warmup:
             loss_sum += summed
         learner._sync_gradients()
         grad_norm = gradient_norm(learner.params, self.spec.trainer.grad_clip)  # over the shards under fsdp2
+        # A non-finite warm-up update stops the actor as an RL one does (step 0: the warm-up's records' step).
+        check_update(0, {"sft_loss": loss_sum, "grad_norm": grad_norm}, learner.world_size, learner.device)
         self.optimizer.step()
         total = float(learner._all_reduce(torch.tensor([loss_sum], dtype=torch.float64))[0])
         return {"sft_loss": total / max(tokens, 1.0), "sft_tokens": tokens, "sft_grad_norm": grad_norm}
