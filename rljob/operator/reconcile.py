@@ -466,7 +466,9 @@ class _Planner:
             return
         charged = [p for p in failed if p.failed and not p.disrupted]
         if charged:
-            pod = charged[0]
+            # A rank that diverged or found the config unusable says why the group stopped; the others only
+            # saw their peer go (ranks in one observation can have failed either way).
+            pod = next((p for p in charged if p.exit_code in (EXIT_FATAL_CONFIG, EXIT_DIVERGED)), charged[0])
             why = f"actor pod {pod.name} failed" + (f" (exit code {pod.exit_code})" if pod.exit_code else "")
             if pod.reason or pod.message:
                 why += f": {' '.join(x for x in (pod.reason, pod.message) if x)}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rljob.api import validate_job
 from rljob.api.status import Progress, RLJobStatus
 from rljob.operator.reconcile import plan
 from rljob.runtime.identity import EXIT_DIVERGED
@@ -67,3 +68,20 @@ def test_an_actor_that_diverged_fails_the_job_with_the_values_and_is_not_restart
     assert ("Warning", "Diverged") in [(e.type, e.reason) for e in result.events]
     assert result.status.health == "Diverged"
     assert "cp-actor-0" not in result.create
+
+
+def test_of_two_failed_actor_ranks_the_one_that_diverged_names_the_failure() -> None:
+    """Rank 1 diverged; rank 0 failed only because its peer went: the job is Diverged, not an ActorFailed restart."""
+    two_actors = job(health=HEALTH)
+    data = two_actors.model_dump(mode="json", by_alias=True, exclude_none=True)
+    data["spec"]["roles"]["actor"]["replicas"] = 2
+    the_job = validate_job(data)
+    peer_gone = {"exitCode": 1, "reason": "Error", "message": "rank 1 left the group"}
+    said = {"exitCode": EXIT_DIVERGED, "reason": "Error", "message": "step 7: non-finite loss nan"}
+    failed = [
+        pod(name, "Failed", False, containerStatuses=[{"name": "main", "state": {"terminated": terminated}}])
+        for name, terminated in (("cp-actor-0", peer_gone), ("cp-actor-1", said))
+    ]
+    result = plan(observe(RLJobStatus(phase="Running"), [pod(n) for n in ALL[1:]] + failed, the_job=the_job))
+    assert result.status.phase == "Failed" and result.status.restarts == 0
+    assert _condition(result.status, "Failed").reason == "Diverged"
