@@ -14,7 +14,9 @@ EXAMPLE = "examples/grpo-tiny-arithmetic.yaml"
 def test_a_generation_bound_run_grows_its_rollouts_from_min_replicas(repo, start_run):
     run = start_run(
         repo / EXAMPLE,
-        "--set=spec.trainer.steps=40",
+        # Long enough that the second rollout process (seconds to start: torch, the policy) joins well before the
+        # end, on a quiet machine too (40 steps once ended before it joined).
+        "--set=spec.trainer.steps=150",
         "--set=spec.trainer.batchSize=16",
         # 32 sampled tokens per response against one cheap update: the trainer mostly waits for generation.
         "--set=spec.task.llm.maxResponseLength=32",
@@ -29,10 +31,10 @@ def test_a_generation_bound_run_grows_its_rollouts_from_min_replicas(repo, start
     )
     output = run.finish()
     assert run.process.returncode == 0, output
-    assert "reached trainer.steps (40)" in output
+    assert "reached trainer.steps (150)" in output
     assert "autoscale: the trainer waited" in output and "(target 5%): 1 -> 2 rollouts" in output
     records = run.metrics()
-    assert [r["step"] for r in records] == list(range(1, 41))
+    assert [r["step"] for r in records] == list(range(1, 151))
     counts = [r["rollout_replicas"] for r in records]
     assert counts[0] == 1 and counts[-1] == 2, counts  # started at minReplicas, grew, within maxReplicas
     assert all(0.0 <= r["trainer_wait"] <= 1.0 for r in records)
