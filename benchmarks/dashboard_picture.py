@@ -26,8 +26,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "charts" / "rljob-operator" / "dashboards" / "rljob.json"
 METRIC = re.compile(r"\b(rljob_[a-z_]+)\b")
 RECORD_KEYS: dict[str, str] = {name: key for key, (name, _) in _GAUGES.items()}
-# Role gauges added by the health work, from record keys the llm actor already writes.
-RECORD_KEYS["rljob_mismatch_kl"] = "mismatch_kl"
 PHASE_METRIC = "rljob_step_phase_seconds"
 
 
