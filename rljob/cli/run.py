@@ -137,6 +137,7 @@ def run(
     from rljob.launch.local import LaunchError, LocalRun
     from rljob.launch.stall import STALLED, StallWatch
     from rljob.launch.supervisor import GiveUp
+    from rljob.runtime.metrics import read_metrics
 
     job = _load(file, set_ or [])
     run_dir = out or Path("runs") / f"{job.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
@@ -179,6 +180,11 @@ def run(
     stall = StallWatch(policy.progress_deadline_seconds)
     health = HealthWatch(job.spec.health)
 
+    def say_health(verdicts) -> None:
+        for verdict in verdicts:  # one line per transition, never per step
+            what = verdict.type if verdict.active else f"{verdict.type} {verdict.reason.lower()}"
+            console.print(f"[{'bold yellow' if verdict.active else 'green'}]{what}[/]: {escape(verdict.message)}")
+
     def tick() -> None:
         now = time.monotonic()
         if now - state["last"] < 0.5:
@@ -192,9 +198,7 @@ def run(
             console.print(f"[{colour}]{kind.lower()}[/]: {escape(message)}")
             if kind == STALLED and policy.on_stalled == "FailJob":
                 raise GiveUp(f"stalled: {message} (spec.failurePolicy.onStalled: FailJob)")
-        for verdict in health.observe(report):  # one line per transition, never per step
-            what = verdict.type if verdict.active else f"{verdict.type} {verdict.reason.lower()}"
-            console.print(f"[{'bold yellow' if verdict.active else 'green'}]{what}[/]: {escape(verdict.message)}")
+        say_health(health.observe(report))
         if not report:
             return
         step = int(report["step"])
@@ -226,6 +230,8 @@ def run(
             result = local.supervise(on_tick=tick)
             with contextlib.suppress(GiveUp):  # the run is over: a last look at its progress only
                 tick()
+            if (run_dir / "metrics.jsonl").exists():  # the steps trained after that look
+                say_health(health.settle(read_metrics(run_dir / "metrics.jsonl")))
     finally:
         disconnect = getattr(local, "disconnect", None)
         if disconnect is not None:

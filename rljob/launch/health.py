@@ -7,6 +7,7 @@ The threshold and window logic behind the operator's EntropyCollapsed / Mismatch
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,8 @@ class Check:
     reason: str
     key: str
     """The `/progress` key (camelCase)."""
+    record_key: str
+    """The same value's key in metrics.jsonl (snake_case)."""
     what: str
     field: str
     """The spec field, as the message names it."""
@@ -60,6 +63,7 @@ def checks(health: HealthSpec) -> list[Check]:
                 ENTROPY_COLLAPSED,
                 ENTROPY_BELOW_FLOOR,
                 "entropy",
+                "entropy",
                 "policy entropy",
                 "spec.health.entropyFloor",
                 health.entropy_floor,
@@ -73,6 +77,7 @@ def checks(health: HealthSpec) -> list[Check]:
                 MISMATCH_HIGH,
                 MISMATCH_ABOVE_THRESHOLD,
                 "mismatchKl",
+                "mismatch_kl",
                 "rollout/trainer mismatch KL",
                 "spec.health.mismatchKlThreshold",
                 health.mismatch_kl_threshold,
@@ -147,14 +152,41 @@ class HealthWatch:
     health: HealthSpec
     streaks: dict[str, Streak] = field(default_factory=dict)
     active: set[str] = field(default_factory=set)
+    reported: set[str] = field(default_factory=set)
+    """The `/progress` keys seen with a value: the checks that apply to this policy."""
 
     def observe(self, report: dict[str, Any] | None) -> list[Verdict]:
         if not report:
             return []
+        self.reported.update(key for key, value in report.items() if value is not None)
+        return self._look(int(report["step"]), {check.type: report.get(check.key) for check in checks(self.health)})
+
+    def settle(self, records: Iterable[Mapping[str, Any]]) -> list[Verdict]:
+        """After the run: the conditions its metrics.jsonl ends in that the `/progress` looks did not say.
+
+        The looks can miss steps (a tiny job trains 40 steps in a second, between two looks); the records hold
+        every step. Only checks whose value `/progress` reported count: a Gaussian policy's differential
+        entropy is in the records, but no floor applies to it.
+        """
+        full = HealthWatch(self.health, reported=set(self.reported))
+        latest: dict[str, Verdict] = {}
+        for record in records:
+            if record.get("step") is None:
+                continue
+            values = {
+                check.type: record.get(check.record_key) if check.key in self.reported else None
+                for check in checks(self.health)
+            }
+            latest.update((verdict.type, verdict) for verdict in full._look(int(record["step"]), values))
+        changed = [verdict for verdict in latest.values() if verdict.active != (verdict.type in self.active)]
+        self.active = set(full.active)
+        return changed
+
+    def _look(self, step: int, values: Mapping[str, float | None]) -> list[Verdict]:
         changed = []
         for check in checks(self.health):
             streak = self.streaks.setdefault(check.type, Streak())
-            verdict = observe(check, streak, int(report["step"]), report.get(check.key), check.type in self.active)
+            verdict = observe(check, streak, step, values[check.type], check.type in self.active)
             if verdict is None:
                 continue
             if verdict.active:

@@ -76,3 +76,35 @@ def test_an_actor_resumed_at_an_earlier_step_is_counted_again_from_there():
     assert observe(check, streak, 10, 0.05, active=False) is None
     verdict = observe(check, streak, 11, 0.05, active=False)
     assert verdict is not None and "for 3 steps (since step 9)" in verdict.message
+
+
+def test_after_the_run_the_records_say_what_the_looks_missed_once_and_only_for_values_progress_reported():
+    watch = HealthWatch(HealthSpec(entropy_floor=0.5, window_steps=3, mismatch_kl_threshold=0.01))
+    # The only looks: step 0 (nothing trained yet) and step 6, the last (a gym actor: no mismatch KL).
+    assert watch.observe({"step": 0, "entropy": None, "mismatchKl": None}) == []
+    assert watch.observe({"step": 6, "entropy": 0.1, "mismatchKl": None}) == []
+    # mismatch_kl stands in for a value /progress never reported: it must not fire.
+    records = [{"step": step, "entropy": 0.1 if step > 2 else 0.9, "mismatch_kl": 0.9} for step in range(1, 7)]
+    [verdict] = watch.settle(records)
+    assert verdict.type == ENTROPY_COLLAPSED and verdict.active
+    assert verdict.message == (
+        "policy entropy 0.1 at step 5, below spec.health.entropyFloor (0.5) for 3 steps (since step 3)"
+    )
+    assert watch.active == {ENTROPY_COLLAPSED}
+    assert watch.settle(records) == []  # already said
+
+
+def test_a_condition_said_during_the_run_is_not_said_again_and_a_missed_recovery_is():
+    watch = HealthWatch(HealthSpec(entropy_floor=0.5, window_steps=1, mismatch_kl_threshold=0))
+    [collapsed] = watch.observe({"step": 2, "entropy": 0.1})
+    assert collapsed.active
+    records = [{"step": 1, "entropy": 0.9}, {"step": 2, "entropy": 0.1}]
+    assert watch.settle(records) == []
+    [back] = watch.settle([*records, {"step": 3, "entropy": 0.8}])
+    assert not back.active and back.reason == RECOVERED and watch.active == set()
+
+
+def test_no_look_with_a_value_settles_nothing_a_gaussian_policys_entropy_included():
+    watch = HealthWatch(HealthSpec(entropy_floor=0.5, window_steps=1, mismatch_kl_threshold=0))
+    assert watch.observe({"step": 1, "entropy": None}) == []  # a continuous-action actor's /progress
+    assert watch.settle([{"step": step, "entropy": -3.0} for step in range(1, 9)]) == []
