@@ -269,3 +269,17 @@ def test_a_turn_that_is_not_a_format_string_is_named_with_its_index():
     with pytest.raises(InvalidRLJob) as caught:
         job(env=True, responseTemplate=None, turns=["calc({expression)", "{answer}"])
     assert [p.path for p in caught.value.problems] == ["spec.sft.turns[0]"]
+
+
+def test_a_warm_up_batch_the_actor_ranks_cannot_share_equally_stops_the_job_naming_the_field():
+    spec = job(batchSize=10)
+    rows = arithmetic_rows(64, 0)
+    model, tokenizer = load_policy(
+        spec.model, spec.task.llm, rows, 0, torch.device("cpu"), extra_texts=demonstration_texts(spec, rows)
+    )
+    learner = LLMLearner(
+        model, spec.algorithm, spec.trainer, pad_id=tokenizer.pad_token_id, temperature=1.0, max_response_tokens=12
+    )
+    learner.world_size = 4  # as three more actor ranks would make it; the check runs before any collective
+    with pytest.raises(FatalConfigError, match=r"spec.sft.batchSize \(10\) must split into the actor's 4 ranks"):
+        Warmup(spec, learner, tokenizer, rows, LOG)
