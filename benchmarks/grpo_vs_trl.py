@@ -358,6 +358,19 @@ def _child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT) if not path else f"{ROOT}{os.pathsep}{path}"}
 
 
+ACCURACY_TARGETS = (0.5, 0.8)
+"""Training accuracies (smoothed as the curve) whose time to reach compares the sides at equal accuracy."""
+
+
+def seconds_to(curve: list[tuple[int, float]], seconds: list[float]) -> dict[str, float | None]:
+    """Loop seconds until the smoothed accuracy first reached each of ACCURACY_TARGETS (None: never)."""
+    out: dict[str, float | None] = {}
+    for target in ACCURACY_TARGETS:
+        reached = next((s for (_, accuracy), s in zip(curve, seconds, strict=True) if accuracy >= target), None)
+        out[f"{target:g}"] = round(reached, 2) if reached is not None else None
+    return out
+
+
 def _smoothed(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
     out = []
     for i, (samples, _) in enumerate(points):
@@ -418,6 +431,7 @@ def run_rljob(
         "train_accuracy_last": sum(a for _, a in accuracy[-SMOOTHING:]) / len(accuracy[-SMOOTHING:]),
         "in_loop_eval_accuracy": [(r["samples"], r["eval_accuracy"]) for r in records if "eval_accuracy" in r],
         "curve": _smoothed(accuracy),
+        "seconds_to_accuracy": seconds_to(_smoothed(accuracy), [r["wall_time"] for r in records]),
         "model_dir": str(out / "model"),
     }
 
@@ -481,6 +495,7 @@ def run_trl(
         "time_s": times,
         "train_accuracy_last": sum(a for _, a in accuracy[-SMOOTHING:]) / len(accuracy[-SMOOTHING:]),
         "curve": _smoothed(accuracy),
+        "seconds_to_accuracy": seconds_to(_smoothed(accuracy), [s["seconds"] for s in steps]),
         "model_dir": str(job / "model"),
     }
 
@@ -560,6 +575,7 @@ def trl_worker(workdir: Path) -> None:
                 steps.append(
                     {
                         "step": state.global_step,
+                        "seconds": time.perf_counter() - clock["begin"],
                         "accuracy": logs[f"rewards/{accuracy_name}/mean"],
                         "reward": logs.get("reward"),
                         "entropy": logs.get("entropy"),
@@ -637,7 +653,8 @@ def spread(values: list[float]) -> dict[str, float]:
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict[str, Any]:
-    """Per side, over its seeds: completions/s, held-out and training accuracy, update share of the roof; per
+    """Per side, over its seeds: completions/s, held-out and training accuracy, loop seconds to reach each
+    ACCURACY_TARGETS training accuracy (the comparison at equal accuracy), update share of the roof; per
     rljob side, its completions/s over TRL's (the mean of the per-seed ratios: each seed's pair ran back to
     back, so a slow spell of the machine hits both)."""
     summary: dict[str, Any] = {}
@@ -650,6 +667,13 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, Any]:
             "train_accuracy_last": spread([r["train_accuracy_last"] for r in results]),
             "update_share_of_roof": spread(roofs) if roofs else None,
         }
+        for target in ACCURACY_TARGETS:
+            times = [r["seconds_to_accuracy"][f"{target:g}"] for r in results]
+            reached = [t for t in times if t is not None]
+            summary[side][f"seconds_to_accuracy_{target:g}"] = {
+                "reached": f"{len(reached)} of {len(times)} seeds",
+                **(spread(reached) if reached else {}),
+            }
     trl = {r["seed"]: r for r in runs.get("trl", [])}
     for side, results in runs.items():
         paired = [(r, trl[r["seed"]]) for r in results if side != "trl" and r["seed"] in trl]
@@ -812,7 +836,8 @@ def _fmt(result: dict[str, Any]) -> str:
     return (
         f"{result['completions_per_s']:.0f} completions/s, {result['seconds_per_step']:.3f} s/step, "
         f"wall {result['wall_s']:.1f}s, train accuracy {result['train_accuracy_last']:.3f}, "
-        f"held-out greedy {result['heldout_greedy_accuracy']:.3f}, time {result['time_s']}"
+        f"held-out greedy {result['heldout_greedy_accuracy']:.3f}, seconds to accuracy "
+        f"{result['seconds_to_accuracy']}, time {result['time_s']}"
     )
 
 

@@ -10,6 +10,7 @@ import pytest
 from benchmarks.grpo_vs_trl import (
     ASYNC_OVERRIDES,
     load_spec,
+    seconds_to,
     side_settings,
     summarize,
     trl_reward_functions,
@@ -81,6 +82,7 @@ def _run(seed, rate, held_out, train_s=2.0):
         "heldout_greedy_accuracy": held_out,
         "train_accuracy_last": held_out,
         "update_roofline": {"share_of_roof": 0.5},
+        "seconds_to_accuracy": {"0.5": 10.0 + seed, "0.8": None if seed else 30.0},
         "time_s": {"train": train_s},
     }
 
@@ -96,6 +98,14 @@ def test_the_summary_pairs_each_rljob_run_with_trls_run_of_the_same_seed():
     assert summary["rljob_hf"]["heldout_greedy_accuracy"]["mean"] == pytest.approx(0.85)
     assert summary["trl"]["completions_per_s"]["std"] == 0.0
     assert "ratio_completions_per_s_vs_trl" not in summary["trl"]
+    assert summary["rljob_hf"]["seconds_to_accuracy_0.5"]["mean"] == pytest.approx(10.5)
+    assert summary["rljob_hf"]["seconds_to_accuracy_0.8"]["reached"] == "1 of 2 seeds"
+
+
+def test_seconds_to_accuracy_is_the_first_point_of_the_smoothed_curve_at_each_target():
+    curve = [(100, 0.1), (200, 0.55), (300, 0.4), (400, 0.81)]
+    assert seconds_to(curve, [1.0, 2.0, 3.0, 4.0]) == {"0.5": 2.0, "0.8": 4.0}
+    assert seconds_to(curve[:3], [1.0, 2.0, 3.0]) == {"0.5": 2.0, "0.8": None}
 
 
 def test_the_update_roofline_counts_six_flops_per_weight_and_trained_token():
