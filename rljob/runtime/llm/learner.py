@@ -14,6 +14,7 @@ reports for the tokens it sampled.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from dataclasses import dataclass
 from itertools import chain, repeat
@@ -35,6 +36,7 @@ from rljob.api.spec import AlgorithmSpec, TrainerSpec
 from rljob.runtime.divergence import check_update
 from rljob.runtime.llm.logprobs import chunked_logprobs, full_logprobs
 from rljob.runtime.llm.packing import pack_by_tokens, split_to_count
+from rljob.runtime.llm.policy import resolve_precision
 from rljob.runtime.llm.sharding import gradient_norm, shard_policy, shards_model
 from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_rate
 
@@ -137,6 +139,12 @@ def _add_policy_stats(sums: Tensor, mb: MicroBatch, logprobs: Tensor, entropy: T
     sums[3] += float((entropy * mask).sum())
 
 
+def mixed_precision(device: torch.device, precision: str, loaded: torch.dtype) -> bool:
+    """Whether a replicated (ddp) policy trains with fp32 master weights and bf16 compute: `trainer.precision`
+    bf16 (or auto) on CUDA, the policy loaded in bf16 for it (not an explicit `model.dtype` of another kind)."""
+    return device.type == "cuda" and resolve_precision(precision, device) == "bf16" and loaded == torch.bfloat16
+
+
 class LLMLearner:
     """Owns the policy's training state: optimizer, update counter, the minibatch RNG and the reference."""
 
@@ -179,10 +187,17 @@ class LLMLearner:
         """Model and optimizer checkpointed as DCP shards (whatever the world size, so any size resumes them)."""
         self.wire_dtype = next(model.parameters()).dtype
         """The dtype of the policy as loaded: what rollouts hold and exports store."""
+        self.autocast_dtype: torch.dtype | None = None
+        """ddp with bf16 on CUDA: the dtype forward passes compute in, the weights and optimizer staying fp32."""
         if self.sharded:
             self.wire_dtype = shard_policy(model, self.device, trainer.precision)
             if reference is not None:  # the frozen reference is sharded too: it is as large as the policy
                 shard_policy(reference, self.device, trainer.precision)
+        elif mixed_precision(self.device, trainer.precision, self.wire_dtype):
+            # As fsdp2's MixedPrecisionPolicy: fp32 master weights, bf16 compute. Stepping bf16 weights would
+            # round away every update below 1/256 of a weight (most updates at RL learning rates).
+            model.float()
+            self.autocast_dtype = torch.bfloat16
         self.params = [p for p in model.parameters() if p.requires_grad]  # DTensor shards once sharded
         self.optimizer = build_optimizer(self.params, trainer)
         self.old_logprobs_pass = algorithm.epochs > 1 or algorithm.minibatches > 1 or has_dropout(model)
@@ -190,6 +205,13 @@ class LLMLearner:
         With one epoch of one minibatch the old log-probs ARE the training forward's (detached, ratio 1), and
         that forward gives the same statistics, so the pass is skipped (as TRL does). A model with dropout
         keeps it: skipping would change its random stream."""
+
+    def compute(self) -> contextlib.AbstractContextManager[Any]:
+        """The context every forward pass of the policy (and reference) runs in: bf16 autocast under mixed
+        precision (`autocast_dtype`), nothing otherwise."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def shard(self, samples: list[Sample]) -> list[list[Sample]]:
         """This rank's share of each minibatch (a seeded shuffle first, the same on every rank)."""
@@ -238,7 +260,7 @@ class LLMLearner:
         self.model.train()
         chunk = self.trainer.logprob_chunk_tokens
         if old_pass:
-            with torch.no_grad():  # the data's own policy, once per step
+            with torch.no_grad(), self.compute():  # the data's own policy, once per step
                 for batches in micro:
                     old.append([])
                     for mb in batches:
@@ -291,14 +313,15 @@ class LLMLearner:
         mask = mb.response_mask
         # Without an old-log-prob pass this forward also reports the entropy statistic, with or without a bonus.
         with_entropy = algo.entropy_coef > 0 or old is None
-        logprobs, entropy = token_logprobs(
-            self.model,
-            mb,
-            self.temperature,
-            with_entropy=with_entropy,
-            entropy_grad=algo.entropy_coef > 0,
-            chunk_tokens=self.trainer.logprob_chunk_tokens,
-        )
+        with self.compute():
+            logprobs, entropy = token_logprobs(
+                self.model,
+                mb,
+                self.temperature,
+                with_entropy=with_entropy,
+                entropy_grad=algo.entropy_coef > 0,
+                chunk_tokens=self.trainer.logprob_chunk_tokens,
+            )
         old_logprobs = logprobs.detach() if old is None else old
         if old is None:
             assert entropy is not None
@@ -340,10 +363,11 @@ class LLMLearner:
         assert self.reference is not None
         self.reference.eval()
         chunk = self.trainer.logprob_chunk_tokens
-        return [
-            [token_logprobs(self.reference, mb, self.temperature, False, chunk_tokens=chunk)[0] for mb in batches]
-            for batches in micro
-        ]
+        with self.compute():
+            return [
+                [token_logprobs(self.reference, mb, self.temperature, False, chunk_tokens=chunk)[0] for mb in batches]
+                for batches in micro
+            ]
 
     def _sync_gradients(self) -> None:
         """Sum gradients over ranks: each rank's loss is already divided by the global count."""

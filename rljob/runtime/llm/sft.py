@@ -265,7 +265,8 @@ class Warmup:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         for mb in micro:
-            loss, summed = sft_loss(learner.model, mb, tokens, learner.trainer.logprob_chunk_tokens)
+            with learner.compute():
+                loss, summed = sft_loss(learner.model, mb, tokens, learner.trainer.logprob_chunk_tokens)
             loss.backward()
             loss_sum += summed
         learner._sync_gradients()

@@ -169,10 +169,40 @@ class ShardedWeights:
         return whole.to(self.wire_dtype) if whole.is_floating_point() else whole
 
 
+class CastWeights:
+    """A replicated policy whose fp32 master weights go out in the dtype the rollouts hold (ddp under mixed
+    precision: `LLMLearner.autocast_dtype`), one tensor cast at a time (`rljob.runtime.weight_sync.GatheredWeights`;
+    no other rank takes part)."""
+
+    def __init__(self, model: nn.Module, wire_dtype: torch.dtype) -> None:
+        self.model, self.wire_dtype = model, wire_dtype
+        self._tensors: list[Tensor] = []
+
+    def placeholders(self) -> list[Tensor]:
+        self._tensors = [t.detach() for t in self.model.state_dict().values()]
+        return [
+            torch.empty(t.shape, dtype=self.wire_dtype if t.is_floating_point() else t.dtype, device="meta")
+            for t in self._tensors
+        ]
+
+    def names(self) -> list[str]:
+        return list(self.model.state_dict())
+
+    def begin_gather(self) -> None:
+        """Nothing to start: the whole tensors are this rank's own."""
+
+    def full(self, index: int) -> Tensor:
+        tensor = self._tensors[index]
+        return tensor.to("cpu", self.wire_dtype if tensor.is_floating_point() else tensor.dtype)
+
+
 def weight_source(learner: Any, channel: CommandChannel) -> Any:
-    """What the weight sync publishes: the module itself, or its shards gathered one tensor at a time."""
+    """What the weight sync publishes: the module itself, its shards gathered one tensor at a time, or its fp32
+    master weights cast to the rollouts' dtype one tensor at a time."""
     if is_sharded(learner.model):
         return ShardedWeights(learner.model, learner.wire_dtype, channel)
+    if next(learner.model.parameters()).dtype != learner.wire_dtype:
+        return CastWeights(learner.model, learner.wire_dtype)
     return learner.model
 
 
@@ -191,7 +221,12 @@ def export_policy(learner: Any, tokenizer: Any, directory: Path, channel: Comman
     from rljob.runtime.llm.policy import export_hf
 
     if not is_sharded(learner.model):
-        return export_hf(learner.model, tokenizer, directory)
+        if next(learner.model.parameters()).dtype == learner.wire_dtype:
+            return export_hf(learner.model, tokenizer, directory)
+        state = {  # fp32 master weights (ddp under mixed precision): exported in the dtype the policy came in
+            k: v.to(learner.wire_dtype) if v.is_floating_point() else v for k, v in learner.model.state_dict().items()
+        }
+        return export_hf(learner.model, tokenizer, directory, state_dict=state)
     channel.send("export")
     state = {
         k: v.to(learner.wire_dtype) if v.is_floating_point() else v for k, v in full_state_dict(learner.model).items()
