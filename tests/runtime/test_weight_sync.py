@@ -377,3 +377,16 @@ def test_members_say_where_they_receive_and_the_go_key_carries_the_backend_the_a
     for model in models.values():
         assert_same_weights(actor, model)
     publisher.close()
+
+
+def test_the_go_key_names_the_backend_and_a_fresh_group_for_each_formation():
+    """nccl, then gloo, then nccl again within one epoch: each group meets in store keys of its own."""
+    from rljob.runtime.weight_sync import GoSignal, SyncTicket
+
+    ticket = SyncTicket("actor-a/1", rank=1, world=2, round=7)
+    go = GoSignal("nccl", 3)
+    assert GoSignal.decode(go.encode()) == go
+    names = {GoSignal(backend, formed).group(ticket) for backend in ("gloo", "nccl") for formed in (3, 7)}
+    assert len(names) == 4 and all(name.startswith("actor-a/1/") for name in names)
+    with pytest.raises(RuntimeError, match="another rljob version"):
+        GoSignal.decode(b"go")  # what an actor from before this change writes
