@@ -7,7 +7,8 @@ PYTHONPATH together with the repository. Then, each bounded in time (under 10 mi
 
 1. the machine: torch, CUDA, the device;
 2. the `cuda`-marked tests (tests/gpu: the actor's update on CUDA against the CPU's, bf16, a CUDA actor's weight
-   broadcast);
+   broadcast; the weight sync between CUDA tensors on one GPU, which goes by gloo: NCCL refuses two ranks on one
+   GPU, so its NCCL rounds need a second GPU and skip here, saying so);
 3. `examples/cartpole-ppo.yaml` with the actor on the GPU (gpusPerReplica 1): the return it reaches;
 4. `examples/grpo-tiny-arithmetic.yaml` with the actor on the GPU (the hf rollout on the CPU: one GPU cannot hold
    two replicas' ranks): its accuracy, held-out accuracy and step time.

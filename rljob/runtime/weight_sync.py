@@ -22,7 +22,13 @@ such lookup wait out the resolver (5 s x 2 tries by default; measured 10.0 s per
 client connection, tests/multihost). torch offers no switch for it; a connection once made is kept, so the
 cost is paid once per store and process, never per round.
 
-Always gloo over CPU tensors: an actor that trains on CUDA sends CPU copies.
+The group's backend and device follow the tensors, one decision per round, made by the actor: each member's
+accept says where it receives (`device_report`: the GPUs it receives into, or the CPU), and the actor picks
+NCCL when its own tensors and every member's are CUDA, each on a GPU of its own (NCCL refuses two ranks on
+one GPU), and gloo otherwise (`choose_backend`); the go key carries the choice. Under NCCL the actor sends
+its CUDA tensors as they are and every buffer is on the device; under gloo it sends CPU copies and a member
+receiving into CUDA tensors lets gloo stage them through the host. A round that switches the backend forms
+a new group, named (store prefix) by the epoch, the backend and the round it was formed in (`GoSignal`).
 
 `weightSync.method: filesystem`: actor rank 0 writes each version once as a safetensors file in a directory
 every rollout can read (atomic rename, version and actor incarnation in the name) and sends its path.
@@ -43,7 +49,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 from torch import nn
@@ -99,8 +105,85 @@ class SyncTicket:
 
     @property
     def go_key(self) -> str:
-        """Set by the actor once every member accepted (b"go") or when one never did (b"abort")."""
+        """Set by the actor once every member accepted (`GoSignal`: the round's backend and group) or when one
+        never did (b"abort")."""
         return f"weights/{self.group}/go/{self.round}"
+
+
+SyncBackend = Literal["gloo", "nccl"]
+
+
+@dataclass(frozen=True)
+class GoSignal:
+    """The go key's value: the round's backend, and the round its group was formed in (the group is named by
+    the epoch, the backend and that round, so a switch of backend, there and back, always meets in fresh
+    store keys)."""
+
+    backend: SyncBackend
+    formed: int
+
+    def encode(self) -> bytes:
+        return f"go:{self.backend}:{self.formed}".encode()
+
+    @classmethod
+    def decode(cls, value: bytes) -> GoSignal:
+        """A RuntimeError (a failed sync, as any other) for a value no rljob actor of this version writes."""
+        match value.decode(errors="replace").split(":"):
+            case ["go", "gloo" | "nccl" as backend, formed] if formed.isdigit():
+                return cls(backend, int(formed))  # type: ignore[arg-type]
+        raise RuntimeError(f"the actor's go key holds {value[:40]!r}: is the actor another rljob version?")
+
+    def group(self, ticket: SyncTicket) -> str:
+        """The name of the round's group (its store prefix is `weights/<name>/pg/`)."""
+        return f"{ticket.group}/{self.backend}/{self.formed}"
+
+
+def tensors_device(tensors: Iterable[torch.Tensor]) -> torch.device:
+    """Where a member's tensors live: the first one's device (the CPU for none)."""
+    return next((t.device for t in tensors), torch.device("cpu"))
+
+
+def gpu_uuid(device: torch.device) -> str:
+    """The physical GPU behind `device`, the same whatever CUDA_VISIBLE_DEVICES numbers it in this process."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+def device_report(devices: Iterable[torch.device]) -> bytes:
+    """What a member (or the actor) says about where it sends or receives a round: b"cuda:<uuid>,..." naming
+    every GPU its tensors are on when all of them are CUDA and this torch has NCCL, else b"cpu"."""
+    devices = list(devices)
+    if not devices or any(d.type != "cuda" for d in devices) or not torch.distributed.is_nccl_available():
+        return b"cpu"
+    return ("cuda:" + ",".join(gpu_uuid(d) for d in devices)).encode()
+
+
+def tensors_report(tensors: Iterable[torch.Tensor]) -> bytes:
+    """`device_report` of one rank's tensors: its GPU when all are on one, else b"cpu" (a model spread over
+    several devices goes by gloo)."""
+    devices = {t.device for t in tensors}
+    return device_report(devices) if len(devices) == 1 else b"cpu"
+
+
+def joint_report(reports: Iterable[bytes]) -> bytes:
+    """One member's report for several ranks (a vLLM rollout's tensor-parallel workers): their GPUs when
+    every one receives into CUDA tensors, else b"cpu"."""
+    reports = list(reports)
+    if not reports or not all(r.startswith(b"cuda:") for r in reports):
+        return b"cpu"
+    return b"cuda:" + b",".join(r.removeprefix(b"cuda:") for r in reports)
+
+
+def choose_backend(reports: Iterable[bytes]) -> SyncBackend:
+    """The round's backend from the actor's `device_report` and every member's: NCCL when all hold CUDA
+    tensors, each rank on a GPU no other rank uses (NCCL refuses two ranks on one GPU); gloo otherwise,
+    including for a member that reports nothing of its device (b"1", an older rljob)."""
+    gpus: list[str] = []
+    for report in reports:
+        if not report.startswith(b"cuda:"):
+            return "gloo"
+        gpus.extend(report.removeprefix(b"cuda:").decode().split(","))
+    return "nccl" if len(set(gpus)) == len(gpus) else "gloo"
 
 
 GLOO_THREADS = 8
@@ -109,8 +192,22 @@ them on this many threads. Measured on a 128 MiB policy (58 such tensors), 2 pro
 2-core machine: 1.8x one flat broadcast of the same bytes with gloo's default 2 threads, 1.45x with 8."""
 
 
-def make_group(store: TCPStore, group: str, rank: int, world: int) -> torch.distributed.ProcessGroup:
-    """The gloo group of one epoch on its own prefix of the shared store; blocks until all `world` members join."""
+def make_group(
+    store: TCPStore,
+    group: str,
+    rank: int,
+    world: int,
+    backend: SyncBackend = "gloo",
+    device: torch.device | None = None,
+) -> torch.distributed.ProcessGroup:
+    """The group `group` (`GoSignal.group`: epoch, backend, round formed) on its own prefix of the shared store;
+    blocks until all `world` members join. An NCCL group needs `device`, the CUDA device of this member's
+    tensors."""
+    prefix = PrefixStore(f"weights/{group}/pg/", store)
+    if backend == "nccl":
+        if device is None or device.type != "cuda":
+            raise ValueError(f"an NCCL weight sync group needs a CUDA device, got {device}")
+        return _nccl_group(prefix, rank, world, device)
     options = ProcessGroupGloo._Options()
     options._timeout = GROUP_TIMEOUT
     # As torch's own constructor: the interfaces GLOO_SOCKET_IFNAME names (a multi-NIC node), else the default.
@@ -119,7 +216,41 @@ def make_group(store: TCPStore, group: str, rank: int, world: int) -> torch.dist
         ProcessGroupGloo.create_default_device()
     ]
     options._threads = GLOO_THREADS
-    return ProcessGroupGloo(PrefixStore(f"weights/{group}/pg/", store), rank, world, options)
+    return ProcessGroupGloo(prefix, rank, world, options)
+
+
+_NCCL_ENV_LOCK = threading.Lock()
+"""Held while the environment is changed for one group's constructor (threads of one process may make groups)."""
+
+
+def _nccl_group(prefix: PrefixStore, rank: int, world: int, device: torch.device) -> torch.distributed.ProcessGroup:
+    """ProcessGroupNCCL as torch's own stateless factory builds it (torch.distributed._dist2), with its
+    communicator formed now on `device`.
+
+    Blocking wait: a member that dies mid-round makes the broadcast raise after GROUP_TIMEOUT (the round
+    fails, the next forms a new group), where NCCL's default error handling would tear this process down.
+    ProcessGroupNCCL reads the variable when it is constructed, so it is set for this group alone."""
+    from torch.distributed import ProcessGroupNCCL  # only in CUDA builds of torch
+
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    options = ProcessGroupNCCL.Options()
+    options._timeout = GROUP_TIMEOUT
+    options.is_high_priority_stream = False
+    with _NCCL_ENV_LOCK:
+        saved = os.environ.get("TORCH_NCCL_BLOCKING_WAIT")
+        os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1"
+        try:
+            pg = ProcessGroupNCCL(prefix, rank, world, options)
+        finally:
+            if saved is None:
+                del os.environ["TORCH_NCCL_BLOCKING_WAIT"]
+            else:
+                os.environ["TORCH_NCCL_BLOCKING_WAIT"] = saved
+    pg._set_sequence_number_for_group()
+    with torch.cuda.device(device):
+        pg.eager_connect_single_device(device)
+    return pg
 
 
 def buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
@@ -152,12 +283,17 @@ class GatheredWeights(Protocol):
         """The state-dict names of `placeholders()`, in the same order."""
         ...
 
+    def device(self) -> torch.device:
+        """The device this rank's shards are on."""
+        ...
+
     def begin_gather(self) -> None:
         """Tell the other actor ranks to join the gathers of one pass over every tensor, in order."""
         ...
 
-    def full(self, index: int) -> torch.Tensor:
-        """The whole tensor `index` on the CPU (a collective: every actor rank calls it, in the same order)."""
+    def full(self, index: int, device: torch.device | None = None) -> torch.Tensor:
+        """The whole tensor `index` on `device` (the CPU by default); a collective: every actor rank calls
+        it, in the same order."""
         ...
 
 
@@ -166,18 +302,24 @@ IN_PLACE_MIN_BYTES = 2**20
 
 
 class PackBuffer:
-    """The flat tensor small tensors are packed into, kept from bucket to bucket and round to round: fresh
-    memory pays a page fault per page on first touch (packing 128 MiB took 47 ms into new memory, 13 ms into
-    this buffer, on this repository's 2-core machine)."""
+    """The flat tensors small tensors are packed into, one per dtype and device, kept from bucket to bucket
+    and round to round: fresh memory pays a page fault per page on first touch (packing 128 MiB took 47 ms
+    into new memory, 13 ms into this buffer, on this repository's 2-core machine)."""
 
     def __init__(self) -> None:
-        self._flat: dict[torch.dtype, torch.Tensor] = {}
+        self._flat: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
-    def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        flat = self._flat.get(dtype)
+    def take(self, numel: int, dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
+        key = (dtype, device or torch.device("cpu"))
+        flat = self._flat.get(key)
         if flat is None or flat.numel() < numel:
-            flat = self._flat[dtype] = torch.empty(numel, dtype=dtype)
+            self._flat.pop(key, None)  # the old one goes first: on a GPU both may not fit
+            flat = self._flat[key] = torch.empty(numel, dtype=dtype, device=key[1])
         return flat[:numel]
+
+    def clear(self) -> None:
+        """Free the buffers (a round on another device or backend will not use them)."""
+        self._flat.clear()
 
 
 def broadcast_state(
@@ -195,25 +337,29 @@ def broadcast_state(
     own and 2x with everything packed. With `materialize` (root side only) `tensors` only size the buckets
     and tensor i is `materialize(i)`, built when its bucket is: one bucket of full tensors exists at a time.
     Those calls are collectives of the actor group, so a failed send does not stop them: the pass is
-    finished, then the error is raised.
+    finished, then the error is raised. The small tensors are packed on their own device; on CUDA the call
+    returns once the device has finished the round (a receiver's tensors are complete, a sender's may change).
     """
     tensors = list(tensors)
     pack = pack or PackBuffer()
     root = group.rank() == 0
     failure: RuntimeError | None = None
+    cuda: set[torch.device] = set()
     for bucket in buckets(tensors, bucket_bytes):
         parts = [tensors[i] if materialize is None else materialize(i) for i in bucket]
         if failure is not None:
             continue
         big = [p for p in parts if p.is_contiguous() and p.numel() * p.element_size() >= IN_PLACE_MIN_BYTES]
-        small: dict[torch.dtype, list[torch.Tensor]] = {}
+        small: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
         for p in parts:
+            if p.is_cuda:
+                cuda.add(p.device)
             if not any(p is b for b in big):
-                small.setdefault(p.dtype, []).append(p)
+                small.setdefault((p.dtype, p.device), []).append(p)
         try:
             works = [group.broadcast(p, 0) for p in big]
-            for dtype, members in small.items():
-                flat = pack.take(sum(p.numel() for p in members), dtype)
+            for (dtype, device), members in small.items():
+                flat = pack.take(sum(p.numel() for p in members), dtype, device)
                 if root:
                     torch.cat([p.reshape(-1) for p in members], out=flat)
                 group.broadcast(flat, 0).wait()
@@ -230,6 +376,8 @@ def broadcast_state(
             failure = exc
     if failure is not None:
         raise failure
+    for device in cuda:
+        torch.cuda.synchronize(device)
 
 
 class AcceptDeadlines:
@@ -271,6 +419,10 @@ class WeightPublisher:
         self._epoch = 0
         self._members: list[tuple[int, str]] | None = None
         self._group: torch.distributed.ProcessGroup | None = None
+        self._go: GoSignal | None = None
+        """The current group's backend and the round it was formed in."""
+        self.backend: SyncBackend | None = None
+        """The backend of the last round that started."""
         self._round = 0
         self._planned_tags: dict[int, str] = {}
         self._tickets: dict[int, SyncTicket] = {}
@@ -320,6 +472,10 @@ class WeightPublisher:
                 self.deadlines.accepted(member)
         return {replica: waits[replica] for replica in pending}
 
+    def _choose(self, flags: dict[int, str], report: bytes) -> SyncBackend:
+        """The round's backend, from where the actor's tensors are and what each member said when it accepted."""
+        return choose_backend([report, *self.store.multi_get(list(flags.values()))])
+
     def publish(self, version: int, model: nn.Module | GatheredWeights) -> None:
         """Broadcast `model`'s state to the planned members once every one has accepted this round.
 
@@ -342,18 +498,38 @@ class WeightPublisher:
                 f"(waited {max(missing.values()):.0f}s)",
                 frozenset(missing),
             )
-        self.store.set(ticket.go_key, b"go")
+        if isinstance(model, nn.Module):
+            tensors = state_tensors(model)
+            device, report = tensors_device(tensors), tensors_report(tensors)
+        else:
+            tensors, device = [], model.device()
+            report = device_report([device])
+        backend = self._choose(flags, report)
+        if self._group is None or self._go is None or self._go.backend != backend:
+            if self._go is not None and self._go.backend != backend:
+                self._pack.clear()  # its buffers are on the old backend's device
+            self._group, self._go = None, GoSignal(backend, ticket.round)
+        go = self._go
+        self.store.set(ticket.go_key, go.encode())
         for flag in flags.values():
             self.store.delete_key(flag)
+        self.backend = backend
+        # Under gloo the actor sends from host memory (gloo would stage CUDA tensors through it anyway).
+        send_device = device if backend == "nccl" else torch.device("cpu")
         try:
             if self._group is None:
-                self._group = make_group(self.store, ticket.group, 0, ticket.world)
+                self._group = make_group(self.store, go.group(ticket), 0, ticket.world, backend, send_device)
             if not isinstance(model, nn.Module):  # a GatheredWeights
                 model.begin_gather()  # only now: a refused round never starts gathers on the other ranks
-                broadcast_state(self._group, model.placeholders(), self.bucket_bytes, model.full, self._pack)
+                broadcast_state(
+                    self._group,
+                    model.placeholders(),
+                    self.bucket_bytes,
+                    lambda i: model.full(i, send_device),
+                    self._pack,
+                )
                 return
-            tensors = [t.cpu() for t in state_tensors(model)]  # a CUDA-trained actor still syncs over gloo
-            broadcast_state(self._group, tensors, self.bucket_bytes, pack=self._pack)
+            broadcast_state(self._group, [t.to(send_device) for t in tensors], self.bucket_bytes, pack=self._pack)
         except RuntimeError:
             self._group, self._members = None, None  # a member died mid-round: the next round forms a new group
             raise
@@ -384,6 +560,7 @@ class WeightSubscriber:
         self._store_actor = ""
         self._group_name = ""
         self._group: torch.distributed.ProcessGroup | None = None
+        self._backend: SyncBackend | None = None
         self._pack = PackBuffer()
 
     def _connect(self, actor_tag: str) -> TCPStore:
@@ -393,17 +570,21 @@ class WeightSubscriber:
             self._group = None
         return self._store
 
-    def accept(self, key: str, version: int, actor_tag: str) -> None:
-        """Tell the actor this incarnation joins the round its ticket `key` names."""
-        self._connect(actor_tag).set(SyncTicket.decode(key).accepted_key, b"1")
+    def accept(self, key: str, version: int, actor_tag: str, report: bytes = b"cpu") -> None:
+        """Tell the actor this incarnation joins the round its ticket `key` names, and where it receives
+        (`device_report` of the devices its tensors are on: the actor picks the backend from it)."""
+        self._connect(actor_tag).set(SyncTicket.decode(key).accepted_key, report)
 
-    def wait_go(self, key: str, actor_tag: str) -> None:
-        """Block until the actor starts the round (every member accepted); SyncAborted when it called it off."""
+    def wait_go(self, key: str, actor_tag: str) -> GoSignal:
+        """Block until the actor starts the round (every member accepted) and return its backend and group;
+        SyncAborted when it called the round off."""
         ticket = SyncTicket.decode(key)
         store = self._connect(actor_tag)
         store.wait([ticket.go_key], GROUP_TIMEOUT)
-        if store.get(ticket.go_key) != b"go":
+        go = store.get(ticket.go_key)
+        if go == b"abort":
             raise SyncAborted(f"the actor called weight round {ticket.round} off: a member never accepted")
+        return GoSignal.decode(go)
 
     def receive_tensors(self, key: str, actor_tag: str, tensors: list[torch.Tensor], rank_offset: int = 0) -> None:
         """Wait for the round's go, join the group (once per epoch) at rank `ticket.rank + rank_offset` and
@@ -411,10 +592,14 @@ class WeightSubscriber:
         ticket = SyncTicket.decode(key)
         store = self._connect(actor_tag)
         try:
-            self.wait_go(key, actor_tag)
-            if self._group is None or self._group_name != ticket.group:
-                self._group = make_group(store, ticket.group, ticket.rank + rank_offset, ticket.world)
-                self._group_name = ticket.group
+            go = self.wait_go(key, actor_tag)
+            if self._group is None or self._group_name != go.group(ticket):
+                if go.backend != self._backend:
+                    self._pack.clear()  # its buffers may be on another device than this backend's
+                self._group, self._backend = None, go.backend
+                rank, device = ticket.rank + rank_offset, tensors_device(tensors)
+                self._group = make_group(store, go.group(ticket), rank, ticket.world, go.backend, device)
+                self._group_name = go.group(ticket)
             with torch.no_grad():
                 broadcast_state(self._group, tensors, self.bucket_bytes, pack=self._pack)
         except SyncAborted:
@@ -424,9 +609,10 @@ class WeightSubscriber:
             raise
 
     def receive(self, key: str, version: int, actor_tag: str, model: nn.Module) -> None:
-        """Accept the sync, then receive into `model`."""
-        self.accept(key, version, actor_tag)
-        self.receive_tensors(key, actor_tag, state_tensors(model))
+        """Accept the sync (saying where `model` is), then receive into `model`."""
+        tensors = state_tensors(model)
+        self.accept(key, version, actor_tag, tensors_report(tensors))
+        self.receive_tensors(key, actor_tag, tensors)
 
 
 class StagedWeights:

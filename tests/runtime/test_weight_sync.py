@@ -232,7 +232,13 @@ def test_an_hf_engine_takes_a_weight_file_in_and_swaps_it_in_between_chunks(tmp_
         assert torch.equal(mine, theirs)
 
 
-def test_big_tensors_travel_in_place_and_small_ones_packed_whatever_their_dtype_or_layout():
+TWO_GPUS = pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="NCCL refuses two ranks on one GPU: the nccl case needs 2 GPUs"
+)
+
+
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=[pytest.mark.cuda, TWO_GPUS])])
+def test_big_tensors_travel_in_place_and_small_ones_packed_whatever_their_dtype_or_layout(backend):
     from torch.distributed import TCPStore
 
     from rljob.runtime.weight_sync import IN_PLACE_MIN_BYTES, broadcast_state, make_group
@@ -253,20 +259,23 @@ def test_big_tensors_travel_in_place_and_small_ones_packed_whatever_their_dtype_
 
     port = free_port()
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
-    sent, received = state(1), state(2)
-    assert not torch.equal(sent[0], received[0])
+    # Under NCCL each rank's tensors are on a GPU of its own; the buffers follow them there.
+    cpu, gpus = torch.device("cpu"), (torch.device("cuda", 0), torch.device("cuda", 1))
+    here, there = (cpu, cpu) if backend == "gloo" else gpus
+    sent, received = [t.to(here) for t in state(1)], [t.to(there) for t in state(2)]
+    assert not torch.equal(sent[0].cpu(), received[0].cpu())
     # The receiver's own store client, as in its own process: one client is not shared between threads.
     receiving_store = TCPStore("127.0.0.1", port, is_master=False)
     receiver = threading.Thread(
         target=lambda: broadcast_state(
-            make_group(receiving_store, "g", 1, 2), received, bucket_bytes=3 * IN_PLACE_MIN_BYTES
+            make_group(receiving_store, "g", 1, 2, backend, there), received, bucket_bytes=3 * IN_PLACE_MIN_BYTES
         )
     )
     receiver.start()
-    broadcast_state(make_group(store, "g", 0, 2), sent, bucket_bytes=3 * IN_PLACE_MIN_BYTES)
+    broadcast_state(make_group(store, "g", 0, 2, backend, here), sent, bucket_bytes=3 * IN_PLACE_MIN_BYTES)
     receiver.join(timeout=30)
     for mine, theirs in zip(sent, received, strict=True):
-        assert mine.dtype == theirs.dtype and torch.equal(mine, theirs)
+        assert theirs.device == there and mine.dtype == theirs.dtype and torch.equal(mine.cpu(), theirs.cpu())
 
 
 def test_the_sync_group_uses_the_interface_gloo_socket_ifname_names(monkeypatch):
@@ -319,3 +328,65 @@ def test_a_member_whose_first_connection_is_slow_still_gets_the_round():
     assert_same_weights(actor, model)
     assert publisher.deadlines.seconds((0, "slow")) == weight_sync.ACCEPT_KNOWN_S
     publisher.close()
+
+
+def test_the_round_goes_by_nccl_only_when_every_rank_holds_cuda_tensors_on_a_gpu_of_its_own():
+    from rljob.runtime.weight_sync import choose_backend, joint_report
+
+    actor, rollout_a, rollout_b = b"cuda:GPU-0", b"cuda:GPU-1", b"cuda:GPU-2"
+    assert choose_backend([actor, rollout_a, rollout_b]) == "nccl"
+    assert choose_backend([b"cpu", rollout_a]) == "gloo"  # a CPU-trained actor
+    assert choose_backend([actor, rollout_a, b"cpu"]) == "gloo"  # one member stages on the host
+    assert choose_backend([actor, b"cuda:GPU-0"]) == "gloo"  # actor and rollout share a GPU: NCCL refuses that
+    assert choose_backend([actor, b"1"]) == "gloo"  # a member that says nothing of its device
+    # A vLLM rollout's tensor-parallel workers: one report naming every worker's GPU, or the CPU if one is there.
+    assert joint_report([b"cuda:GPU-1", b"cuda:GPU-2"]) == b"cuda:GPU-1,GPU-2"
+    assert choose_backend([actor, joint_report([b"cuda:GPU-1", b"cuda:GPU-2"])]) == "nccl"
+    assert choose_backend([actor, joint_report([b"cuda:GPU-1", b"cuda:GPU-0"])]) == "gloo"
+    assert joint_report([b"cuda:GPU-1", b"cpu"]) == joint_report([]) == b"cpu"
+    assert weight_sync.device_report([torch.device("cpu")]) == b"cpu"
+
+
+def test_members_say_where_they_receive_and_the_go_key_carries_the_backend_the_actor_chose():
+    """A member on a GPU (its report faked here: CUDA tensors are impossible on this machine) and one on the
+    CPU, a CPU actor: the round goes by gloo, and every member learns so from the go key."""
+    space = gymnasium.make("CartPole-v1").action_space
+    actor, port = MLPActorCritic(4, space), free_port()
+    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
+    perturb(actor)
+    keys = publisher.plan([(0, "rollout-0"), (1, "rollout-1")], 1, actor)
+    models = {replica: MLPActorCritic(4, space) for replica in keys}
+    backends: dict[int, str] = {}
+
+    def receive(replica: int, report: bytes) -> None:
+        subscriber = WeightSubscriber("127.0.0.1", port, 1)
+        subscriber.accept(keys[replica], 1, "actor-a", report)
+        backends[replica] = subscriber.wait_go(keys[replica], "actor-a").backend
+        subscriber.receive_tensors(keys[replica], "actor-a", state_tensors(models[replica]))
+
+    threads = [
+        threading.Thread(target=receive, args=(0, b"cuda:GPU-1")),
+        threading.Thread(target=receive, args=(1, weight_sync.device_report([torch.device("cpu")]))),
+    ]
+    for thread in threads:
+        thread.start()
+    publisher.publish(1, actor)
+    for thread in threads:
+        thread.join(timeout=30)
+    assert publisher.backend == "gloo" and backends == {0: "gloo", 1: "gloo"}
+    for model in models.values():
+        assert_same_weights(actor, model)
+    publisher.close()
+
+
+def test_the_go_key_names_the_backend_and_a_fresh_group_for_each_formation():
+    """nccl, then gloo, then nccl again within one epoch: each group meets in store keys of its own."""
+    from rljob.runtime.weight_sync import GoSignal, SyncTicket
+
+    ticket = SyncTicket("actor-a/1", rank=1, world=2, round=7)
+    go = GoSignal("nccl", 3)
+    assert GoSignal.decode(go.encode()) == go
+    names = {GoSignal(backend, formed).group(ticket) for backend in ("gloo", "nccl") for formed in (3, 7)}
+    assert len(names) == 4 and all(name.startswith("actor-a/1/") for name in names)
+    with pytest.raises(RuntimeError, match="another rljob version"):
+        GoSignal.decode(b"go")  # what an actor from before this change writes

