@@ -143,11 +143,12 @@ def gather_pass(model: nn.Module) -> None:
             full_tensor(tensor)
 
 
-class ShardedWeights:
-    """A sharded policy as a weight-sync source (`rljob.runtime.weight_sync.GatheredWeights`), on rank 0."""
+class WireWeights:
+    """The policy as a weight-sync source (`rljob.runtime.weight_sync.GatheredWeights`) whose whole tensors go out
+    one at a time in the dtype the rollouts hold; `_whole` makes a tensor whole."""
 
-    def __init__(self, model: nn.Module, wire_dtype: torch.dtype, channel: CommandChannel) -> None:
-        self.model, self.wire_dtype, self.channel = model, wire_dtype, channel
+    def __init__(self, model: nn.Module, wire_dtype: torch.dtype) -> None:
+        self.model, self.wire_dtype = model, wire_dtype
         self._tensors: list[Tensor] = []
 
     def placeholders(self) -> list[Tensor]:
@@ -165,42 +166,37 @@ class ShardedWeights:
         return next(self.model.parameters()).device
 
     def begin_gather(self) -> None:
-        self.channel.send("gather")
+        """Nothing to start: every tensor is this rank's own."""
+
+    def _whole(self, tensor: Tensor) -> Tensor:
+        return tensor
 
     def full(self, index: int, device: torch.device | None = None) -> Tensor:
-        """The whole tensor in the wire dtype, gathered on the shards' device and left there for an NCCL round
+        """The whole tensor in the wire dtype, made whole on the model's device and left there for an NCCL round
         (`device` the actor's GPU), moved to the CPU otherwise."""
-        whole = full_tensor(self._tensors[index])
+        whole = self._whole(self._tensors[index])
         if whole.is_floating_point():
-            whole = whole.to(self.wire_dtype)  # before the move: fp32 shards cross to the host in bf16
+            whole = whole.to(self.wire_dtype)  # before the move: fp32 weights cross to the host in bf16
         return whole.to(device or torch.device("cpu"))
 
 
-class CastWeights:
-    """A replicated policy whose fp32 master weights go out in the dtype the rollouts hold (ddp under mixed
-    precision: `LLMLearner.autocast_dtype`), one tensor cast at a time (`rljob.runtime.weight_sync.GatheredWeights`;
-    no other rank takes part)."""
+class ShardedWeights(WireWeights):
+    """A sharded policy, on rank 0: each tensor gathered whole from the shards (a collective of every rank)."""
 
-    def __init__(self, model: nn.Module, wire_dtype: torch.dtype) -> None:
-        self.model, self.wire_dtype = model, wire_dtype
-        self._tensors: list[Tensor] = []
-
-    def placeholders(self) -> list[Tensor]:
-        self._tensors = [t.detach() for t in self.model.state_dict().values()]
-        return [
-            torch.empty(t.shape, dtype=self.wire_dtype if t.is_floating_point() else t.dtype, device="meta")
-            for t in self._tensors
-        ]
-
-    def names(self) -> list[str]:
-        return list(self.model.state_dict())
+    def __init__(self, model: nn.Module, wire_dtype: torch.dtype, channel: CommandChannel) -> None:
+        super().__init__(model, wire_dtype)
+        self.channel = channel
 
     def begin_gather(self) -> None:
-        """Nothing to start: the whole tensors are this rank's own."""
+        self.channel.send("gather")
 
-    def full(self, index: int) -> Tensor:
-        tensor = self._tensors[index]
-        return tensor.to("cpu", self.wire_dtype if tensor.is_floating_point() else tensor.dtype)
+    def _whole(self, tensor: Tensor) -> Tensor:
+        return full_tensor(tensor)
+
+
+class CastWeights(WireWeights):
+    """A replicated policy's fp32 master weights (ddp under mixed precision: `LLMLearner.autocast_dtype`), sent in
+    the dtype the rollouts hold; no other rank takes part."""
 
 
 def weight_source(learner: Any, channel: CommandChannel) -> Any:
