@@ -29,6 +29,8 @@ def test_a_collocated_run_with_ipc_weights_trains_exactly_as_the_broadcast_run(r
     output = broadcast.finish()
     assert broadcast.process.returncode == 0, output
 
+    log = (collocated.out / "logs" / "rollout-0.log").read_text()
+    assert "collocated: the engine sleeps while the actor trains" in log  # the actor's loop put it to sleep
     records, reference = collocated.metrics(), broadcast.metrics()
     assert [r["step"] for r in records] == list(range(1, 13))
     # Every step generated from the weights just trained (each version was loaded before generation).

@@ -68,6 +68,7 @@ class GenerationServer:
         """Told to sleep by a collocated actor: no chunk starts until `wake`."""
         self.generating = False
         """A chunk is being generated (`sleep` waits for it to end)."""
+        self.sleeps = 0
 
     # --- request thread -----------------------------------------------------------------------
 
@@ -116,6 +117,9 @@ class GenerationServer:
             self.asleep = True
             self.lock.wait_for(lambda: not self.generating)
         self.engine.sleep()
+        self.sleeps += 1
+        if self.sleeps == 1:
+            self.context.log.info("collocated: the engine sleeps while the actor trains and wakes before it generates")
         return {"asleep": True, "tag": self.tag}
 
     def wake(self, request: Payload) -> Payload:
@@ -235,6 +239,7 @@ def run_rollout(context: RoleContext) -> int:
             "rollout_generated_tokens_total": lambda: server.generated_tokens,
             "rollout_chunks_total": lambda: server.chunks,
             "rollout_policy_version": lambda: server.version,
+            "rollout_sleeps_total": lambda: server.sleeps,
         },
     )
     failure: list[BaseException] = []

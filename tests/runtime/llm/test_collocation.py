@@ -155,6 +155,7 @@ def test_the_actor_s_turns_sleep_train_wake_sync_generate_reach_the_rollout_in_o
         events = rollout.engine.events
         # Two chunks, sleep, wake, then the early chunk and two more: never a generation while asleep.
         assert events == ["generate", "generated"] * 2 + ["sleep", "wake"] + ["generate", "generated"] * 3
+        assert rollout.server.sleeps == 1
     finally:
         pool.close()
         rollout.stop()
