@@ -11,7 +11,10 @@ PYTHONPATH together with the repository. Then, each bounded in time (under 10 mi
    GPU, so its NCCL rounds need a second GPU and skip here, saying so);
 3. `examples/cartpole-ppo.yaml` with the actor on the GPU (gpusPerReplica 1): the return it reaches;
 4. `examples/grpo-tiny-arithmetic.yaml` with the actor on the GPU (the hf rollout on the CPU: one GPU cannot hold
-   two replicas' ranks): its accuracy, held-out accuracy and step time.
+   two replicas' ranks): its accuracy, held-out accuracy and step time;
+5. the same example collocated (`roles.rollout.collocated`, `weightSync.method: ipc`): actor and hf rollout share
+   the one GPU, weights pass by CUDA IPC handles and the rollout sleeps (weights to the CPU) while the actor
+   trains: its accuracy, its largest rollout/trainer log-prob gap (the weights arrived whole) and step time.
 
 Everything lands in OUT/check.json (figures and pass/fail per part) and OUT/check.log (every line printed).
 The exit code is 0 only when every part passed on a CUDA device. `--allow-cpu` runs the same parts without a GPU
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+COLLOCATED = ["spec.roles.rollout.collocated=true", "spec.rollout.weightSync.method=ipc"]
 
 PROBE = """
 import json, torch, transformers
@@ -179,7 +183,15 @@ def main(argv: list[str] | None = None) -> int:
             step_s_median={k: median_of(records, f"time_{k}_s") for k in ("generate", "reward", "train", "sync")},
         )
 
-    passed = on_gpu and all(part["ok"] for part in check.parts.values()) and len(check.parts) == 4
+        records = rljob_run(check, "grpo_tiny_collocated", "grpo-tiny-arithmetic.yaml", gpus, 240, COLLOCATED)
+        check.parts["grpo_tiny_collocated"].update(
+            accuracy_first10=mean_of(records[:10], "accuracy"),
+            accuracy_last10=mean_of(records[-10:], "accuracy"),
+            mismatch_max_gap_max=max((r["mismatch_max_gap"] for r in records), default=None),
+            step_s_median={k: median_of(records, f"time_{k}_s") for k in ("generate", "reward", "train", "sync")},
+        )
+
+    passed = on_gpu and all(part["ok"] for part in check.parts.values()) and len(check.parts) == 5
     summary = {
         "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%dT%H:%M:%SZ}",
         "passed": passed,

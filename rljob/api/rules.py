@@ -112,6 +112,7 @@ def _check_spec(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     yield from _check_reward(spec)
     yield from _check_roles(spec)
     yield from _check_sft(spec)
+    yield from _check_collocation(spec)
     if spec.scheduling.gang == "kueue" and not spec.scheduling.queue:
         yield "scheduling.queue", "gang kueue needs scheduling.queue: the name of a Kueue LocalQueue"
 
@@ -427,4 +428,51 @@ def _check_roles(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
         yield (
             "rollout.vllm.tensorParallelSize",
             f"must be <= roles.rollout.gpusPerReplica {rollout.gpus_per_replica} (got {tp})",
+        )
+
+
+def _check_collocation(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    """`roles.rollout.collocated`: one actor and one rollout replica on the same GPUs, weights by `ipc`."""
+    rollout, method = spec.roles.rollout, spec.rollout.weight_sync.method
+    if not rollout.collocated:
+        if method == "ipc":
+            yield (
+                "rollout.weightSync.method",
+                "ipc opens the actor's memory from the rollout beside it: set roles.rollout.collocated: true, "
+                "or use broadcast or filesystem",
+            )
+        return
+    if spec.task.type != "llm":
+        yield "roles.rollout.collocated", "is for llm jobs: a gym job's rollouts run on the CPU; set false"
+        return
+    if method != "ipc":
+        yield (
+            "rollout.weightSync.method",
+            f"a collocated rollout takes its weights from the actor beside it: set ipc (got {method!r})",
+        )
+    if spec.roles.actor.replicas != 1:
+        yield (
+            "roles.actor.replicas",
+            f"a collocated job runs one actor replica, the rollout beside it: set 1 (got {spec.roles.actor.replicas}); "
+            "use more GPUs per replica (gpusPerReplica), or collocated: false for several replicas",
+        )
+    if rollout.replicas != 1:
+        yield (
+            "roles.rollout.replicas",
+            f"a collocated job runs one rollout replica, beside the actor: set 1 (got {rollout.replicas})",
+        )
+    if rollout.autoscale is not None:
+        yield "roles.rollout.autoscale", "a collocated rollout shares the actor's GPUs and cannot scale: remove it"
+    if rollout.gpus_per_replica:
+        yield (
+            "roles.rollout.gpusPerReplica",
+            "a collocated rollout uses the actor's GPUs (roles.actor.gpusPerReplica): set 0 "
+            f"(got {rollout.gpus_per_replica})",
+        )
+    staleness = spec.rollout.async_.max_staleness
+    if staleness:
+        yield (
+            "rollout.async.maxStaleness",
+            f"a collocated actor and rollout take turns on the GPUs, so generation cannot overlap training: set 0 "
+            f"(got {staleness})",
         )

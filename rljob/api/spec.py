@@ -399,8 +399,10 @@ class VLLMSpec(SpecModel):
 class WeightSyncSpec(SpecModel):
     """How new weights reach the rollout role."""
 
-    method: Literal["broadcast", "filesystem"] = "broadcast"
-    """`broadcast`: torch.distributed (NCCL/gloo); `filesystem`: safetensors on a shared volume."""
+    method: Literal["broadcast", "filesystem", "ipc"] = "broadcast"
+    """`broadcast`: torch.distributed (NCCL/gloo); `filesystem`: safetensors on a shared volume; `ipc`: handles to
+    the actor's own memory, opened by the rollout beside it (CUDA IPC on a GPU, shared memory on the CPU): only
+    with `roles.rollout.collocated`."""
     bucket_size_mb: int = Field(default=256, ge=1)
     """Size of the buckets weights are sent in (broadcast) and of the full tensors an fsdp2 actor gathers at once."""
 
@@ -635,6 +637,10 @@ class RolloutRoleSpec(RoleSpec):
     replicas: int = Field(default=1, ge=0)  # type: ignore[assignment]
     """Generation servers; scalable with `kubectl scale rljob/NAME --replicas=N`. With `autoscale` set, the count
     the job starts with, then the autoscaler's."""
+    collocated: bool = False
+    """Run the rollout beside the actor on the same GPUs (llm jobs, one actor and one rollout replica): the two take
+    turns, the rollout frees its GPU memory (sleep) while the actor trains and takes it back (wake) before it
+    generates, and weights pass by `rollout.weightSync.method: ipc`. See docs/guides/collocation.md."""
     autoscale: AutoscaleSpec | None = None
     """Scale the rollouts on the trainer's wait for generations (llm jobs; see docs/guides/autoscaling.md). Leave it
     unset when an external autoscaler (HPA, KEDA) drives `kubectl scale` on this job."""
@@ -739,6 +745,12 @@ class RLJobSpec(SpecModel):
             "!has(self.algorithm.overlong) || !has(self.algorithm.overlong.buffer) || !has(self.task.llm)"
             " || self.algorithm.overlong.buffer < self.task.llm.maxResponseLength",
             "algorithm.overlong.buffer must be below task.llm.maxResponseLength",
+        ),
+        (
+            "(has(self.rollout) && has(self.rollout.weightSync) && has(self.rollout.weightSync.method)"
+            " && self.rollout.weightSync.method == 'ipc') == (has(self.roles) && has(self.roles.rollout)"
+            " && has(self.roles.rollout.collocated) && self.roles.rollout.collocated)",
+            "rollout.weightSync.method ipc and roles.rollout.collocated go together: set both, or neither",
         ),
     )
 

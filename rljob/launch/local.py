@@ -209,15 +209,22 @@ def assign_local_gpus(
 ) -> dict[tuple[str, int], str]:
     """CUDA_VISIBLE_DEVICES for each replica that asks for GPUs: disjoint slices of `visible`, actors first.
 
-    A replica then sees only its own GPUs, numbered from 0, like a pod: its rank i trains on `cuda:i`.
+    A replica then sees only its own GPUs, numbered from 0, like a pod: its rank i trains on `cuda:i`. A
+    collocated rollout (`roles.rollout.collocated`) sees the GPUs of the actor replica it runs beside, as the two
+    processes of one pod do.
     """
     check_local_gpus(job, len(visible), cuda_visible_devices)
     free = iter(visible)
-    return {
+    assigned = {
         (role, replica): ",".join(next(free) for _ in range(gpus))
         for role, gpus, replicas in gpus_asked(job)
         for replica in range(replicas)
     }
+    if job.spec.roles.rollout.collocated:
+        for (role, replica), devices in list(assigned.items()):
+            if role == "actor" and replica < (job.spec.roles.rollout.replicas or 0):
+                assigned[("rollout", replica)] = devices
+    return assigned
 
 
 def visible_gpus() -> tuple[list[str], str | None]:

@@ -93,6 +93,12 @@ def ray_problems(job: RLJob) -> list[str]:
             "spec.checkpoint.volumeClaim: a Ray cluster mounts no PersistentVolumeClaim; set spec.checkpoint.dir "
             "to a directory on storage every node shares (NFS, a mounted bucket) and remove volumeClaim"
         )
+    if spec.roles.rollout.collocated:
+        problems.append(
+            "spec.roles.rollout.collocated: Ray places the rollout as a replica of its own, which may land on "
+            "another node than the actor whose memory it must open; set false (with rollout.weightSync.method "
+            "broadcast), or run the collocated job with `rljob run` on one node"
+        )
     for role in ROLE_NAMES:
         rs = spec.roles.get(role)
         if not rs.replicas:

@@ -61,6 +61,8 @@ VIOLATIONS = [
     ("sft-without-demonstration", LLM, "spec.sft", {"steps": 10}, "spec.sft"),
     ("sft-template-and-turns", LLM, "spec.sft",
      {"steps": 10, "responseTemplate": "calc({expression})", "turns": ["calc({expression})"]}, "spec.sft"),
+    ("ipc-without-collocation", LLM, "spec.rollout.weightSync", {"method": "ipc"}, "spec.rollout.weightSync.method"),
+    ("collocated-without-ipc", LLM, "spec.roles.rollout.collocated", True, "spec.rollout.weightSync.method"),
 ]  # fmt: skip
 
 

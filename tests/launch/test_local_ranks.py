@@ -152,3 +152,13 @@ def test_an_autoscaled_rollout_role_gets_gpus_for_its_max_replicas_up_front():
     with pytest.raises(LaunchError) as caught:
         check_local_gpus(job, device_count=2)
     assert "spec.roles.rollout.autoscale.maxReplicas (3) x spec.roles.rollout.gpusPerReplica (1)" in str(caught.value)
+
+
+def test_a_collocated_rollout_sees_the_gpus_of_the_actor_it_runs_beside_and_asks_for_none_of_its_own():
+    data = yaml.safe_load((EXAMPLE.parent / "grpo-tiny-arithmetic.yaml").read_text())
+    data["spec"]["roles"]["actor"].update(gpusPerReplica=2)
+    data["spec"]["roles"]["rollout"].update(collocated=True)
+    data["spec"]["rollout"]["weightSync"] = {"method": "ipc"}
+    job = validate_job(data)
+    check_local_gpus(job, device_count=2)  # two GPUs are enough: the rollout shares the actor's
+    assert assign_local_gpus(job, ["g0", "g1"], None) == {("actor", 0): "g0,g1", ("rollout", 0): "g0,g1"}

@@ -62,6 +62,14 @@ def test_what_ray_cannot_express_is_refused_naming_the_field():
     assert any(p.startswith("spec.roles.env.resources.requests.ephemeral-storage:") for p in problems)
 
 
+def test_a_collocated_job_is_refused_on_ray_naming_the_field():
+    data = yaml.safe_load((Path(__file__).parents[2] / "examples" / "grpo-tiny-arithmetic.yaml").read_text())
+    data["spec"]["roles"]["rollout"]["collocated"] = True
+    data["spec"]["rollout"]["weightSync"] = {"method": "ipc"}
+    (problem,) = ray_problems(validate_job(data))
+    assert problem.startswith("spec.roles.rollout.collocated: Ray places the rollout as a replica of its own")
+
+
 def test_kubernetes_only_settings_are_said_not_to_apply():
     job = cartpole(actor={"image": "example/trainer:1", "placement": {"priorityClassName": "high"}})
     notes = ray_notes(job)

@@ -84,6 +84,15 @@ def _problems(job: RLJob) -> Iterator[Problem]:
                 "set spec.checkpoint.volumeClaim (ReadWriteMany when the pods are on several nodes), mount a "
                 "shared volume at spec.checkpoint.dir in both roles, or use broadcast",
             )
+    if spec.roles.rollout.collocated:
+        # The rollout would have to run as a second process of the actor's container (the device plugin gives a
+        # GPU to one container only; CUDA IPC needs one IPC namespace): that pod layout is not built yet.
+        yield Problem(
+            "spec.roles.rollout.collocated",
+            "the operator does not build collocated pods yet (actor and rollout in one container): set false "
+            "(with rollout.weightSync.method broadcast) on a cluster, or run the collocated job with `rljob run` "
+            "on one node",
+        )
     if spec.scheduling.gang == "kueue" and spec.scheduling.queue and not _is_label_value(spec.scheduling.queue):
         yield Problem(
             "spec.scheduling.queue",

@@ -60,6 +60,7 @@ from rljob.runtime.ranks import join_actor_group
 from rljob.runtime.role_http import ProgressTracker
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
 from rljob.runtime.transport import process_tag
+from rljob.runtime.weight_ipc import IpcWeightPublisher
 from rljob.runtime.weight_sync import FileWeightPublisher, WeightPublisher
 
 GROUP_TIMEOUT_MINUTES = 10
@@ -95,9 +96,11 @@ class Controller:
         self.group_size = spec.algorithm.group_size or 1
         self.max_tokens = spec.rollout.max_tokens or self.task.max_response_length
         self.sampling = Sampling.from_spec(spec.rollout, self.group_size, self.max_tokens).to_wire()
-        publisher: WeightPublisher | FileWeightPublisher
+        publisher: WeightPublisher | FileWeightPublisher | IpcWeightPublisher
         if spec.rollout.weight_sync.method == "filesystem":
             publisher = FileWeightPublisher(weights_dir(context), self.tag)
+        elif spec.rollout.weight_sync.method == "ipc":
+            publisher = IpcWeightPublisher(self.tag)
         else:
             publisher = WeightPublisher(
                 identity.master_addr,
@@ -121,6 +124,8 @@ class Controller:
         self.text_env = self.task.env is not None
         self.weights: Any = learner.model
         """What weight syncs publish: the model, or its shards gathered on the fly (`sharding.weight_source`)."""
+        self.collocated = spec.roles.rollout.collocated
+        """The rollout shares the actor's GPUs: it sleeps while the actor trains and wakes before it generates."""
 
     def take_generation_seconds(self) -> float:
         seconds, self.generation_s = self.generation_s, 0.0
@@ -229,6 +234,14 @@ class Controller:
 
     def sync(self, version: int) -> float:
         return self.rollouts.sync(version, self.weights)
+
+    def make_room(self) -> float:
+        """Before training: a collocated rollout frees the GPU memory it shares with the actor; seconds."""
+        return self.rollouts.sleep() if self.collocated else 0.0
+
+    def take_room_back(self) -> float:
+        """After training, before weights and generation: the collocated rollout takes its memory back; seconds."""
+        return self.rollouts.wake() if self.collocated else 0.0
 
 
 def sync_ranks_per_replica(spec: Any) -> int:
@@ -460,6 +473,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
             if max(staleness) > controller.staleness:
                 raise RuntimeError(f"got data {max(staleness)} versions old (maxStaleness {controller.staleness})")
             samples = build_samples(groups, algo, controller.group_size)
+            sync_s += controller.make_room()
             train_started = time.perf_counter()
             channel.send("update", samples)
             try:
@@ -467,6 +481,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
             except Diverged as exc:  # nothing from this update reaches a rollout or a checkpoint
                 raise exc.with_checkpoint(checkpoints.checkpoints()) from None
             train_s = time.perf_counter() - train_started
+            sync_s += controller.take_room_back()
             evaluate = bool(evaluation.interval) and (learner.step % evaluation.interval == 0 or learner.step == total)
             if learner.step < total or evaluate:  # evaluation generates with the weights just trained
                 sync_s += controller.sync(learner.step)

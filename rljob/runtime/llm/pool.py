@@ -23,6 +23,7 @@ import torch
 from rljob.runtime.llm.membership import RolloutMembership
 from rljob.runtime.log_limit import LimitedLog, reason_of
 from rljob.runtime.transport import RequestClient, RequestTimeout, TransportError
+from rljob.runtime.weight_ipc import IpcWeightPublisher
 from rljob.runtime.weight_sync import FileWeightPublisher, SyncRefused, WeightPublisher
 
 log = logging.getLogger("rljob.actor")
@@ -69,7 +70,7 @@ class RolloutPool:
     def __init__(
         self,
         membership: RolloutMembership | list[str],
-        publisher: WeightPublisher | FileWeightPublisher,
+        publisher: WeightPublisher | FileWeightPublisher | IpcWeightPublisher,
         actor_tag: str,
     ) -> None:
         self.membership = membership if isinstance(membership, RolloutMembership) else RolloutMembership(membership)
@@ -210,6 +211,28 @@ class RolloutPool:
             if failure is not None or not refused:
                 return
             links = [link for link in links if link.version != version and link.replica not in refused]
+
+    def sleep(self) -> float:
+        """Have every live replica free its GPU memory (collocated rollouts, before the actor trains); seconds."""
+        return self._tell("sleep")
+
+    def wake(self) -> float:
+        """Have every live replica take its GPU memory back (before weights and generation); seconds."""
+        return self._tell("wake")
+
+    def _tell(self, what: str) -> float:
+        """Send `what` to every replica we know and wait for each answer (given after the replica acted)."""
+        started = time.perf_counter()
+        requests = [(link, link.client.send(what, {"actor_tag": self.actor_tag})) for link in self.links if link.tag]
+        for link, request in requests:
+            try:
+                link.client.receive(request, timeout=SYNC_REPLY_TIMEOUT_S, retries=0)
+            except TransportError as exc:  # gone or restarted: a new incarnation starts awake, and is synced
+                limited.warning(
+                    f"{what}:{link.replica}:{reason_of(exc)}", "rollout %d: %s failed (%s)", link.replica, what, exc
+                )
+                self._check(link)
+        return time.perf_counter() - started
 
     def _revive(self) -> None:
         """Give the latest weights to replicas that lost theirs (restarted, or gone and back) and answer now.

@@ -6,7 +6,10 @@ Requests (any replica may answer any request):
   multi-turn episodes in place of single completions);
 - `results {actor_tag}` returns the chunks finished since the last call (waiting briefly for one);
 - `sync_weights {version, key, actor_tag, rollout_tag}` hands a new policy version to the receiving thread
-  and returns at once; `status` answers at any time.
+  and returns at once; `status` answers at any time;
+- `sleep {actor_tag}` / `wake {actor_tag}` (a collocated rollout, `roles.rollout.collocated`): the actor trains on
+  the GPUs this rollout shares, so it asks it to free its GPU memory (after the chunk being generated, if any;
+  no chunk starts while asleep) and answers once it did; `wake` takes the memory back.
 
 Three threads: the request thread answers, the generating thread generates one chunk at a time, the
 receiving thread takes new weights in (`engine.receive_weights`: the hf engine receives into a staging
@@ -27,7 +30,7 @@ import torch
 
 from rljob.runtime.llm.engine import Completion, GenerationEngine, Sampling, WeightUpdate, build_engine
 from rljob.runtime.llm.multiturn import EpisodeRunner, episode_runner
-from rljob.runtime.llm.setup import role_device
+from rljob.runtime.llm.setup import role_device, rollout_gpus
 from rljob.runtime.roles.common import RoleContext
 from rljob.runtime.transport import Payload, RequestServer, process_tag
 from rljob.runtime.weight_sync import SyncAborted
@@ -61,6 +64,11 @@ class GenerationServer:
         self.done: list[dict[str, Any]] = []
         self.generated_tokens = 0
         self.chunks = 0
+        self.asleep = False
+        """Told to sleep by a collocated actor: no chunk starts until `wake`."""
+        self.generating = False
+        """A chunk is being generated (`sleep` waits for it to end)."""
+        self.sleeps = 0
 
     # --- request thread -----------------------------------------------------------------------
 
@@ -102,6 +110,24 @@ class GenerationServer:
             self.lock.wait_for(lambda: bool(self.done), timeout=RESULTS_WAIT_S)
             done, self.done = self.done, []
         return {"results": done, "tag": self.tag}
+
+    def sleep(self, request: Payload) -> Payload:
+        """Free the engine's GPU memory once no chunk is being generated; answered after it is freed."""
+        with self.lock:
+            self.asleep = True
+            self.lock.wait_for(lambda: not self.generating)
+        self.engine.sleep()
+        self.sleeps += 1
+        if self.sleeps == 1:
+            self.context.log.info("collocated: the engine sleeps while the actor trains and wakes before it generates")
+        return {"asleep": True, "tag": self.tag}
+
+    def wake(self, request: Payload) -> Payload:
+        self.engine.wake()
+        with self.lock:
+            self.asleep = False
+            self.lock.notify_all()
+        return {"asleep": False, "tag": self.tag}
 
     # --- receiving thread ---------------------------------------------------------------------
 
@@ -148,12 +174,17 @@ class GenerationServer:
             ready = self.lock.wait_for(
                 lambda: (
                     self.context.stop.is_set()
-                    or (bool(self.queue) and self.staged_version >= int(self.queue[0]["min_version"]))
+                    or (
+                        not self.asleep
+                        and bool(self.queue)
+                        and self.staged_version >= int(self.queue[0]["min_version"])
+                    )
                 ),
                 timeout=0.5,
             )
             if not ready or self.context.stop.is_set():
                 return None
+            self.generating = True
             return self.queue.popleft()
 
     def work(self) -> None:
@@ -161,25 +192,34 @@ class GenerationServer:
             chunk = self._next_chunk()
             if chunk is None:
                 continue
-            self._swap_in()
-            with self.lock:
-                version, actor_tag = self.version, self.actor_tag
-            started = time.perf_counter()
-            sampling = Sampling.from_wire(chunk["sampling"])
-            if self.episodes is not None:
-                completions = self.episodes.run(chunk["prompts"], chunk["rows"], sampling)
-            else:
-                outputs = self.engine.generate(chunk["prompts"], sampling)
-                completions = [[completion_to_wire(c) for c in group] for group in outputs]
-            seconds = time.perf_counter() - started
-            tokens = sum(len(c["token_ids"]) for group in completions for c in group)
-            result = {"id": chunk["id"], "version": version, "seconds": seconds, "completions": completions}
-            with self.lock:
-                if actor_tag == self.actor_tag:
-                    self.done.append(result)
-                    self.generated_tokens += tokens
-                    self.chunks += 1
+            try:
+                self._generate(chunk)
+            finally:
+                with self.lock:
+                    self.generating = False
                     self.lock.notify_all()
+
+    def _generate(self, chunk: dict[str, Any]) -> None:
+        """One chunk, with the newest received weights swapped in first."""
+        self._swap_in()
+        with self.lock:
+            version, actor_tag = self.version, self.actor_tag
+        started = time.perf_counter()
+        sampling = Sampling.from_wire(chunk["sampling"])
+        if self.episodes is not None:
+            completions = self.episodes.run(chunk["prompts"], chunk["rows"], sampling)
+        else:
+            outputs = self.engine.generate(chunk["prompts"], sampling)
+            completions = [[completion_to_wire(c) for c in group] for group in outputs]
+        seconds = time.perf_counter() - started
+        tokens = sum(len(c["token_ids"]) for group in completions for c in group)
+        result = {"id": chunk["id"], "version": version, "seconds": seconds, "completions": completions}
+        with self.lock:
+            if actor_tag == self.actor_tag:
+                self.done.append(result)
+                self.generated_tokens += tokens
+                self.chunks += 1
+                self.lock.notify_all()
 
 
 def run_rollout(context: RoleContext) -> int:
@@ -188,7 +228,7 @@ def run_rollout(context: RoleContext) -> int:
     # Sampling draws from this process's global generator: seeded per replica, so a job with one rollout
     # replica samples the same responses run after run (the vllm engine takes the same seed).
     torch.manual_seed(spec.trainer.seed * 1000 + context.identity.replica)
-    device = role_device(spec.roles.rollout.gpus_per_replica)
+    device = role_device(rollout_gpus(spec))
     engine = build_engine(context, device)
     from rljob.runtime.roles.health import RoleHealth
 
@@ -199,6 +239,7 @@ def run_rollout(context: RoleContext) -> int:
             "rollout_generated_tokens_total": lambda: server.generated_tokens,
             "rollout_chunks_total": lambda: server.chunks,
             "rollout_policy_version": lambda: server.version,
+            "rollout_sleeps_total": lambda: server.sleeps,
         },
     )
     failure: list[BaseException] = []
@@ -221,6 +262,8 @@ def run_rollout(context: RoleContext) -> int:
             "sync_weights": server.sync_weights,
             "generate": server.generate,
             "results": server.results,
+            "sleep": server.sleep,
+            "wake": server.wake,
         },
     )
     for thread in threads:

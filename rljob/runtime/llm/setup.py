@@ -22,6 +22,12 @@ def role_device(gpus_per_replica: int) -> torch.device:
     return torch.device("cpu")
 
 
+def rollout_gpus(spec: Any) -> int:
+    """GPUs a rollout replica generates on: the actor's when collocated (it shares them), else its own."""
+    rollouts = spec.roles.rollout
+    return spec.roles.actor.gpus_per_replica if rollouts.collocated else rollouts.gpus_per_replica
+
+
 def job_rows(context: RoleContext) -> list[Row]:
     """The dataset's rows; a dataset that cannot be read, or lacks a column a reward function or the supervised
     warm-up reads, is a configuration error (exit 78)."""

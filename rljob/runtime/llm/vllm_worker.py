@@ -5,9 +5,9 @@ The worker receives the actor's full state dict (Hugging Face names, tied weight
 copy on its GPU when the copy fits beside the engine (then a round can go by NCCL), on the CPU otherwise
 (gloo), by the same protocol as every other rollout (`WeightSubscriber`: the actor's TCPStore, the
 round and group its ticket names, the same buckets; every tensor-parallel worker is a member of the group)
-or from the version's safetensors file, and `rljob_swap_in` loads the staged tensors into the running model
-in place. Staging keeps the swap between two chunks: a version that arrives while a chunk is generated never
-mixes into it.
+or from the version's safetensors file, or from the collocated actor's memory handles
+(`rljob.runtime.weight_ipc`), and `rljob_swap_in` loads the staged tensors into the running model in place.
+Staging keeps the swap between two chunks: a version that arrives while a chunk is generated never mixes into it.
 
 This module is imported in vLLM's worker processes: it imports nothing of vLLM at module level, and only
 the weight-sync parts of rljob.
@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from rljob.runtime.weight_ipc import open_weights
 from rljob.runtime.weight_sync import WeightSubscriber, device_report, read_weights_file
 
 TensorLayout = list[tuple[str, list[int], str]]
@@ -70,6 +71,18 @@ class WeightReceiver:
         with torch.no_grad():
             for name, staged in zip(self.rljob_names, self.rljob_staging, strict=True):
                 staged.copy_(tensors[name])
+
+    def rljob_read_ipc(self, manifest: str) -> None:
+        """Stage the version the collocated actor exported (`weightSync.method: ipc`): open its handles (CUDA IPC or
+        shared memory), copy, and drop them, so the actor's memory is free again once every worker returned."""
+        tensors = open_weights(manifest)
+        missing = set(self.rljob_names) - set(tensors)
+        if missing:
+            raise ValueError(f"{manifest} lacks {len(missing)} tensor(s) of the policy, e.g. {sorted(missing)[0]}")
+        with torch.no_grad():
+            for name, staged in zip(self.rljob_names, self.rljob_staging, strict=True):
+                staged.copy_(tensors[name])
+        del tensors
 
     def rljob_swap_in(self) -> None:
         """Load the staged tensors into the running model in place.

