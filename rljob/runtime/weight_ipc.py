@@ -99,7 +99,9 @@ def export_weights(directory: Path, version: int, weights: nn.Module | GatheredW
     if isinstance(weights, nn.Module):
         state = {name: t.detach() for name, t in weights.state_dict().items()}
     else:
-        state = full_state(weights)  # one gather pass every actor rank joins: CPU tensors
+        # One gather (fsdp2) or cast (ddp mixed precision) pass, onto the actor's device: a GPU's whole
+        # tensors go by CUDA IPC like a module's own, a CPU actor's into the shared-memory file.
+        state = full_state(weights, weights.device())
     directory.mkdir(parents=True, exist_ok=True)
     stem = directory / f"v{version:08d}"
     shm = stem.with_suffix(".shm")

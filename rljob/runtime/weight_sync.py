@@ -699,13 +699,15 @@ def weights_file_name(version: int, actor_tag: str) -> str:
     return f"{WEIGHTS_FILE_PREFIX}{version:08d}-{actor_tag}.safetensors"
 
 
-def full_state(weights: nn.Module | GatheredWeights) -> dict[str, torch.Tensor]:
-    """The whole state dict on this (root) rank's CPU; for a sharded model, one gather pass all ranks join."""
+def full_state(weights: nn.Module | GatheredWeights, device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    """The whole state dict on this (root) rank's `device` (the CPU by default); for a sharded model, one gather
+    pass all ranks join."""
+    device = device or torch.device("cpu")
     if isinstance(weights, nn.Module):
-        return {name: t.detach().cpu() for name, t in weights.state_dict().items()}
+        return {name: t.detach().to(device) for name, t in weights.state_dict().items()}
     weights.placeholders()
     weights.begin_gather()
-    return {name: weights.full(i) for i, name in enumerate(weights.names())}
+    return {name: weights.full(i, device) for i, name in enumerate(weights.names())}
 
 
 def write_weights_file(

@@ -33,8 +33,10 @@ def _exact_fp32_matmuls():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def learner_on(device: str, precision: str = "fp32") -> LLMLearner:
-    trainer = TrainerSpec(steps=10, optimizer="sgd", learning_rate=0.05, seed=3, grad_clip=None, precision=precision)
+def learner_on(device: str, precision: str = "fp32", learning_rate: float = 0.05) -> LLMLearner:
+    trainer = TrainerSpec(
+        steps=10, optimizer="sgd", learning_rate=learning_rate, seed=3, grad_clip=None, precision=precision
+    )
     # As the actor loads it: with ddp the policy itself is in the precision's dtype.
     dtype = policy_dtype(TINY, precision, torch.device(device))
     return LLMLearner(
@@ -62,13 +64,29 @@ def test_an_update_on_cuda_equals_the_cpu_update():
 
 def test_a_bf16_update_on_cuda_stays_finite_and_close_to_fp32():
     fp32, bf16 = learner_on("cuda"), learner_on("cuda", precision="bf16")
-    assert next(bf16.model.parameters()).dtype == torch.bfloat16
+    # ddp under bf16: fp32 master weights, bf16 compute (autocast), bf16 on the wire to rollouts and exports.
+    assert next(bf16.model.parameters()).dtype == torch.float32
+    assert (bf16.autocast_dtype, bf16.wire_dtype) == (torch.bfloat16, torch.bfloat16)
     stats32, stats16 = fp32.update(make_samples(0)), bf16.update(make_samples(0))
     for key in ("policy_loss", "entropy", "grad_norm"):
         assert torch.isfinite(torch.tensor(stats16[key])), key
     # bf16 keeps 8 mantissa bits: the statistics agree to a couple of percent, not to fp32's 1e-6.
     assert stats16["entropy"] == pytest.approx(stats32["entropy"], rel=0.05)
     assert stats16["policy_loss"] == pytest.approx(stats32["policy_loss"], rel=0.1, abs=0.02)
+
+
+def test_a_bf16_update_far_below_bf16_resolution_still_moves_the_fp32_master_weights():
+    learner = learner_on("cuda", precision="bf16", learning_rate=1e-7)
+    before = params(learner).clone()
+    learner.update(make_samples(0))
+    after = params(learner)
+    # Steps of about 1e-8 against weights of about 1e-2 (bf16 resolves 1e-4 there). Measured on the CPU in fp32:
+    # 17% of the weights move, and rounding the result to bf16 keeps 0.7% of those moves. Stepped in bf16 the
+    # update would all but vanish; the fp32 master weights take it.
+    moved = (after != before).float().mean()
+    moved_in_bf16 = (after.bfloat16() != before.bfloat16()).float().mean()
+    assert moved > 0.1 and moved_in_bf16 < moved / 5
+    assert (after - before).abs().max() < 1e-5
 
 
 def test_weights_trained_on_cuda_reach_a_cpu_rollout_exactly():
