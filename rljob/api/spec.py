@@ -365,10 +365,9 @@ class TrainerSpec(SpecModel):
     """Seed of every random choice of the job: initial weights, data order, sampling, held-out split."""
     precision: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
     """Compute precision of the actor on GPU; the CPU computes in fp32 whatever it says. `auto`: bf16 on CUDA, fp32
-    elsewhere (set fp16 yourself for GPUs without bf16, such as V100 and T4). With bf16 and parallelism fsdp2 the
-    shards stay fp32 (master weights) and compute runs in bf16; with ddp the policy itself is loaded in bfloat16
-    (model.dtype auto) and the optimizer steps bf16 weights, which rounds away updates far below 1/256 of a weight:
-    prefer fsdp2 for bf16 at small learning rates. Log-softmax is fp32 whatever it says."""
+    elsewhere (set fp16 yourself for GPUs without bf16, such as V100 and T4). With bf16 the optimizer steps fp32
+    master weights (fsdp2: the shards; ddp: the whole policy) and the forward passes compute in bf16; rollouts and
+    exports get bf16. fp16 steps fp16 weights as loaded (no loss scaling). Log-softmax is fp32 whatever it says."""
     parallelism: Literal["ddp", "fsdp2"] = "ddp"
     """How the actor group shares the model: replicated (ddp) or sharded (fsdp2)."""
 
