@@ -30,7 +30,8 @@ Each seed (`--seeds 0,1,2`: the starting policy and the prompt order follow it) 
 the summary gives each side's mean and spread over the seeds, and each rljob side's completions/s over TRL's.
 The roofline of the update: its FLOPs (6 per linear weight per trained token, 8 with an old-log-prob pass) at
 the machine's measured fp32 matmul rate for the side's compute threads, against the measured train time.
-`--device cuda` puts TRL and rljob's actor on the GPU (what `make gpu-check` runs).
+`--device cuda` puts TRL and rljob on the one GPU, rljob's actor and rollout collocated (`make gpu-check` runs
+it: `--device cuda --sides rljob_hf,trl`).
 
 Usage: python benchmarks/grpo_vs_trl.py [--sides rljob_hf,rljob_hf_async,trl] [--steps 200] [--seeds 0,1,2]
        [--cores 2] [--device cpu|cuda] [--set spec.path=value ...]
@@ -333,8 +334,13 @@ def greedy_accuracy(model_dir: Path, spec: Any, rows: list[dict]) -> dict[str, A
     return {"heldout_greedy_accuracy": sum(right) / len(right), "heldout_prompts": len(rows)}
 
 
-CUDA_OVERRIDES = ("spec.roles.actor.gpusPerReplica=1",)
-"""`--device cuda`: the actor trains on the GPU (the rollout generates where the manifest puts it)."""
+CUDA_OVERRIDES = (
+    "spec.roles.actor.gpusPerReplica=1",
+    "spec.roles.rollout.collocated=true",
+    "spec.rollout.weightSync.method=ipc",
+)
+"""`--device cuda`: actor and rollout share the one GPU as TRL's trainer and generation do (collocated: the
+rollout sleeps while the actor trains, weights by CUDA IPC). Collocation is synchronous: no `_async` side."""
 
 ASYNC_OVERRIDES = ("spec.rollout.async.maxStaleness=1", "spec.algorithm.offPolicy.type=tis")
 """`rljob_<engine>_async`: the rollout generates step k+1's prompts while the actor trains step k (data one
@@ -724,7 +730,8 @@ def main() -> None:
         "--device",
         choices=["cpu", "cuda"],
         default="cpu",
-        help="cuda: TRL and rljob's actor on the GPU (fp32 both), the roof the GPU's fp32 matmul rate",
+        help="cuda: TRL and rljob (actor and rollout collocated) on the GPU, fp32 both; the roof the GPU's fp32 "
+        "matmul rate",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--worker", choices=["trl"], help=argparse.SUPPRESS)
@@ -737,6 +744,8 @@ def main() -> None:
     for side in sides:
         if side != "trl" and not (side.startswith("rljob_") and side_settings(side)[0]):
             raise SystemExit(f"--sides: {side!r} is neither trl nor rljob_<engine>[_async] (e.g. rljob_hf_async)")
+        if args.device == "cuda" and side.endswith("_async"):
+            raise SystemExit(f"--sides: {side} with --device cuda: a collocated rollout takes turns with the actor")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     available = sorted(os.sched_getaffinity(0))
     if not 1 <= args.cores <= len(available):

@@ -14,7 +14,10 @@ PYTHONPATH together with the repository. Then, each bounded in time (under 10 mi
    two replicas' ranks): its accuracy, held-out accuracy and step time;
 5. the same example collocated (`roles.rollout.collocated`, `weightSync.method: ipc`): actor and hf rollout share
    the one GPU, weights pass by CUDA IPC handles and the rollout sleeps (weights to the CPU) while the actor
-   trains: its accuracy, its largest rollout/trainer log-prob gap (the weights arrived whole) and step time.
+   trains: its accuracy, its largest rollout/trainer log-prob gap (the weights arrived whole) and step time;
+6. `benchmarks/grpo_vs_trl.py --device cuda` (100 steps, seed 0): rljob collocated against TRL's GRPOTrainer on
+   the same GPU, same model, prompts and settings: completions/s of each, their ratio, seconds to 50% training
+   accuracy, the update's share of the GPU's fp32 matmul roof (its JSON and plot under OUT/grpo_vs_trl/).
 
 Everything lands in OUT/check.json (figures and pass/fail per part) and OUT/check.log (every line printed).
 The exit code is 0 only when every part passed on a CUDA device. `--allow-cpu` runs the same parts without a GPU
@@ -39,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+TOTAL_LIMIT_S = 570.0
+"""The whole check's budget: a part gets its own limit or what is left of this, whichever is less."""
 COLLOCATED = ["spec.roles.rollout.collocated=true", "spec.rollout.weightSync.method=ipc"]
 
 PROBE = """
@@ -72,9 +77,10 @@ def unpack_wheels(wheels: Path, site: Path) -> list[str]:
 class Check:
     """Runs the parts, each in a child process with a time limit, and keeps every line and figure."""
 
-    def __init__(self, out: Path, env: dict[str, str]) -> None:
+    def __init__(self, out: Path, env: dict[str, str], budget_s: float = TOTAL_LIMIT_S) -> None:
         self.out = out
         self.env = env
+        self.deadline = time.monotonic() + budget_s
         self.log = (out / "check.log").open("w")
         self.parts: dict[str, dict[str, Any]] = {}
 
@@ -85,8 +91,9 @@ class Check:
 
     def run(self, part: str, command: list[str], limit_s: float) -> tuple[bool, str, float]:
         """Run `command` from the repository root; (exit 0 within the limit, its output, seconds)."""
-        self.say(f"== {part}: {' '.join(command)}")
         started = time.monotonic()
+        limit_s = max(1.0, min(limit_s, self.deadline - started))  # every part within the whole check's budget
+        self.say(f"== {part}: {' '.join(command)}")
         try:
             done = subprocess.run(
                 command, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=limit_s, check=False
@@ -133,6 +140,35 @@ def rljob_run(check: Check, part: str, example: str, gpus: int, limit_s: float, 
     records = metrics(run_dir)
     check.record(part, ok, seconds, steps=len(records))
     return records
+
+
+def grpo_vs_trl(check: Check, on_gpu: bool) -> None:
+    """Part 6: the GRPO benchmark on the GPU (on the CPU with --allow-cpu), its summary figures kept."""
+    out = check.out / "grpo_vs_trl"
+    command = [sys.executable, "benchmarks/grpo_vs_trl.py", "--sides", "rljob_hf,trl", "--steps", "100"]
+    command += ["--seeds", "0", "--device", "cuda" if on_gpu else "cpu", "--out", str(out)]
+    ok, _, seconds = check.run("grpo_vs_trl", command, 240)
+    report = out / "grpo_vs_trl.json"
+    summary = json.loads(report.read_text())["summary"] if ok and report.exists() else {}
+    check.record(
+        "grpo_vs_trl",
+        ok and bool(summary),
+        seconds,
+        **{
+            side: {
+                "completions_per_s": round(figures["completions_per_s"]["mean"], 1),
+                "heldout_greedy_accuracy": figures["heldout_greedy_accuracy"]["mean"],
+                "seconds_to_accuracy_0.5": figures["seconds_to_accuracy_0.5"].get("mean"),
+                "update_share_of_roof": (figures["update_share_of_roof"] or {}).get("mean"),
+                **(
+                    {"ratio_vs_trl": round(figures["ratio_completions_per_s_vs_trl"]["mean"], 3)}
+                    if "ratio_completions_per_s_vs_trl" in figures
+                    else {}
+                ),
+            }
+            for side, figures in summary.items()
+        },
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
             step_s_median={k: median_of(records, f"time_{k}_s") for k in ("generate", "reward", "train", "sync")},
         )
 
-    passed = on_gpu and all(part["ok"] for part in check.parts.values()) and len(check.parts) == 5
+        grpo_vs_trl(check, on_gpu)
+
+    passed = on_gpu and all(part["ok"] for part in check.parts.values()) and len(check.parts) == 6
     summary = {
         "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%dT%H:%M:%SZ}",
         "passed": passed,
