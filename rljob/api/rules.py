@@ -48,8 +48,10 @@ def resolve_defaults(job: RLJob) -> RLJob:
     llm = spec.task.llm
     spec.algorithm = resolve_algorithm(spec.algorithm, llm.max_response_length if llm is not None else None)
     if spec.rollout.vllm.tensor_parallel_size is None:
-        # One engine per rollout pod spans all of the pod's GPUs.
-        spec.rollout.vllm.tensor_parallel_size = max(1, spec.roles.rollout.gpus_per_replica)
+        # One engine per rollout pod spans all of the pod's GPUs (a collocated one, the actor's).
+        rollout = spec.roles.rollout
+        gpus = spec.roles.actor.gpus_per_replica if rollout.collocated else rollout.gpus_per_replica
+        spec.rollout.vllm.tensor_parallel_size = max(1, gpus)
     return job
 
 
@@ -475,4 +477,18 @@ def _check_collocation(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
             "rollout.async.maxStaleness",
             f"a collocated actor and rollout take turns on the GPUs, so generation cannot overlap training: set 0 "
             f"(got {staleness})",
+        )
+    tp, gpus = spec.rollout.vllm.tensor_parallel_size, spec.roles.actor.gpus_per_replica
+    if spec.rollout.engine == "vllm" and gpus and tp is not None and tp > gpus:
+        yield (
+            "rollout.vllm.tensorParallelSize",
+            f"a collocated engine shards over the actor's GPUs: must be <= roles.actor.gpusPerReplica {gpus} "
+            f"(got {tp})",
+        )
+    if spec.sft.steps:
+        yield (
+            "sft.steps",
+            "the supervised warm-up trains before a collocated rollout first sleeps, beside its whole engine: "
+            "run the warm-up as a job without collocation and start this one from its exported model "
+            "(model.source: path), or set 0",
         )

@@ -8,17 +8,18 @@ tensor lives:
   reduce_tensor`, as vLLM's RLHF colocate example, veRL and OpenRLHF do). Nothing is copied on the actor's side
   and nothing goes through the host: the rollout maps the memory and copies from it, GPU to GPU. The handle
   names the device by UUID, so the rollout finds it whatever CUDA_VISIBLE_DEVICES numbers it as there;
-- a CPU tensor (a CPU actor, or the full tensors an fsdp2 actor gathers to its CPU): one copy into a
-  shared-memory file per version (`/dev/shm`), which the rollout maps (`torch.from_file(shared=True)`).
+- a CPU tensor (an actor on the CPU): one copy into a shared-memory file per version (`/dev/shm`), which the
+  rollout maps (`torch.from_file(shared=True)`). The whole tensors an fsdp2 actor gathers, or a mixed-precision
+  ddp actor casts to bf16, are made on the actor's device: CUDA IPC on a GPU, shared memory on the CPU.
 
 The handles themselves (a few hundred bytes per tensor) go into a manifest file beside the shared memory; a
 member's key (its `sync_weights` request) is `<manifest path>|<replica>-<incarnation tag>`. The rollout opens
 the handles, copies the tensors into its engine, drops them and marks the version loaded (an empty file next to
 the manifest);
 `publish` waits for every planned member's mark, so the actor, whose CUDA parameters are the exported memory
-itself, never trains on them while a rollout still reads them. A version's memory (its shared-memory file; for
-CUDA, references to the exported tensors) is kept until a newer version replaces it or the publisher closes:
-a rollout that restarts or joins later gets the same export again.
+itself, never trains on them while a rollout still reads them. Once every member loaded it, the version's
+export (its shared-memory file, the references to its CUDA tensors, a gathered or cast copy) is released, so
+the update that follows has that memory; a rollout that restarts or joins later gets the version exported again.
 
 The manifest is a pickle (a CUDA handle's rebuild arguments): it is only ever read from the directory of the
 actor beside the rollout, which no one else writes.
@@ -215,9 +216,15 @@ class IpcWeightPublisher:
                 f"(waited {self.load_timeout_s:.0f}s)",
                 frozenset(pending),
             )
+        # Loaded everywhere: free the export now, not at the next version. A gathered (fsdp2) or cast (ddp mixed
+        # precision) copy would otherwise sit in the actor's GPU memory through the update it makes room for; a
+        # rollout that restarts before then gets the version exported again by the next `plan`.
+        if self._export is not None:
+            self._export.release()
+            self._export = None
 
     def forget(self, replica: int) -> None:
-        """Nothing to undo: the next plan hands the member the current export again."""
+        """Nothing to undo: the next plan exports the current version again for the member."""
 
     def close(self) -> None:
         if self._export is not None:

@@ -82,3 +82,11 @@ def test_vllm_tensor_parallel_size_defaults_to_the_rollout_pods_gpus(gpus: int, 
     if explicit is not None:
         manifest["spec"]["rollout"].setdefault("vllm", {})["tensorParallelSize"] = explicit
     assert validate_job(manifest).spec.rollout.vllm.tensor_parallel_size == expected
+
+
+def test_a_collocated_vllm_engine_defaults_to_sharding_over_the_actors_gpus():
+    manifest = yaml.safe_load(Path("examples/grpo-tiny-arithmetic.yaml").read_text())
+    manifest["spec"]["roles"]["actor"]["gpusPerReplica"] = 2
+    manifest["spec"]["roles"]["rollout"]["collocated"] = True
+    manifest["spec"]["rollout"]["weightSync"] = {"method": "ipc"}
+    assert validate_job(manifest).spec.rollout.vllm.tensor_parallel_size == 2
