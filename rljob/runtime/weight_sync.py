@@ -223,6 +223,15 @@ _NCCL_ENV_LOCK = threading.Lock()
 """Held while the environment is changed for one group's constructor (threads of one process may make groups)."""
 
 
+def rendezvous(
+    store: torch.distributed.Store, rank: int, world: int, timeout: datetime.timedelta = GROUP_TIMEOUT
+) -> None:
+    """Say this rank is here and wait until all `world` ranks are; a RuntimeError (torch's DistStoreError) after
+    `timeout` when one never comes."""
+    store.set(f"joined/{rank}", b"1")
+    store.wait([f"joined/{r}" for r in range(world)], timeout)
+
+
 def _nccl_group(prefix: PrefixStore, rank: int, world: int, device: torch.device) -> torch.distributed.ProcessGroup:
     """ProcessGroupNCCL as torch's own stateless factory builds it (torch.distributed._dist2), with its
     communicator formed now on `device`.
@@ -234,6 +243,9 @@ def _nccl_group(prefix: PrefixStore, rank: int, world: int, device: torch.device
 
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    # Forming the communicator has no timeout: a member that accepted the round and died before joining would
+    # leave everyone in it for good. So every rank first says it is here and waits for all.
+    rendezvous(prefix, rank, world)
     options = ProcessGroupNCCL.Options()
     options._timeout = GROUP_TIMEOUT
     options.is_high_priority_stream = False
@@ -251,6 +263,15 @@ def _nccl_group(prefix: PrefixStore, rank: int, world: int, device: torch.device
     with torch.cuda.device(device):
         pg.eager_connect_single_device(device)
     return pg
+
+
+def discard_group(group: torch.distributed.ProcessGroup | None) -> None:
+    """Let a group go that no round will use again. An NCCL group is aborted now: its communicator, buffers and
+    watchdog thread would otherwise stay until the process ends (one per failed round or new epoch)."""
+    if group is None or not hasattr(group, "abort") or "nccl" not in group.name().lower():
+        return
+    with contextlib.suppress(RuntimeError):
+        group.abort()
 
 
 def buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
@@ -438,6 +459,7 @@ class WeightPublisher:
         if chosen != self._members:
             self._epoch += 1
             self._members = chosen
+            discard_group(self._group)
             self._group = None
         self._round += 1
         world = 1 + len(chosen) * self.ranks_per_replica
@@ -508,6 +530,7 @@ class WeightPublisher:
         if self._group is None or self._go is None or self._go.backend != backend:
             if self._go is not None and self._go.backend != backend:
                 self._pack.clear()  # its buffers are on the old backend's device
+            discard_group(self._group)
             self._group, self._go = None, GoSignal(backend, ticket.round)
         go = self._go
         self.store.set(ticket.go_key, go.encode())
@@ -531,16 +554,19 @@ class WeightPublisher:
                 return
             broadcast_state(self._group, [t.to(send_device) for t in tensors], self.bucket_bytes, pack=self._pack)
         except RuntimeError:
+            discard_group(self._group)
             self._group, self._members = None, None  # a member died mid-round: the next round forms a new group
             raise
 
     def forget(self, replica: int) -> None:
         """A rollout went away or restarted: the next round forms a new group."""
         if self._members is not None and any(r == replica for r, _ in self._members):
+            discard_group(self._group)
             self._group, self._members = None, None
 
     def close(self) -> None:
         """Release the group now, not during interpreter teardown, where gloo's threads die in no set order."""
+        discard_group(self._group)
         self._group = None
         gc.collect()
 
@@ -567,6 +593,7 @@ class WeightSubscriber:
         if self._store is None or self._store_actor != actor_tag:
             self._store = TCPStore(self.host, self.port, is_master=False, timeout=GROUP_TIMEOUT)
             self._store_actor = actor_tag
+            discard_group(self._group)
             self._group = None
         return self._store
 
@@ -596,6 +623,7 @@ class WeightSubscriber:
             if self._group is None or self._group_name != go.group(ticket):
                 if go.backend != self._backend:
                     self._pack.clear()  # its buffers may be on another device than this backend's
+                discard_group(self._group)
                 self._group, self._backend = None, go.backend
                 rank, device = ticket.rank + rank_offset, tensors_device(tensors)
                 self._group = make_group(store, go.group(ticket), rank, ticket.world, go.backend, device)
@@ -605,6 +633,7 @@ class WeightSubscriber:
         except SyncAborted:
             raise
         except RuntimeError:
+            discard_group(self._group)
             self._group = None  # the actor forms a new group after a failure
             raise
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import datetime
 import socket
 import threading
 
 import gymnasium
 import pytest
 import torch
+from torch.distributed import PrefixStore, TCPStore
 
 from rljob.runtime import weight_sync
 from rljob.runtime.gym.models import MLPActorCritic
@@ -18,6 +20,7 @@ from rljob.runtime.weight_sync import (
     WeightPublisher,
     WeightSubscriber,
     make_group,
+    rendezvous,
     state_tensors,
 )
 
@@ -390,3 +393,23 @@ def test_the_go_key_names_the_backend_and_a_fresh_group_for_each_formation():
     assert len(names) == 4 and all(name.startswith("actor-a/1/") for name in names)
     with pytest.raises(RuntimeError, match="another rljob version"):
         GoSignal.decode(b"go")  # what an actor from before this change writes
+
+
+def test_ranks_meet_before_an_nccl_group_forms_and_one_that_never_comes_fails_the_round_in_time():
+    """NCCL's communicator set-up waits without a timeout; the rendezvous in front of it does not."""
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+
+    def member(rank: int) -> None:  # each rank with its own connection, as in its own process
+        rendezvous(PrefixStore("weights/g/nccl/1/pg/", TCPStore("127.0.0.1", port, is_master=False)), rank, 3)
+
+    others = [threading.Thread(target=member, args=(rank,)) for rank in (1, 2)]
+    for thread in others:
+        thread.start()
+    rendezvous(PrefixStore("weights/g/nccl/1/pg/", store), 0, 3)  # all three came
+    for thread in others:
+        thread.join(timeout=10)
+    assert not any(thread.is_alive() for thread in others)
+    late = PrefixStore("weights/g/nccl/2/pg/", store)
+    with pytest.raises(RuntimeError):  # rank 2 accepted the round, then died before joining
+        rendezvous(late, 0, 3, timeout=datetime.timedelta(seconds=0.3))
