@@ -178,7 +178,7 @@ def run(
 
     policy = job.spec.failure_policy
     stall = StallWatch(policy.progress_deadline_seconds)
-    health = HealthWatch(job.spec.health)
+    health = HealthWatch(job.spec.health, llm=job.spec.task.type == "llm")
 
     def say_health(verdicts) -> None:
         for verdict in verdicts:  # one line per transition, never per step

@@ -154,6 +154,8 @@ class HealthWatch:
     active: set[str] = field(default_factory=set)
     reported: set[str] = field(default_factory=set)
     """The `/progress` keys seen with a value: the checks that apply to this policy."""
+    llm: bool = False
+    """An llm job: every check applies (a token's entropy is a Shannon entropy), reported or not yet."""
 
     def observe(self, report: dict[str, Any] | None) -> list[Verdict]:
         if not report:
@@ -165,16 +167,16 @@ class HealthWatch:
         """After the run: the conditions its metrics.jsonl ends in that the `/progress` looks did not say.
 
         The looks can miss steps (a tiny job trains 40 steps in a second, between two looks); the records hold
-        every step. Only checks whose value `/progress` reported count: a Gaussian policy's differential
-        entropy is in the records, but no floor applies to it.
+        every step. For a gym job only checks whose value `/progress` reported count: a Gaussian policy's
+        differential entropy is in the records, but no floor applies to it.
         """
-        full = HealthWatch(self.health, reported=set(self.reported))
+        full = HealthWatch(self.health, reported=set(self.reported), llm=self.llm)
         latest: dict[str, Verdict] = {}
         for record in records:
             if record.get("step") is None:
                 continue
             values = {
-                check.type: record.get(check.record_key) if check.key in self.reported else None
+                check.type: record.get(check.record_key) if self.llm or check.key in self.reported else None
                 for check in checks(self.health)
             }
             latest.update((verdict.type, verdict) for verdict in full._look(int(record["step"]), values))

@@ -108,3 +108,11 @@ def test_no_look_with_a_value_settles_nothing_a_gaussian_policys_entropy_include
     watch = HealthWatch(HealthSpec(entropy_floor=0.5, window_steps=1, mismatch_kl_threshold=0))
     assert watch.observe({"step": 1, "entropy": None}) == []  # a continuous-action actor's /progress
     assert watch.settle([{"step": step, "entropy": -3.0} for step in range(1, 9)]) == []
+
+
+def test_an_llm_job_looked_at_only_before_its_first_step_still_settles_from_its_records():
+    watch = HealthWatch(HealthSpec(entropy_floor=0.5, window_steps=2, mismatch_kl_threshold=0.01), llm=True)
+    assert watch.observe({"step": 0, "entropy": None, "mismatchKl": None}) == []  # nothing trained yet
+    records = [{"step": step, "entropy": 0.2, "mismatch_kl": 0.001} for step in range(1, 5)]
+    [verdict] = watch.settle(records)
+    assert verdict.type == ENTROPY_COLLAPSED and "for 2 steps (since step 1)" in verdict.message
