@@ -115,6 +115,7 @@ def _check_spec(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     yield from _check_roles(spec)
     yield from _check_sft(spec)
     yield from _check_collocation(spec)
+    yield from _check_sft_shares(spec)
     if spec.scheduling.gang == "kueue" and not spec.scheduling.queue:
         yield "scheduling.queue", "gang kueue needs scheduling.queue: the name of a Kueue LocalQueue"
 
@@ -352,6 +353,18 @@ def _check_batch(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
             "roles.actor.replicas",
             f"every actor rank trains an equal share of each minibatch of {size} samples "
             f"({samples} / algorithm.minibatches {minibatches}): use a divisor of {size} (got {ranks})",
+        )
+
+
+def _check_sft_shares(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    """fsdp2 ranks run equal warm-up passes: the batch splits over the actor replicas (each has at least one rank;
+    the actor checks its GPUs' ranks too when it starts)."""
+    ranks = spec.roles.actor.replicas
+    if spec.sft.steps and spec.trainer.parallelism == "fsdp2" and spec.sft.batch_size % ranks:
+        yield (
+            "sft.batchSize",
+            f"fsdp2 actor ranks share the warm-up batch equally: use a multiple of roles.actor.replicas {ranks} "
+            f"(got {spec.sft.batch_size})",
         )
 
 

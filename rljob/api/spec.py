@@ -515,8 +515,8 @@ class SFTSpec(SpecModel):
     steps: int = Field(default=0, ge=0)
     """Supervised steps before RL step 0; 0 turns the warm-up off."""
     batch_size: int = Field(default=32, ge=1)
-    """Demonstrations per step (training rows, walked in a seeded order of their own), shared equally by the
-    actor ranks: a multiple of their number."""
+    """Demonstrations per step (training rows, walked in a seeded order of their own), shared by the actor ranks:
+    with fsdp2 equally, so a multiple of their number."""
     learning_rate: float = Field(default=1e-3, gt=0.0)
     """Constant; the optimizer kind, eps, weight decay and gradient clip are the trainer's."""
     response_template: str | None = Field(default=None, min_length=1)

@@ -161,12 +161,13 @@ class Warmup:
         self.episodes = episodes
         if len(self.sft.turns or ()) > 1 and episodes is None:
             raise FatalConfigError("spec.sft.turns: several turns need a text environment (task.llm.env)")
-        if self.sft.batch_size % learner.world_size:
+        if learner.sharded and self.sft.batch_size % learner.world_size:
             # Equal shares: sharded (fsdp2) ranks pair up their gathers pass by pass, so every rank must run as
             # many forward/backward passes as the others (a rank one example short would leave its peers waiting).
+            # ddp ranks meet once per step whatever their shares (gradients summed, a missing one as zeros).
             raise FatalConfigError(
-                f"spec.sft.batchSize ({self.sft.batch_size}) must split into the actor's {learner.world_size} ranks "
-                f"in equal parts: make it a multiple of {learner.world_size}"
+                f"spec.sft.batchSize ({self.sft.batch_size}) must split into the {learner.world_size} fsdp2 actor "
+                f"ranks in equal parts: make it a multiple of {learner.world_size}"
             )
         self.turn_tokens = spec.rollout.max_tokens or self.task.max_response_length
         self.stream = PromptStream(len(rows), spec.trainer.seed)

@@ -271,7 +271,7 @@ def test_a_turn_that_is_not_a_format_string_is_named_with_its_index():
     assert [p.path for p in caught.value.problems] == ["spec.sft.turns[0]"]
 
 
-def test_a_warm_up_batch_the_actor_ranks_cannot_share_equally_stops_the_job_naming_the_field():
+def test_a_warm_up_batch_fsdp2_ranks_cannot_share_equally_stops_the_job_naming_the_field():
     spec = job(batchSize=10)
     rows = arithmetic_rows(64, 0)
     model, tokenizer = load_policy(
@@ -280,6 +280,9 @@ def test_a_warm_up_batch_the_actor_ranks_cannot_share_equally_stops_the_job_nami
     learner = LLMLearner(
         model, spec.algorithm, spec.trainer, pad_id=tokenizer.pad_token_id, temperature=1.0, max_response_tokens=12
     )
-    learner.world_size = 4  # as three more actor ranks would make it; the check runs before any collective
-    with pytest.raises(FatalConfigError, match=r"spec.sft.batchSize \(10\) must split into the actor's 4 ranks"):
+    # As three more fsdp2 ranks would make it; the check runs before any collective.
+    learner.world_size, learner.sharded = 4, True
+    with pytest.raises(FatalConfigError, match=r"spec.sft.batchSize \(10\) must split into the 4 fsdp2 actor ranks"):
         Warmup(spec, learner, tokenizer, rows, LOG)
+    learner.sharded = False  # ddp: unequal shares meet in one gradient sum per step
+    Warmup(spec, learner, tokenizer, rows, LOG)
