@@ -64,25 +64,23 @@ class WeightReceiver:
 
     def rljob_read_file(self, path: str) -> None:
         """Stage the version written by the actor as a safetensors file."""
-        tensors = read_weights_file(path)
-        missing = set(self.rljob_names) - set(tensors)
-        if missing:
-            raise ValueError(f"{path} lacks {len(missing)} tensor(s) of the policy, e.g. {sorted(missing)[0]}")
-        with torch.no_grad():
-            for name, staged in zip(self.rljob_names, self.rljob_staging, strict=True):
-                staged.copy_(tensors[name])
+        self._rljob_stage(read_weights_file(path), path)
 
     def rljob_read_ipc(self, manifest: str) -> None:
         """Stage the version the collocated actor exported (`weightSync.method: ipc`): open its handles (CUDA IPC or
         shared memory), copy, and drop them, so the actor's memory is free again once every worker returned."""
         tensors = open_weights(manifest)
+        self._rljob_stage(tensors, manifest)
+        del tensors
+
+    def _rljob_stage(self, tensors: dict[str, torch.Tensor], source: str) -> None:
+        """Copy the policy's tensors by name into staging; a ValueError naming `source` when one is missing."""
         missing = set(self.rljob_names) - set(tensors)
         if missing:
-            raise ValueError(f"{manifest} lacks {len(missing)} tensor(s) of the policy, e.g. {sorted(missing)[0]}")
+            raise ValueError(f"{source} lacks {len(missing)} tensor(s) of the policy, e.g. {sorted(missing)[0]}")
         with torch.no_grad():
             for name, staged in zip(self.rljob_names, self.rljob_staging, strict=True):
                 staged.copy_(tensors[name])
-        del tensors
 
     def rljob_swap_in(self) -> None:
         """Load the staged tensors into the running model in place.

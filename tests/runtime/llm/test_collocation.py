@@ -8,8 +8,6 @@ ones: tests/gpu/test_cuda_ipc.py).
 from __future__ import annotations
 
 import copy
-import logging
-import threading
 from pathlib import Path
 
 import pytest
@@ -18,15 +16,12 @@ import yaml
 
 from rljob.api import validate_job
 from rljob.launch.local import free_ports
-from rljob.runtime.identity import RoleIdentity, local_identities, ports_needed
+from rljob.runtime.identity import local_identities, ports_needed
 from rljob.runtime.llm.engine import Completion, HFEngine, Sampling, WeightSyncSettings
 from rljob.runtime.llm.pool import RolloutPool
-from rljob.runtime.llm.rollout import GenerationServer
-from rljob.runtime.roles.common import RoleContext
-from rljob.runtime.transport import RequestServer
 from rljob.runtime.weight_ipc import IpcWeightPublisher
-from tests.runtime.llm.test_engine import CPU, TASK, TINY
-from tests.runtime.llm.test_membership import run_step
+from tests.runtime.llm.test_engine import CPU
+from tests.runtime.llm.test_membership import RolloutReplica, run_step, tiny_policy
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "grpo-tiny-arithmetic.yaml"
 
@@ -59,54 +54,25 @@ class RecordingEngine(HFEngine):
         self.events.append("wake")
 
 
-class CollocatedRollout:
-    def __init__(self, identity: RoleIdentity, job, model: torch.nn.Module, tokenizer) -> None:
-        self.context = RoleContext(identity=identity, job=job, log=logging.getLogger("collocated-rollout"))
+class CollocatedRollout(RolloutReplica):
+    """The rollout role's server over a recording hf engine that sleeps and wakes (collocated)."""
+
+    def make_engine(self, model: torch.nn.Module, tokenizer) -> RecordingEngine:
         settings = WeightSyncSettings.from_context(self.context)
-        self.engine = RecordingEngine(copy.deepcopy(model), tokenizer, CPU, settings, collocated=True)
-        self.engine.events = []
-        self.server = GenerationServer(self.context, self.engine)
-        endpoint = identity.endpoints["rollout"][identity.replica]
-        handlers = {
-            "status": self.server.status,
-            "sync_weights": self.server.sync_weights,
-            "generate": self.server.generate,
-            "results": self.server.results,
-            "sleep": self.server.sleep,
-            "wake": self.server.wake,
-        }
-        bound = threading.Event()
-
-        def serve() -> None:
-            transport = RequestServer(endpoint, handlers)
-            bound.set()
-            try:
-                transport.serve(self.context.stop.is_set)
-            finally:
-                transport.close()
-
-        self.threads = [
-            threading.Thread(target=self.server.work, daemon=True),
-            threading.Thread(target=self.server.receive, daemon=True),
-            threading.Thread(target=serve),
-        ]
-        for thread in self.threads:
-            thread.start()
-        assert bound.wait(10)
-
-    def stop(self) -> None:
-        self.context.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=10)
+        engine = RecordingEngine(model, tokenizer, CPU, settings, collocated=True)
+        engine.events = []
+        return engine
 
 
 @pytest.fixture(scope="module")
 def policy():
-    from rljob.runtime.llm.data import arithmetic_rows
-    from rljob.runtime.llm.policy import load_policy
+    return tiny_policy()
 
-    model, tokenizer = load_policy(TINY, TASK, arithmetic_rows(40, 0), seed=0, device=CPU)
-    return model.eval(), tokenizer
+
+def start_collocated_rollout(model: torch.nn.Module, tokenizer) -> CollocatedRollout:
+    replicas = {"actor": 1, "rollout": 1}
+    identities = local_identities("co", replicas, str(EXAMPLE), free_ports(ports_needed(replicas)))
+    return CollocatedRollout(next(i for i in identities if i.role == "rollout"), collocated_job(), model, tokenizer)
 
 
 def assert_engine_holds(engine: HFEngine, actor: torch.nn.Module) -> None:
@@ -117,10 +83,7 @@ def assert_engine_holds(engine: HFEngine, actor: torch.nn.Module) -> None:
 
 def test_the_actor_s_turns_sleep_train_wake_sync_generate_reach_the_rollout_in_order(tmp_path, policy):
     model, tokenizer = policy
-    job = collocated_job()
-    replicas = {"actor": 1, "rollout": 1}
-    identities = local_identities("co", replicas, str(EXAMPLE), free_ports(ports_needed(replicas)))
-    rollout = CollocatedRollout(next(i for i in identities if i.role == "rollout"), job, model, tokenizer)
+    rollout = start_collocated_rollout(model, tokenizer)
     actor_model = copy.deepcopy(model)
     with torch.no_grad():  # the actor's weights differ from the rollout's starting ones until a sync
         for p in actor_model.parameters():
@@ -163,10 +126,7 @@ def test_the_actor_s_turns_sleep_train_wake_sync_generate_reach_the_rollout_in_o
 
 def test_sleep_waits_for_the_chunk_being_generated(tmp_path, policy):
     model, tokenizer = policy
-    job = collocated_job()
-    replicas = {"actor": 1, "rollout": 1}
-    identities = local_identities("co", replicas, str(EXAMPLE), free_ports(ports_needed(replicas)))
-    rollout = CollocatedRollout(next(i for i in identities if i.role == "rollout"), job, model, tokenizer)
+    rollout = start_collocated_rollout(model, tokenizer)
     publisher = IpcWeightPublisher("actor-a", root=tmp_path)
     pool = RolloutPool(rollout.context.identity.endpoints["rollout"], publisher, "actor-a")
     prompts = [tokenizer(text)["input_ids"] for text in ("3+4=", "1+2=")] * 16

@@ -104,14 +104,16 @@ class RolloutReplica:
 
     def __init__(self, identity: RoleIdentity, job, model: torch.nn.Module, tokenizer) -> None:
         self.context = RoleContext(identity=identity, job=job, log=logging.getLogger(f"rollout-{identity.replica}"))
-        engine = HFEngine(copy.deepcopy(model), tokenizer, CPU, WeightSyncSettings.from_context(self.context))
-        self.server = GenerationServer(self.context, engine)
+        self.engine = self.make_engine(copy.deepcopy(model), tokenizer)
+        self.server = GenerationServer(self.context, self.engine)
         self.endpoint = identity.endpoints["rollout"][identity.replica]
         handlers = {
             "status": self.server.status,
             "sync_weights": self.server.sync_weights,
             "generate": self.server.generate,
             "results": self.server.results,
+            "sleep": self.server.sleep,
+            "wake": self.server.wake,
         }
         bound = threading.Event()
 
@@ -131,6 +133,9 @@ class RolloutReplica:
         for thread in self.threads:
             thread.start()
         assert bound.wait(10)
+
+    def make_engine(self, model: torch.nn.Module, tokenizer) -> HFEngine:
+        return HFEngine(model, tokenizer, CPU, WeightSyncSettings.from_context(self.context))
 
     def reported_version(self) -> int:
         client = RequestClient(self.endpoint, timeout=5.0)
@@ -153,13 +158,18 @@ class RolloutReplica:
             thread.join(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def policy():
+def tiny_policy():
+    """The tiny policy every replica of these tests starts from, and its tokenizer."""
     from rljob.runtime.llm.data import arithmetic_rows
     from rljob.runtime.llm.policy import load_policy
 
     model, tokenizer = load_policy(TINY, TASK, arithmetic_rows(40, 0), seed=0, device=CPU)
     return model.eval(), tokenizer
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return tiny_policy()
 
 
 def run_step(pool: RolloutPool, prompts: list[list[int]], chunks: int, between=None) -> dict[int, ChunkResult]:
