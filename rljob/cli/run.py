@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import time
-import urllib.request
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated
@@ -53,14 +51,6 @@ def _load(file: Path, overrides: list[str]):
         raise typer.Exit(1) from None
     print_advisories(job, str(file))
     return job
-
-
-def _poll_progress(url: str) -> dict | None:
-    try:
-        with urllib.request.urlopen(url, timeout=0.3) as response:
-            return json.loads(response.read())
-    except (OSError, ValueError):
-        return None
 
 
 def last_episodes_mean(metrics_path: Path, episodes: int = 20) -> float | None:
@@ -134,7 +124,7 @@ def run(
     )
 
     from rljob.launch.health import HealthWatch
-    from rljob.launch.local import LaunchError, LocalRun
+    from rljob.launch.local import LaunchError, LocalRun, read_progress
     from rljob.launch.stall import STALLED, StallWatch
     from rljob.launch.supervisor import GiveUp
     from rljob.runtime.metrics import read_metrics
@@ -190,7 +180,7 @@ def run(
         if now - state["last"] < 0.5:
             return
         state["last"] = now
-        report = _poll_progress(local.progress_url)
+        report = read_progress(local.progress_url, timeout=0.3)
         said = stall.observe(int(report["step"]) if report else None, total, (report or {}).get("issue", ""))
         if said is not None:
             kind, message = said

@@ -21,6 +21,7 @@ replica that asks for GPUs gets its own through CUDA_VISIBLE_DEVICES, as the dev
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -256,12 +257,13 @@ def prepare_run_dir(run_dir: Path) -> None:
         ) from None
 
 
-def _read_progress(url: str) -> dict[str, object] | None:
-    """Actor 0's `/progress`, or None while it does not answer."""
+def read_progress(url: str, timeout: float = 0.5) -> dict[str, object] | None:
+    """Actor 0's `/progress`, or None while it does not answer (not started, busy, or gone mid-answer: an actor
+    that exits while answering cuts the body short, an `http.client.IncompleteRead`)."""
     try:
-        with urllib.request.urlopen(url, timeout=0.5) as response:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             data = json.loads(response.read())
-    except (OSError, ValueError):
+    except (OSError, ValueError, http.client.HTTPException):
         return None
     return data if isinstance(data, dict) else None
 
@@ -394,7 +396,7 @@ class LocalRun(Supervisor):
         if self.scaler is None or time.monotonic() < self._next_scale_look:
             return
         self._next_scale_look = time.monotonic() + SCALE_LOOK_S
-        self.scaler.observe(_read_progress(self.progress_url))
+        self.scaler.observe(read_progress(self.progress_url))
 
     def _start_rollout(self, replica: int) -> None:
         child = self.child("rollout", replica)
@@ -416,7 +418,7 @@ class LocalRun(Supervisor):
         try:
             with urllib.request.urlopen(f"http://{host}:{child.identity.metrics_port}/healthz", timeout=0.5) as r:
                 return bool(r.status == 200)
-        except (OSError, ValueError):
+        except (OSError, ValueError, http.client.HTTPException):
             return False
 
     @property
