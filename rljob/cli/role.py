@@ -5,11 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 from rljob.api import InvalidRLJob
+
+if TYPE_CHECKING:
+    from rljob.runtime.identity import RoleIdentity
 
 ROLES = ("actor", "rollout", "env", "reward")
 
@@ -24,7 +27,7 @@ def role(
     if name not in ROLES:
         typer.secho(f"unknown role {name!r}: choose one of {', '.join(ROLES)}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2)
-    from rljob.runtime.identity import IdentityError, RoleIdentity
+    from rljob.runtime.identity import EXIT_FATAL_CONFIG, IdentityError, RoleIdentity
 
     try:
         identity = RoleIdentity.from_env()
@@ -34,11 +37,36 @@ def role(
     if identity.role != name:
         typer.secho(f"RLJOB_ROLE is {identity.role!r} but this is `rljob role {name}`", fg=typer.colors.RED, err=True)
         raise typer.Exit(1)
+    collocated = None
+    if identity.collocated_rollout_metrics_port:
+        # A collocated job's actor pod: this process runs the rollout replica beside the actor, whatever it trains.
+        from rljob.runtime.collocated import collocated_rollout
+
+        try:
+            collocated = collocated_rollout(identity).start()
+        except InvalidRLJob as exc:
+            for problem in exc.problems:
+                typer.secho(problem.render(exc.source), fg=typer.colors.RED, err=True)
+            raise typer.Exit(EXIT_FATAL_CONFIG) from None
+    try:
+        code = _run_role(identity, name)
+    finally:
+        if collocated is not None:
+            collocated.stop()
+    if collocated is not None and collocated.gave_up is not None:
+        code = collocated.gave_up  # the actor stopped because its rollout could not be kept running
+    if identity.starts_ranks:
+        raise typer.Exit(code)
+    exit_without_teardown(code)
+
+
+def _run_role(identity: RoleIdentity, name: str) -> int:
+    """The role's program in this process (or, for a replica with several ranks, its ranks); its exit code."""
     if identity.starts_ranks:
         # An actor replica with several ranks (one per GPU): this process starts them and answers for them.
         from rljob.runtime.ranks import run_rank_group
 
-        raise typer.Exit(run_rank_group(identity))
+        return run_rank_group(identity)
     from rljob.runtime.identity import EXIT_FATAL_CONFIG
     from rljob.runtime.roles.common import FatalConfigError, start_role
 
@@ -47,22 +75,21 @@ def role(
     except InvalidRLJob as exc:
         for problem in exc.problems:
             typer.secho(problem.render(exc.source), fg=typer.colors.RED, err=True)
-        raise typer.Exit(EXIT_FATAL_CONFIG) from None
+        return EXIT_FATAL_CONFIG
     from rljob.runtime.roles import RoleNotUsed, role_program
 
     try:
         run = role_program(context.job.spec.task.type, name)
     except RoleNotUsed as exc:
         context.log.error("%s", exc)
-        raise typer.Exit(EXIT_FATAL_CONFIG) from None
+        return EXIT_FATAL_CONFIG
     sys.stdout.flush()
     try:
-        code = run(context)
+        return run(context)
     except FatalConfigError as exc:
         # No restart can fix it: say what to change, and exit with the code the launcher does not restart.
         context.log.error("%s", exc)
-        code = EXIT_FATAL_CONFIG
-    exit_without_teardown(code)
+        return EXIT_FATAL_CONFIG
 
 
 def exit_without_teardown(code: int) -> NoReturn:

@@ -24,10 +24,16 @@ MASTER_PORT = 29500
 """torch.distributed rendezvous of the actor group (on actor replica 0)."""
 SYNC_PORT = 29501
 """Weight-sync group actor -> rollout (on actor replica 0)."""
+COLLOCATED_DATA_PORT = 29602
+"""Data plane of a collocated rollout, the second process of its actor replica's pod (the actor has DATA_PORT)."""
+COLLOCATED_METRICS_PORT = 29603
+"""Health and metrics of a collocated rollout (the actor serves `spec.logging.prometheusPort`)."""
 CONFIG_PATH_IN_POD = "/etc/rljob/job.yaml"
 """Where the operator mounts the ConfigMap holding the resolved job."""
 
 ENV_PREFIX = "RLJOB_"
+COLLOCATED_ROLLOUT_METRICS_PORT_ENV = "RLJOB_COLLOCATED_ROLLOUT_METRICS_PORT"
+"""Set on an actor replica whose process starts the rollout replica beside it (a collocated job in a pod)."""
 
 EXIT_FATAL_CONFIG = 78
 """Exit status of a role stopped by its configuration (sysexits EX_CONFIG): an unknown envId, envKwargs the
@@ -70,6 +76,9 @@ class RoleIdentity:
     """This process's rank inside its replica. None for the process a replica with several ranks starts
     as (`rljob role actor` in the pod): it trains in none of them, it starts one process per rank
     (`rljob.runtime.ranks.run_rank_group`), each with its own `local_rank`."""
+    collocated_rollout_metrics_port: int = 0
+    """Actor replica in a pod of a collocated job: the metrics port of the rollout replica its process starts
+    beside it (`rljob.runtime.collocated`); 0 where the rollouts are processes or pods of their own."""
 
     @property
     def replicas(self) -> int:
@@ -97,7 +106,31 @@ class RoleIdentity:
         """The identity of one rank of this replica."""
         if not 0 <= local_rank < self.ranks_per_replica:
             raise IdentityError(f"local rank {local_rank} is outside 0..{self.ranks_per_replica - 1}")
-        return replace(self, local_rank=local_rank)
+        # The replica's own process starts the collocated rollout, once: its ranks start none.
+        return replace(self, local_rank=local_rank, collocated_rollout_metrics_port=0)
+
+    def collocated_rollout(self) -> RoleIdentity:
+        """The identity of the rollout replica this actor replica's process starts beside it: same job, config and
+        endpoints; role rollout, the same replica index, one rank, and its own metrics port."""
+        if self.role != "actor" or not self.collocated_rollout_metrics_port:
+            raise IdentityError(
+                f"{self.role} replica {self.replica} starts no collocated rollout "
+                "(RLJOB_COLLOCATED_ROLLOUT_METRICS_PORT is not set)"
+            )
+        if not 0 <= self.replica < len(self.endpoints["rollout"]):
+            raise IdentityError(
+                f"actor replica {self.replica} has no rollout replica beside it in RLJOB_ROLLOUT_ENDPOINTS "
+                f"({len(self.endpoints['rollout'])} endpoints)"
+            )
+        return replace(
+            self,
+            role="rollout",
+            metrics_port=self.collocated_rollout_metrics_port,
+            rollout_members_file="",
+            ranks_per_replica=1,
+            local_rank=0,
+            collocated_rollout_metrics_port=0,
+        )
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -124,6 +157,8 @@ class RoleIdentity:
             env["RLJOB_RUN_DIR"] = self.run_dir
         if self.rollout_members_file:
             env["RLJOB_ROLLOUT_MEMBERS_FILE"] = self.rollout_members_file
+        if self.collocated_rollout_metrics_port:
+            env[COLLOCATED_ROLLOUT_METRICS_PORT_ENV] = str(self.collocated_rollout_metrics_port)
         env.update(self.extra)
         return env
 
@@ -159,8 +194,11 @@ class RoleIdentity:
                 f"RLJOB_REPLICA {replica} is outside RLJOB_{role.upper()}_ENDPOINTS ({len(endpoints[role])} endpoints)"  # type: ignore[index]
             )
         ranks_per_replica, local_rank = 1, 0
+        collocated_metrics_port = 0
         if role == "actor":
             ranks_per_replica, local_rank = _ranks_from_env(env, replica, len(endpoints["actor"]))
+            if env.get(COLLOCATED_ROLLOUT_METRICS_PORT_ENV):
+                collocated_metrics_port = need_int(COLLOCATED_ROLLOUT_METRICS_PORT_ENV)
         return cls(
             job=need("RLJOB_JOB_NAME"),
             namespace=env.get("RLJOB_NAMESPACE", "default"),
@@ -176,6 +214,7 @@ class RoleIdentity:
             rollout_members_file=env.get("RLJOB_ROLLOUT_MEMBERS_FILE", ""),
             ranks_per_replica=ranks_per_replica,
             local_rank=local_rank,
+            collocated_rollout_metrics_port=collocated_metrics_port,
         )
 
 
@@ -243,12 +282,22 @@ def pod_identity(
     replicas: Mapping[str, int],
     metrics_port: int,
     actor_ranks_per_replica: int = 1,
+    collocated_rollout: bool = False,
 ) -> RoleIdentity:
-    """The identity of one pod of a job; `replicas` maps each role to its replica count."""
+    """The identity of one pod of a job; `replicas` maps each role to its replica count.
+
+    `collocated_rollout`: rollout replica i runs in actor pod i, as a second process of its container, so its
+    endpoint (in every pod's identity) is that pod's name at COLLOCATED_DATA_PORT, and an actor's identity carries
+    the rollout's metrics port (COLLOCATED_METRICS_PORT) for its process to start it
+    (`RoleIdentity.collocated_rollout`)."""
     ranks, local_rank = _replica_ranks(role, actor_ranks_per_replica)
     endpoints: dict[RoleName, list[str]] = {
         r: [f"{pod_dns_name(job, r, i)}:{DATA_PORT}" for i in range(replicas.get(r, 0))] for r in ROLE_NAMES
     }
+    if collocated_rollout:
+        endpoints["rollout"] = [
+            f"{pod_dns_name(job, 'actor', i)}:{COLLOCATED_DATA_PORT}" for i in range(replicas.get("rollout", 0))
+        ]
     return RoleIdentity(
         job=job,
         namespace=namespace,
@@ -262,6 +311,7 @@ def pod_identity(
         metrics_port=metrics_port,
         ranks_per_replica=ranks,
         local_rank=local_rank,
+        collocated_rollout_metrics_port=COLLOCATED_METRICS_PORT if collocated_rollout and role == "actor" else 0,
     )
 
 

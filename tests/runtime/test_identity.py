@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from rljob.runtime.identity import IdentityError, RoleIdentity, local_identities, pod_identity, ports_needed
+from rljob.runtime.identity import (
+    COLLOCATED_DATA_PORT,
+    COLLOCATED_METRICS_PORT,
+    IdentityError,
+    RoleIdentity,
+    local_identities,
+    pod_identity,
+    ports_needed,
+)
 
 REPLICAS = {"actor": 2, "rollout": 1, "env": 1, "reward": 0}
 
@@ -81,3 +89,34 @@ def test_inconsistent_rank_variables_are_named(changes, message):
     env = {**local_actors(2)[1].for_rank(0).to_env(), **changes}
     with pytest.raises(IdentityError, match=message):
         RoleIdentity.from_env(env)
+
+
+COLLOCATED = {"actor": 1, "rollout": 1, "env": 0, "reward": 1}
+
+
+def test_a_collocated_rollout_is_reached_at_its_actor_pod_and_derives_its_identity_from_the_actor():
+    actor = pod_identity("job", "ns", "actor", 0, COLLOCATED, 9090, collocated_rollout=True)
+    assert actor.endpoints["rollout"] == [f"job-actor-0.job:{COLLOCATED_DATA_PORT}"]
+    assert actor.to_env()["RLJOB_COLLOCATED_ROLLOUT_METRICS_PORT"] == str(COLLOCATED_METRICS_PORT)
+    assert RoleIdentity.from_env(actor.to_env()) == actor
+    rollout = actor.collocated_rollout()
+    assert (rollout.role, rollout.replica, rollout.metrics_port) == ("rollout", 0, COLLOCATED_METRICS_PORT)
+    assert (rollout.job, rollout.namespace, rollout.config_path) == (actor.job, actor.namespace, actor.config_path)
+    assert rollout.endpoints == actor.endpoints and rollout.world_size == 1
+    env = rollout.to_env()
+    assert "RLJOB_COLLOCATED_ROLLOUT_METRICS_PORT" not in env and "RANK" not in env
+    assert RoleIdentity.from_env(env) == rollout
+    # The other pods of the job reach the rollout where it runs too.
+    reward = pod_identity("job", "ns", "reward", 0, COLLOCATED, 9090, collocated_rollout=True)
+    assert reward.endpoints == actor.endpoints and reward.collocated_rollout_metrics_port == 0
+
+
+def test_only_the_process_of_a_collocated_actor_replica_starts_the_rollout_not_its_ranks():
+    actor = pod_identity("job", "ns", "actor", 0, COLLOCATED, 9090, actor_ranks_per_replica=2, collocated_rollout=True)
+    assert actor.starts_ranks and actor.collocated_rollout().role == "rollout"
+    rank = actor.for_rank(1)
+    assert "RLJOB_COLLOCATED_ROLLOUT_METRICS_PORT" not in rank.to_env()
+    with pytest.raises(IdentityError, match="starts no collocated rollout"):
+        rank.collocated_rollout()
+    with pytest.raises(IdentityError, match="starts no collocated rollout"):
+        pod_identity("job", "ns", "actor", 0, COLLOCATED, 9090).collocated_rollout()

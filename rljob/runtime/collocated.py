@@ -1,0 +1,236 @@
+"""The collocated rollout in a pod: a second process of the actor replica's container, kept by the actor's process.
+
+A collocated job (`roles.rollout.collocated`) has no rollout pods: the device plugin gives a GPU to one container
+only, and CUDA IPC handles need the same GPUs and one IPC namespace. So the process an actor pod starts
+(`rljob role actor`, which for several GPUs starts the ranks) starts `rljob role rollout` beside it, with the
+identity derived from its own (`RoleIdentity.collocated_rollout`), and keeps it as the operator keeps a
+rollout pod (`spec.failurePolicy`, as `rljob.launch.failure_policy` applies it):
+
+- a rollout that fails is started again after a back-off that doubles with each failure in a row (1 s, 2 s,
+  4 s ... at most 60 s); the actor's weight rounds wait for it, as for a replaced rollout pod. The count is
+  forgotten once a rollout has run for 10 minutes, or exits 0.
+- past `maxReplacements` failures in a row (at the first with `failurePolicy.rollout: FailJob`) the actor is
+  asked to stop (SIGTERM to this process) and the container ends with the rollout's status, so the operator
+  sees a failed actor pod (a group restart, bounded by `maxRestarts`); a rollout that exits EXIT_FATAL_CONFIG
+  does the same at once, and the operator fails the job (InvalidConfig).
+- when the actor's program ends, whatever its code, the rollout is stopped: SIGTERM, SIGKILL after a grace.
+  It also dies with this process however that ends (`rljob.runtime.parent_death`).
+
+Every line the rollout prints goes to this process's stdout prefixed with `rollout[<i>] | `, so `kubectl logs`
+of the pod shows both processes, each line telling whose it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import BinaryIO
+
+from rljob.runtime.identity import EXIT_FATAL_CONFIG, RoleIdentity
+from rljob.runtime.parent_death import LAUNCHER_PID_ENV
+from rljob.runtime.retry import Backoff
+
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 60.0
+STABLE_S = 600.0
+"""A rollout that ran this long was healthy: its failures are no longer in a row (the operator's stable time,
+`rljob.launch.failure_policy.STABLE_SECONDS`, a layer above this one)."""
+STOP_GRACE_S = 10.0
+"""How long the rollout gets to exit after SIGTERM before it is killed."""
+GIVE_UP_GRACE_S = 60.0
+"""After asking the actor to stop for a rollout that cannot run: how long it gets before this process exits."""
+
+
+def rollout_command() -> list[str]:
+    return [sys.executable, "-m", "rljob.cli.main", "role", "rollout"]
+
+
+def _exit_status(code: int) -> int:
+    """A shell-style status: a process killed by signal N is reported as 128 + N."""
+    return 128 - code if code < 0 else code
+
+
+def stop_this_process() -> None:
+    """Ask this process's role program to stop, as the kubelet would (its SIGTERM handler finishes the step)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+class CollocatedRollout:
+    """The rollout replica an actor replica's process runs beside it: started, restarted, stopped."""
+
+    def __init__(
+        self,
+        identity: RoleIdentity,
+        base_env: Mapping[str, str],
+        out: BinaryIO,
+        *,
+        max_replacements: int,
+        fail_job: bool = False,
+        command: Sequence[str] | None = None,
+        on_give_up: Callable[[], None] = stop_this_process,
+        backoff: Backoff | None = None,
+        stable_s: float = STABLE_S,
+        grace_s: float = STOP_GRACE_S,
+        give_up_grace_s: float = GIVE_UP_GRACE_S,
+    ) -> None:
+        if identity.role != "rollout":
+            raise ValueError(f"a collocated rollout has the rollout's identity (got {identity.role})")
+        self.identity = identity
+        self.command = list(command or rollout_command())
+        # Each line as it is printed, and death with this process first thing (see parent_death): fork-safe.
+        self.env = {**base_env, **identity.to_env(), "PYTHONUNBUFFERED": "1", LAUNCHER_PID_ENV: str(os.getpid())}
+        self.out = out
+        self.max_replacements = max_replacements
+        self.fail_job = fail_job
+        self.on_give_up = on_give_up
+        self.backoff = backoff or Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)
+        self.stable_s, self.grace_s, self.give_up_grace_s = stable_s, grace_s, give_up_grace_s
+        self.starts = 0
+        self.failures_in_a_row = 0
+        self.gave_up: int | None = None
+        """The status the container ends with when the rollout could not be kept running; None otherwise."""
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._supervisor: threading.Thread | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.identity.role}[{self.identity.replica}]"
+
+    @property
+    def pid(self) -> int | None:
+        process = self._process
+        return process.pid if process is not None and process.poll() is None else None
+
+    def say(self, message: str) -> None:
+        with self._lock:
+            self.out.write(f"{self.name} {message}\n".encode())
+            self.out.flush()
+
+    def start(self) -> CollocatedRollout:
+        self._spawn()
+        self._supervisor = threading.Thread(target=self._supervise, name="collocated-rollout", daemon=True)
+        self._supervisor.start()
+        return self
+
+    def _spawn(self) -> None:
+        process = subprocess.Popen(
+            self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+        self._process = process
+        self._started_at = time.monotonic()
+        self.starts += 1
+        self._reader = threading.Thread(
+            target=self._pump, args=(process,), name="collocated-rollout-output", daemon=True
+        )
+        self._reader.start()
+        if self.starts > 1:
+            self.say(f"started again (pid {process.pid}, start {self.starts})")
+        else:
+            self.say(f"started beside the actor (pid {process.pid})")
+
+    def _pump(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None
+        prefix = f"{self.name} | ".encode()
+        for raw in process.stdout:
+            with self._lock:
+                self.out.write(prefix + raw if raw.endswith(b"\n") else prefix + raw + b"\n")
+                self.out.flush()
+
+    def _supervise(self) -> None:
+        while True:
+            process = self._process
+            assert process is not None and self._reader is not None
+            code = process.wait()
+            self._reader.join(timeout=5)
+            if self._stopping.is_set():
+                return
+            status = _exit_status(code)
+            if code == 0:
+                # Not asked to stop, yet it ended cleanly: start it again at once; no failure to count.
+                self.failures_in_a_row = 0
+                self.backoff.reset()
+                wait = 0.0
+                self.say("exited 0 while the actor runs: starting it again")
+            else:
+                if time.monotonic() - self._started_at >= self.stable_s:
+                    self.failures_in_a_row = 0
+                    self.backoff.reset()
+                self.failures_in_a_row += 1
+                why = self._give_up_reason(status)
+                if why:
+                    self._give_up(status, why)
+                    return
+                wait = self.backoff.next()
+                self.say(
+                    f"exited with code {status}: starting it again in {wait:.1f}s (failure {self.failures_in_a_row} "
+                    f"in a row; spec.failurePolicy.maxReplacements {self.max_replacements}); the actor waits for it"
+                )
+            if self._stopping.wait(wait):
+                return
+            self._spawn()
+
+    def _give_up_reason(self, status: int) -> str:
+        if status == EXIT_FATAL_CONFIG:
+            return "stopped on a configuration error (see its lines above); a restart would fail the same way"
+        if self.fail_job:
+            return "failed and spec.failurePolicy.rollout is FailJob"
+        if self.failures_in_a_row > self.max_replacements:
+            return (
+                f"failed {self.failures_in_a_row} times in a row; spec.failurePolicy.maxReplacements is "
+                f"{self.max_replacements}"
+            )
+        return ""
+
+    def _give_up(self, status: int, why: str) -> None:
+        self.gave_up = status
+        self.say(f"exited with code {status}: {why}; stopping the actor, which exits with code {status}")
+        self.on_give_up()
+        if not self._stopping.wait(self.give_up_grace_s):
+            # The actor did not get out of its step: end the container anyway, with the rollout's status.
+            self.say(f"the actor did not stop within {self.give_up_grace_s:g}s: exiting with code {status}")
+            sys.stdout.flush()
+            os._exit(status)
+
+    def stop(self) -> None:
+        """End the rollout (SIGTERM, SIGKILL after the grace) and its supervision; call when the actor ends."""
+        self._stopping.set()
+        process = self._process
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=self.grace_s)
+            except subprocess.TimeoutExpired:
+                self.say(f"did not stop within {self.grace_s:g}s of SIGTERM: killing it")
+                process.kill()
+                process.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join(timeout=5)
+
+
+def collocated_rollout(actor: RoleIdentity, out: BinaryIO | None = None) -> CollocatedRollout:
+    """The rollout the process of `actor` (a collocated actor replica in a pod) runs, under the job's failure
+    policy, not started yet. Raises InvalidRLJob when the job file does not load."""
+    from rljob.api import load_job_file
+
+    policy = load_job_file(actor.config_path).spec.failure_policy
+    # The actor's own identity variables (RANK, WORLD_SIZE, the collocated port ...) are not the rollout's.
+    own = actor.to_env()
+    return CollocatedRollout(
+        actor.collocated_rollout(),
+        {k: v for k, v in os.environ.items() if k not in own},
+        out or sys.stdout.buffer,
+        max_replacements=policy.max_replacements,
+        fail_job=policy.rollout == "FailJob",
+    )

@@ -1,0 +1,152 @@
+"""The collocated rollout of an actor pod: a child process of the actor's process, restarted and stopped by it."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import textwrap
+import threading
+import time
+
+from rljob.runtime.collocated import CollocatedRollout
+from rljob.runtime.identity import EXIT_FATAL_CONFIG, pod_identity
+from rljob.runtime.retry import Backoff
+
+REPLICAS = {"actor": 1, "rollout": 1, "env": 0, "reward": 0}
+
+
+class Output(io.BytesIO):
+    """The container's stdout, read while the supervisor writes to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.guard = threading.Lock()
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        with self.guard:
+            return super().write(data)
+
+    def lines(self) -> list[str]:
+        with self.guard:
+            return self.getvalue().decode().splitlines()
+
+
+def child(body: str) -> list[str]:
+    return [sys.executable, "-c", "import os, sys, time\n" + textwrap.dedent(body)]
+
+
+def supervised(body: str, **options) -> tuple[CollocatedRollout, Output, list[str]]:
+    actor = pod_identity("job", "ns", "actor", 0, REPLICAS, 9090, collocated_rollout=True)
+    out, asked_to_stop = Output(), []
+    options.setdefault("max_replacements", 10)
+    rollout = CollocatedRollout(
+        actor.collocated_rollout(),
+        {"PATH": os.environ.get("PATH", ""), "MARK": os.environ.get("MARK", "x")},
+        out,
+        command=child(body),
+        on_give_up=lambda: asked_to_stop.append("stop"),
+        backoff=Backoff(0.05, 0.2),
+        grace_s=5.0,
+        **options,
+    )
+    return rollout.start(), out, asked_to_stop
+
+
+def wait_until(condition, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition did not come true"
+        time.sleep(0.05)
+
+
+def test_the_rollout_runs_with_its_own_identity_and_its_lines_are_prefixed():
+    rollout, out, _ = supervised(
+        """
+        e = os.environ
+        print(e["RLJOB_ROLE"], e["RLJOB_REPLICA"], e["RLJOB_METRICS_PORT"], e["RLJOB_ROLLOUT_ENDPOINTS"], flush=True)
+        print("to stderr", file=sys.stderr, flush=True)
+        time.sleep(60)
+        """
+    )
+    try:
+        wait_until(lambda: sum("|" in line for line in out.lines()) == 2)
+    finally:
+        rollout.stop()
+    lines = out.lines()
+    assert "rollout[0] | rollout 0 29603 job-actor-0.job:29602" in lines
+    assert "rollout[0] | to stderr" in lines
+    assert lines[0].startswith("rollout[0] started beside the actor (pid ")
+
+
+def test_a_failed_rollout_is_started_again_after_a_back_off_and_the_actor_goes_on():
+    rollout, out, asked_to_stop = supervised("print('up', flush=True); time.sleep(0.2); sys.exit(3)")
+    try:
+        wait_until(lambda: rollout.starts >= 3)
+    finally:
+        rollout.stop()
+    lines = out.lines()
+    assert lines.count("rollout[0] | up") >= 2
+    assert any(line.startswith("rollout[0] exited with code 3: starting it again in ") for line in lines)
+    assert "failure 2 in a row; spec.failurePolicy.maxReplacements 10" in "\n".join(lines)
+    assert asked_to_stop == [] and rollout.gave_up is None
+
+
+def test_a_rollout_killed_by_a_signal_is_started_again():
+    rollout, out, _ = supervised("print('up', flush=True); time.sleep(60)")
+    try:
+        wait_until(lambda: "rollout[0] | up" in out.lines())
+        first = rollout.pid
+        assert first is not None
+        os.kill(first, 9)
+        wait_until(lambda: rollout.starts == 2 and rollout.pid not in (None, first))
+    finally:
+        rollout.stop()
+    assert any(line.startswith("rollout[0] exited with code 137: starting it again") for line in out.lines())
+
+
+def test_past_max_replacements_the_actor_is_asked_to_stop_and_ends_with_the_rollouts_code():
+    rollout, out, asked_to_stop = supervised("sys.exit(5)", max_replacements=2)
+    try:
+        wait_until(lambda: asked_to_stop)
+    finally:
+        rollout.stop()
+    assert rollout.starts == 3 and rollout.gave_up == 5
+    assert (
+        "rollout[0] exited with code 5: failed 3 times in a row; spec.failurePolicy.maxReplacements is 2; "
+        "stopping the actor, which exits with code 5" in out.lines()
+    )
+
+
+def test_a_configuration_error_or_failjob_stops_the_actor_at_the_first_failure():
+    rollout, _, asked_to_stop = supervised(f"sys.exit({EXIT_FATAL_CONFIG})")
+    try:
+        wait_until(lambda: asked_to_stop)
+    finally:
+        rollout.stop()
+    assert (rollout.starts, rollout.gave_up) == (1, EXIT_FATAL_CONFIG)
+    rollout, out, asked_to_stop = supervised("sys.exit(1)", fail_job=True)
+    try:
+        wait_until(lambda: asked_to_stop)
+    finally:
+        rollout.stop()
+    assert (rollout.starts, rollout.gave_up) == (1, 1)
+    assert "failurePolicy.rollout is FailJob" in out.lines()[-1]
+
+
+def test_stopping_ends_a_rollout_that_ignores_sigterm_with_sigkill():
+    rollout, out, _ = supervised(
+        """
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("up", flush=True)
+        time.sleep(60)
+        """
+    )
+    wait_until(lambda: "rollout[0] | up" in out.lines())
+    rollout.grace_s = 0.5
+    process = rollout._process
+    rollout.stop()
+    assert process is not None and process.returncode == -9
+    assert rollout.pid is None and rollout.starts == 1
+    assert "rollout[0] did not stop within 0.5s of SIGTERM: killing it" in out.lines()
