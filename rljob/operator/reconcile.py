@@ -34,6 +34,9 @@ Failure policy (spec.failurePolicy, applied through `rljob.launch.failure_policy
   plan's `rollout_members` (the Ready rollout pods that stay) is what the actor feeds: the controller
   writes it to the membership ConfigMap (rljob/operator/manifests/members.py). A gym job's rollout count is
   part of its config hash: a new count is a controlled restart, as above.
+- a collocated job (`roles.rollout.collocated`) has no rollout pods: its rollout runs in the actor pod, whose
+  process restarts it (rljob/runtime/collocated.py); the pod's failure is an actor failure as above, and the
+  rollout counts as ready with its actor pod. No membership is kept.
 """
 
 from __future__ import annotations
@@ -690,7 +693,9 @@ class _Planner:
         for manifest in self.obs.desired_pods.values():
             role = _role_of(manifest)
             desired[role] = desired.get(role, 0) + 1
-        role_counts(self.status, desired, self.obs.pods, self.new_failures)
+        job = self.obs.job
+        collocated = job is not None and job.spec.roles.rollout.collocated
+        role_counts(self.status, desired, self.obs.pods, self.new_failures, collocated=collocated)
         self.new_failures = {}
 
     def finalize(self) -> Plan:

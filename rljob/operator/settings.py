@@ -32,13 +32,14 @@ class OperatorSettings:
     Images by role: the actor runs `trainer_image`; the rollout runs `rollout_image` (vLLM on CUDA) when
     its engine is vllm and `trainer_image` otherwise (torch and transformers are in the trainer image,
     so gym jobs do not pull a multi-gigabyte vLLM image); env and reward run `env_image`. A role's own
-    `image` always wins.
+    `image` always wins. The actor pod of a collocated job runs the rollout too, in the rollout's image
+    (`role_image`): the rollout image holds the trainer as well.
     """
 
     trainer_image: str = f"{DEFAULT_REGISTRY}/trainer:{__version__}"
     """RLJOB_OPERATOR_TRAINER_IMAGE: actor pods (and non-vLLM rollout pods)."""
     rollout_image: str = f"{DEFAULT_REGISTRY}/rollout:{__version__}"
-    """RLJOB_OPERATOR_ROLLOUT_IMAGE: rollout pods with engine vllm."""
+    """RLJOB_OPERATOR_ROLLOUT_IMAGE: rollout pods with engine vllm, and the actor pods of collocated vllm jobs."""
     env_image: str = f"{DEFAULT_REGISTRY}/env:{__version__}"
     """RLJOB_OPERATOR_ENV_IMAGE: env and reward pods."""
     image_pull_policy: ImagePullPolicy = "IfNotPresent"

@@ -88,15 +88,26 @@ def describe_pods(items: list[str]) -> str:
 
 
 def role_counts(
-    status: RLJobStatus, desired: dict[str, int], pods: Iterable[PodState], failed: dict[str, int] | None = None
+    status: RLJobStatus,
+    desired: dict[str, int],
+    pods: Iterable[PodState],
+    failed: dict[str, int] | None = None,
+    collocated: bool = False,
 ) -> None:
-    """Refresh desired and ready per role; `failed` adds newly replaced failures to the running totals."""
+    """Refresh desired and ready per role; `failed` adds newly replaced failures to the running totals.
+
+    `collocated`: the rollout replicas run in the actor pods (one each), so they count as those pods do: desired
+    and ready with them. The operator sees no rollout process; the actor pod's process restarts a failed one
+    (rljob/runtime/collocated.py), and the actor's steps show it generates."""
     live = [p for p in pods if not p.terminating]
     for role in ROLE_NAMES:
         counts: RoleCounts = getattr(status.roles, role)
         counts.desired = desired.get(role, 0)
         counts.ready = sum(1 for p in live if p.role == role and p.ready and p.replica < counts.desired)
         counts.failed += (failed or {}).get(role, 0)
+    if collocated:
+        status.roles.rollout.desired = status.roles.actor.desired
+        status.roles.rollout.ready = status.roles.actor.ready
 
 
 def scheduling_problems(pods: Iterable[PodState]) -> list[str]:

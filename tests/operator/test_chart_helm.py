@@ -25,6 +25,7 @@ from rljob.api.status import RLJobStatus
 from rljob.operator.manifests import build_children
 from rljob.operator.metrics import OperatorMetrics
 from rljob.operator.naming import LABEL_JOB, LABEL_REPLICA, LABEL_ROLE
+from rljob.runtime.identity import COLLOCATED_METRICS_PORT
 from rljob.runtime.metrics import RoleMetrics
 from tests.operator.test_chart import CHART, ROOT, load_values, schema_validator
 
@@ -215,7 +216,7 @@ def test_pod_monitor_selects_every_role_pod_the_builders_make_and_scrapes_its_me
 ):
     monitor = only(render(helm, "monitoring.podMonitor.enabled=true"), "PodMonitor")
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
-    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    endpoint, _ = monitor["spec"]["podMetricsEndpoints"]
     for name, document in example_documents.items():
         children = build_children(job_from(document), settings)
         pods = [c for c in children if c["kind"] == "Pod"]
@@ -228,11 +229,41 @@ def test_pod_monitor_selects_every_role_pod_the_builders_make_and_scrapes_its_me
             if other["kind"] != "Pod":
                 assert not _selects(monitor["spec"]["selector"], other["metadata"].get("labels", {}))
     # Each series is labelled with the job, role and replica read from the pod's labels.
-    meta = {target: "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label) for target, label in
-            (("rljob", LABEL_JOB), ("role", LABEL_ROLE), ("replica", LABEL_REPLICA))}  # fmt: skip
     assert {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]} == {
-        target: [source] for target, source in meta.items()
+        target: [source] for target, source in _POD_LABEL_META.items()
     }
+
+
+_POD_LABEL_META = {target: "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label) for target, label in
+                   (("rljob", LABEL_JOB), ("role", LABEL_ROLE), ("replica", LABEL_REPLICA))}  # fmt: skip
+
+
+def test_pod_monitor_scrapes_a_collocated_rollout_in_its_actor_pod_as_the_rollout(
+    helm, example_documents, job_from, settings
+):
+    monitor = only(render(helm, "monitoring.podMonitor.enabled=true"), "PodMonitor")
+    _, endpoint = monitor["spec"]["podMetricsEndpoints"]
+    job = job_from(
+        example_documents["grpo-tiny-arithmetic"],
+        spec__roles__rollout__collocated=True,
+        spec__rollout__weightSync__method="ipc",
+    )
+    pods = {c["metadata"]["name"]: c for c in build_children(job, settings) if c["kind"] == "Pod"}
+    # Only the actor pod serves the port, with the rollout's metrics; non-collocated pods serve none.
+    serving = [
+        n for n, pod in pods.items() for p in pod["spec"]["containers"][0]["ports"] if p["name"] == endpoint["port"]
+    ]
+    assert serving == ["grpo-tiny-arithmetic-actor-0"]
+    port = next(p for p in pods[serving[0]]["spec"]["containers"][0]["ports"] if p["name"] == endpoint["port"])
+    assert port["containerPort"] == COLLOCATED_METRICS_PORT
+    for document in example_documents.values():
+        for child in build_children(job_from(document), settings):
+            if child["kind"] == "Pod":
+                assert endpoint["port"] not in {p["name"] for p in child["spec"]["containers"][0]["ports"]}
+    relabel = {r["targetLabel"]: r for r in endpoint["relabelings"]}
+    assert relabel["role"] == {"targetLabel": "role", "replacement": "rollout"}
+    assert relabel["rljob"]["sourceLabels"] == [_POD_LABEL_META["rljob"]]
+    assert relabel["replica"]["sourceLabels"] == [_POD_LABEL_META["replica"]]
 
 
 def test_pod_monitor_watches_only_the_served_namespaces_when_they_are_listed(helm):

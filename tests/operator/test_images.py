@@ -17,7 +17,7 @@ ROOT = Path(__file__).parents[2]
 IMAGES = {
     "operator": ("operator", ["operator"]),
     "trainer_image": ("trainer", ["train", "rollout"]),
-    "rollout_image": ("rollout", ["rollout", "vllm"]),
+    "rollout_image": ("rollout", ["train", "rollout", "vllm"]),  # collocated vLLM jobs run the actor in it
     "env_image": ("env", ["env"]),
 }
 

@@ -571,18 +571,6 @@ def test_filesystem_weight_sync_without_a_shared_volume_is_an_invalid_spec(examp
     assert build_children(job, settings)
 
 
-def test_a_collocated_job_is_an_invalid_spec_for_the_operator_naming_the_field(example_documents, job_from, settings):
-    job = job_from(
-        example_documents["grpo-tiny-arithmetic"],
-        spec__roles__rollout__collocated=True,
-        spec__rollout__weightSync__method="ipc",
-    )
-    with pytest.raises(InvalidRLJob) as caught:
-        build_children(job, settings)
-    assert [p.path for p in caught.value.problems] == ["spec.roles.rollout.collocated"]
-    assert "run the collocated job with `rljob run`" in caught.value.problems[0].message
-
-
 # --- the reward pods' egress NetworkPolicy ------------------------------------------------------------
 
 

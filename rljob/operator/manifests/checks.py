@@ -12,7 +12,15 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from rljob.api import ROLE_NAMES, InvalidRLJob, Problem, RLJob
-from rljob.runtime.identity import CONFIG_PATH_IN_POD, DATA_PORT, MASTER_PORT, SYNC_PORT, pod_identity
+from rljob.runtime.identity import (
+    COLLOCATED_DATA_PORT,
+    COLLOCATED_METRICS_PORT,
+    CONFIG_PATH_IN_POD,
+    DATA_PORT,
+    MASTER_PORT,
+    SYNC_PORT,
+    pod_identity,
+)
 
 CONFIG_VOLUME = "rljob-config"
 CHECKPOINT_VOLUME = "rljob-checkpoints"
@@ -31,7 +39,7 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 def reserved_env_names() -> frozenset[str]:
     """Variables the operator sets from the pod's identity; a role's `env` must not override them."""
-    identity = pod_identity("job", "ns", "actor", 0, {r: 1 for r in ROLE_NAMES}, 9090)
+    identity = pod_identity("job", "ns", "actor", 0, {r: 1 for r in ROLE_NAMES}, 9090, collocated_rollout=True)
     return frozenset(replace(identity, rollout_members_file=MEMBERS_DIR_IN_POD).to_env())
 
 
@@ -85,14 +93,7 @@ def _problems(job: RLJob) -> Iterator[Problem]:
                 "shared volume at spec.checkpoint.dir in both roles, or use broadcast",
             )
     if spec.roles.rollout.collocated:
-        # The rollout would have to run as a second process of the actor's container (the device plugin gives a
-        # GPU to one container only; CUDA IPC needs one IPC namespace): that pod layout is not built yet.
-        yield Problem(
-            "spec.roles.rollout.collocated",
-            "the operator does not build collocated pods yet (actor and rollout in one container): set false "
-            "(with rollout.weightSync.method broadcast) on a cluster, or run the collocated job with `rljob run` "
-            "on one node",
-        )
+        yield from _collocated_problems(job)
     if spec.scheduling.gang == "kueue" and spec.scheduling.queue and not _is_label_value(spec.scheduling.queue):
         yield Problem(
             "spec.scheduling.queue",
@@ -136,6 +137,38 @@ def _problems(job: RLJob) -> Iterator[Problem]:
                     f"checkpoint.volumeClaim is mounted at {ckpt_dir} in actor pods: mount this volume elsewhere "
                     "or drop checkpoint.volumeClaim",
                 )
+
+
+COLLOCATED_POD_FIELDS = ("env", "volumes", "volume_mounts", "resources", "placement")
+"""Pod settings of a role that a collocated rollout cannot have: it runs in the actor's pod and container."""
+
+
+def _collocated_problems(job: RLJob) -> Iterator[Problem]:
+    """A collocated rollout is a second process of the actor pod's container (rljob/runtime/collocated.py)."""
+    spec = job.spec
+    port = spec.logging.prometheus_port
+    if port in (COLLOCATED_DATA_PORT, COLLOCATED_METRICS_PORT):
+        yield Problem(
+            "spec.logging.prometheusPort",
+            f"{port} is used in the actor pod of a collocated job by the rollout beside the actor (data "
+            f"{COLLOCATED_DATA_PORT}, metrics {COLLOCATED_METRICS_PORT}): choose another port, e.g. 9090",
+        )
+    actor, rollout = spec.roles.actor, spec.roles.rollout
+    if actor.image and rollout.image and actor.image != rollout.image:
+        yield Problem(
+            "spec.roles.rollout.image",
+            f"a collocated rollout runs in the actor's container, which has one image: set the same image in "
+            f"roles.actor.image and roles.rollout.image, or one of them (got {actor.image!r} and {rollout.image!r})",
+        )
+    defaults = type(rollout)()
+    for name in COLLOCATED_POD_FIELDS:
+        if getattr(rollout, name) != getattr(defaults, name):
+            alias = type(rollout).model_fields[name].alias or name
+            yield Problem(
+                f"spec.roles.rollout.{alias}",
+                f"a collocated rollout runs in the actor's pod and container: set spec.roles.actor.{alias} "
+                "instead, which both processes share",
+            )
 
 
 def _is_label_value(value: str) -> bool:

@@ -30,9 +30,17 @@ KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_GROUP_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 
 
-def replica_counts(job: RLJob) -> dict[str, int]:
-    """Pods per role of a resolved job (env/reward replicas are filled by `validate_job`)."""
+def role_replicas(job: RLJob) -> dict[str, int]:
+    """Replicas per role of a resolved job (env/reward replicas are filled by `validate_job`)."""
     return {role: job.spec.roles.get(role).replicas or 0 for role in ROLE_NAMES}
+
+
+def replica_counts(job: RLJob) -> dict[str, int]:
+    """Pods per role of a resolved job: its replicas, except a collocated rollout's, which run in the actor pods."""
+    counts = role_replicas(job)
+    if job.spec.roles.rollout.collocated:
+        counts["rollout"] = 0
+    return counts
 
 
 def gang_size(job: RLJob) -> int:

@@ -9,7 +9,8 @@ optional: an actor pod started before the ConfigMap exists (or applied from `rlj
 operator) feeds the rollouts of its environment, as a local run does.
 
 gym jobs have no membership: each gym rollout steps a fixed share of the env replicas, so a new rollout
-count is a controlled restart (see `RESTART_FREE_FIELDS`).
+count is a controlled restart (see `RESTART_FREE_FIELDS`). Nor do collocated jobs: their one rollout runs in
+the actor pod, kept by the actor's process (rljob/runtime/collocated.py), at a fixed endpoint.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ MEMBERS_FILE_IN_POD = posixpath.join(MEMBERS_DIR_IN_POD, MEMBERS_KEY)
 
 
 def elastic_rollouts(job: RLJob) -> bool:
-    """Whether the job's rollout replicas come and go while it trains (llm jobs)."""
-    return job.spec.task.type == "llm"
+    """Whether the job's rollout replicas come and go while it trains (llm jobs). Not a collocated rollout: it
+    has no pod of its own; the actor pod's process keeps it (rljob/runtime/collocated.py) at a fixed endpoint."""
+    return job.spec.task.type == "llm" and not job.spec.roles.rollout.collocated
 
 
 def rollout_endpoint(job: RLJob, replica: int) -> str:

@@ -3,6 +3,12 @@
 An actor pod with `gpusPerReplica: N` runs N torch.distributed ranks, one per GPU: its env says
 LOCAL_WORLD_SIZE=N and WORLD_SIZE=replicas x N without RANK/LOCAL_RANK, and its `rljob role actor` starts
 the N ranks itself (`rljob.runtime.ranks`), each with its RANK and LOCAL_RANK, on `cuda:LOCAL_RANK`.
+
+A collocated job (`roles.rollout.collocated`) has no rollout pods: actor pod i's process also starts rollout
+replica i (`rljob.runtime.collocated`), in the same container (the device plugin gives a GPU to one container
+only; CUDA IPC needs the same GPUs and IPC namespace). That container serves the rollout's ports too
+(COLLOCATED_DATA_PORT, COLLOCATED_METRICS_PORT), mounts a memory-backed /dev/shm (weights pass by `ipc` through
+it), and runs an image that holds both roles (`role_image`).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from rljob.operator.manifests.checks import (
     weights_through_files,
 )
 from rljob.operator.manifests.config import config_hash
-from rljob.operator.manifests.gang import PodGangMetadata, pod_gang_metadata, replica_counts
+from rljob.operator.manifests.gang import PodGangMetadata, pod_gang_metadata, replica_counts, role_replicas
 from rljob.operator.manifests.members import MEMBERS_FILE_IN_POD, elastic_rollouts, members_volume
 from rljob.operator.manifests.placement import GPU_RESOURCE, PlacementProblem, role_affinity, role_tolerations
 from rljob.operator.naming import (
@@ -37,7 +43,15 @@ from rljob.operator.naming import (
     service_name,
 )
 from rljob.operator.settings import OperatorSettings
-from rljob.runtime.identity import DATA_PORT, MASTER_PORT, SYNC_PORT, actor_ranks_per_replica, pod_identity
+from rljob.runtime.identity import (
+    COLLOCATED_DATA_PORT,
+    COLLOCATED_METRICS_PORT,
+    DATA_PORT,
+    MASTER_PORT,
+    SYNC_PORT,
+    actor_ranks_per_replica,
+    pod_identity,
+)
 
 CONTAINER_NAME = "main"
 """The container of every role pod; `kubectl logs <pod>` needs no `-c`."""
@@ -47,9 +61,19 @@ READ_ONLY_ROOT_ROLES: tuple[RoleName, ...] = ("env", "reward")
 only /tmp (an emptyDir) is writable. The actor and rollout keep a writable root for library caches."""
 
 
+COLLOCATED_PORT_NAMES = {"rollout-data": COLLOCATED_DATA_PORT, "rollout-metrics": COLLOCATED_METRICS_PORT}
+"""The collocated rollout's ports in its actor pod (port names: at most 15 characters)."""
+
+
 def role_image(job: RLJob, role: RoleName, settings: OperatorSettings) -> str:
-    """The role's own image, else the operator default for it (see OperatorSettings)."""
+    """The role's own image, else the operator default for it (see OperatorSettings).
+
+    The actor pod of a collocated job runs the rollout too, so its one image must hold both: the actor's image,
+    else the rollout's own (checks refuse two different ones), else the rollout's default (the rollout image,
+    which holds the trainer too, for engine vllm; the trainer image, which holds the hf engine, otherwise)."""
     own = job.spec.roles.get(role).image
+    if role == "actor" and job.spec.roles.rollout.collocated and not own:
+        return role_image(job, "rollout", settings)
     if own:
         return own
     if role == "actor":
@@ -64,13 +88,16 @@ class _JobPods:
     """What every pod of a job shares, computed once per job rather than once per pod."""
 
     counts: dict[str, int]
+    """Pods per role."""
+    replicas: dict[str, int]
+    """Replicas per role (a collocated rollout's run in the actor pods)."""
     config_hash: str
     gang: PodGangMetadata
 
 
 def _job_pods(job: RLJob, settings: OperatorSettings) -> _JobPods:
     ensure_buildable(job)
-    return _JobPods(replica_counts(job), config_hash(job), pod_gang_metadata(job, settings))
+    return _JobPods(replica_counts(job), role_replicas(job), config_hash(job), pod_gang_metadata(job, settings))
 
 
 def build_pod(job: RLJob, settings: OperatorSettings, role: RoleName, replica: int) -> dict[str, Any]:
@@ -126,7 +153,7 @@ def _build_pod(
             "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_container(job, role, replica, rs, settings, mounts, counts)],
+        "containers": [_container(job, role, replica, rs, settings, mounts, shared.replicas)],
         "volumes": volumes,
     }
     if settings.pod_service_account:
@@ -157,17 +184,19 @@ def _container(
     rs: RoleSpec,
     settings: OperatorSettings,
     mounts: list[dict[str, Any]],
-    counts: dict[str, int],
+    replicas: dict[str, int],
 ) -> dict[str, Any]:
     metrics_port = job.spec.logging.prometheus_port
+    collocated = job.spec.roles.rollout.collocated
     identity = pod_identity(
         job.name,
         job.metadata.namespace or "default",
         role,
         replica,
-        counts,
+        replicas,
         metrics_port,
         actor_ranks_per_replica=actor_ranks_per_replica(job),
+        collocated_rollout=collocated,
     )
     if role == "actor" and elastic_rollouts(job):
         # The rollouts of the environment are those at creation; the membership file follows scaling.
@@ -185,6 +214,10 @@ def _container(
             {"name": "sync", "containerPort": SYNC_PORT, "protocol": "TCP"},
         ]
     ports.append({"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"})
+    if role == "actor" and collocated:
+        ports += [
+            {"name": name, "containerPort": port, "protocol": "TCP"} for name, port in COLLOCATED_PORT_NAMES.items()
+        ]
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": role_image(job, role, settings),
@@ -257,7 +290,11 @@ def _volumes(
         # The only writable place of a read-only root: sandbox working directories, library caches.
         volumes.append({"name": TMP_VOLUME, "emptyDir": {}})
         mounts.append({"name": TMP_VOLUME, "mountPath": "/tmp"})
-    if settings.gpu_shared_memory and rs.gpus_per_replica > 0 and "/dev/shm" not in user_paths:
+    # A collocated actor pod passes weights to its rollout through /dev/shm (`weightSync.method: ipc`): the CPU
+    # path copies every tensor there, far past the container runtime's 64 MiB, whatever the GPU setting.
+    collocated = role == "actor" and job.spec.roles.rollout.collocated
+    gpu_shm = settings.gpu_shared_memory and rs.gpus_per_replica > 0
+    if (gpu_shm or collocated) and "/dev/shm" not in user_paths:
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
     return volumes, mounts

@@ -5,13 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from rljob.api import RLJob
+from rljob.operator.manifests.pods import COLLOCATED_PORT_NAMES
 from rljob.operator.naming import child_metadata, job_selector, service_name
 from rljob.operator.settings import OperatorSettings
 from rljob.runtime.identity import DATA_PORT, MASTER_PORT, SYNC_PORT
 
 
 def service_ports(job: RLJob) -> list[dict[str, Any]]:
-    """Named ports of the job's pods: data plane, actor rendezvous and weight sync, HTTP metrics."""
+    """Named ports of the job's pods: data plane, actor rendezvous and weight sync, HTTP metrics, and in a
+    collocated job the ports of the rollout in the actor pod."""
     ports = [
         {"name": "data", "port": DATA_PORT, "targetPort": DATA_PORT, "protocol": "TCP"},
         {"name": "dist", "port": MASTER_PORT, "targetPort": MASTER_PORT, "protocol": "TCP"},
@@ -20,6 +22,9 @@ def service_ports(job: RLJob) -> list[dict[str, Any]]:
     metrics = job.spec.logging.prometheus_port
     if metrics not in (DATA_PORT, MASTER_PORT, SYNC_PORT):
         ports.append({"name": "metrics", "port": metrics, "targetPort": metrics, "protocol": "TCP"})
+    if job.spec.roles.rollout.collocated:
+        for name, port in COLLOCATED_PORT_NAMES.items():
+            ports.append({"name": name, "port": port, "targetPort": port, "protocol": "TCP"})
     return ports
 
 

@@ -1,27 +1,94 @@
-"""The operator does not build collocated pods yet: a collocated RLJob fails with InvalidSpec naming the field,
-the operator keeps running, and the job starts once edited into a non-collocated one."""
+"""A collocated RLJob through the real operator: the rollout runs in the actor pod, so the job has no rollout pod;
+the rollout counts as ready with its actor pod, and a failed actor pod (whichever of its processes failed) restarts
+the group as usual."""
 
 from __future__ import annotations
 
-from tests.operator.controller.conftest import Cluster, arithmetic_job, eventually, operator_running
+from typing import Any
+
+from tests.operator.controller.conftest import (
+    CONFIGMAPS,
+    NS,
+    Cluster,
+    arithmetic_job,
+    eventually,
+    operator_running,
+)
 from tests.operator.controller.emulator import KubernetesApiEmulator
 
+PODS = {"co-actor-0", "co-reward-0"}
 
-async def test_a_collocated_job_fails_with_invalid_spec_and_starts_once_collocation_is_turned_off(
+
+def collocated_job(**failure_policy: Any) -> dict[str, Any]:
+    manifest = arithmetic_job("co")
+    manifest["spec"]["roles"]["rollout"]["collocated"] = True
+    manifest["spec"]["rollout"]["weightSync"] = {"method": "ipc"}
+    if failure_policy:
+        manifest["spec"]["failurePolicy"] = failure_policy
+    return manifest
+
+
+async def start_running(cluster: Cluster) -> dict[str, str]:
+    cluster.create_job(collocated_job())
+    await eventually(lambda: set(cluster.pods("co")) == PODS, what="the actor and reward pods")
+    cluster.run_all("co")
+    await eventually(lambda: cluster.phase("co") == "Running", what="Running")
+    return {pod: cluster.uid(pod) for pod in PODS}
+
+
+async def test_a_collocated_job_gets_no_rollout_pod_and_its_rollout_is_ready_with_the_actor_pod(
     kube: KubernetesApiEmulator, cluster: Cluster
 ) -> None:
     async with operator_running(kube) as op:
-        manifest = arithmetic_job("co")
-        manifest["spec"]["roles"]["rollout"]["collocated"] = True
-        manifest["spec"]["rollout"]["weightSync"] = {"method": "ipc"}
-        cluster.create_job(manifest)
+        cluster.create_job(collocated_job())
+        await eventually(lambda: set(cluster.pods("co")) == PODS, what="the actor and reward pods")
+        actor = cluster.pods("co")["co-actor-0"]
+        ports = {p["name"] for p in actor["spec"]["containers"][0]["ports"]}
+        assert {"rollout-data", "rollout-metrics"} <= ports
+        cluster.run("co-reward-0")
+        status = await eventually(lambda: cluster.status("co").get("roles", {}).get("reward", {}).get("ready") == 1
+                                  and cluster.status("co"))  # fmt: skip
+        assert status["roles"]["rollout"] == {"desired": 1, "ready": 0, "failed": 0}
+        cluster.run("co-actor-0")
+        await eventually(lambda: cluster.phase("co") == "Running", what="Running")
+        status = cluster.status("co")
+        assert status["roles"]["actor"]["ready"] == 1 and status["roles"]["rollout"]["ready"] == 1
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        assert (ready["status"], ready["message"]) == ("True", "2 pods ready")
+        # No membership to keep: the actor pod's process keeps its rollout.
+        assert kube.read_object(CONFIGMAPS, NS, "co-rollouts") is None
+        assert set(cluster.pods("co")) == PODS
+        assert not op.task.done()
+
+
+async def test_a_failed_collocated_actor_pod_restarts_the_group_and_the_rest_keeps_running(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    async with operator_running(kube):
+        uids = await start_running(cluster)
+        cluster.exit("co-actor-0", 1)
+        await eventually(lambda: cluster.status("co").get("restarts") == 1, what="restarts+1")
+        await eventually(
+            lambda: (
+                (cluster.pods("co").get("co-actor-0") or {}).get("metadata", {}).get("uid")
+                not in (None, uids["co-actor-0"])
+            ),
+            what="a new actor pod",
+        )
+        assert cluster.uid("co-reward-0") == uids["co-reward-0"]
+        assert set(cluster.pods("co")) == PODS  # still no rollout pod
+        cluster.run_all("co")
+        await eventually(lambda: cluster.phase("co") == "Running", what="Running again")
+        assert "ActorFailed" in cluster.reasons("co")
+
+
+async def test_a_collocated_rollout_stopped_on_its_configuration_fails_the_job_without_a_restart(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    """The actor pod ends with the rollout's EXIT_FATAL_CONFIG (rljob/runtime/collocated.py): InvalidConfig."""
+    async with operator_running(kube):
+        await start_running(cluster)
+        cluster.exit("co-actor-0", 78)
         await eventually(lambda: cluster.phase("co") == "Failed", what="Failed")
         failed = next(c for c in cluster.status("co")["conditions"] if c["type"] == "Failed")
-        assert failed["reason"] == "InvalidSpec" and "spec.roles.rollout.collocated" in failed["message"]
-        assert cluster.pods("co") == {}
-        cluster.patch_job(
-            "co",
-            {"spec": {"roles": {"rollout": {"collocated": False}}, "rollout": {"weightSync": {"method": "broadcast"}}}},
-        )
-        await eventually(lambda: len(cluster.pods("co")) == 3, what="pods after the edit")
-        assert not op.task.done()
+        assert failed["reason"] == "InvalidConfig" and cluster.status("co").get("restarts", 0) == 0
