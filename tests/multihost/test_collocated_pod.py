@@ -1,0 +1,137 @@
+"""The pods the operator builds for a collocated job, run as the kubelet would: each pod's container command with
+its env, on a host named after the pod (tests/multihost/lab.py), the job file from the rendered ConfigMap.
+
+The actor pod's process starts the rollout beside it (rljob/runtime/collocated.py) at `<job>-actor-0.<job>`,
+the name every pod of the job is given for it; the reward pod is a host of its own. A rollout killed mid-run
+is covered by tests/runtime/test_collocated.py with a trivial child: here it would cost a minute, the actor's
+`wake` request to the dead rollout waiting out its reply timeout (SYNC_REPLY_TIMEOUT_S) before the new one is
+synced.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rljob.operator.manifests import build_children
+from rljob.operator.naming import CONFIG_KEY
+from rljob.operator.settings import OperatorSettings
+from tests.multihost.conftest import load_example
+from tests.multihost.lab import NetnsLab
+
+pytestmark = pytest.mark.slow
+
+STEPS = 16
+COLLOCATED = ["spec.roles.rollout.collocated=true", "spec.rollout.weightSync.method=ipc"]
+SHORT = [f"spec.trainer.steps={STEPS}", "spec.trainer.batchSize=16", "spec.logging.tensorboard=false"]
+LIMIT_S = 300
+
+
+class Kubelet:
+    """Runs the containers of a job's pods in the lab, one process per pod, and keeps every line they print."""
+
+    def __init__(self, lab: NetnsLab, config_file: Path, home: Path) -> None:
+        self.lab, self.config_file, self.home = lab, config_file, home
+        self.lines: list[str] = []
+        self.processes: dict[str, subprocess.Popen[str]] = {}
+        self._readers: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def start(self, pod: dict[str, Any]) -> None:
+        labels = pod["metadata"]["labels"]
+        (main,) = pod["spec"]["containers"]
+        env = {"PATH": os.environ["PATH"], "HOME": str(self.home), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+        env.update({e["name"]: e["value"] for e in main["env"]})  # the namespace is set: every variable has a value
+        env["RLJOB_CONFIG"] = str(self.config_file)  # where the ConfigMap volume would be mounted
+        command = [str(Path(sys.executable).parent / main["command"][0]), *main["args"]]
+        prefix = self.lab.command_prefix(labels["rljob.io/role"], int(labels["rljob.io/replica"]))
+        process = subprocess.Popen(
+            [*prefix, *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        name = pod["metadata"]["name"]
+        self.processes[name] = process
+        reader = threading.Thread(target=self._read, args=(name, process), daemon=True)
+        reader.start()
+        self._readers.append(reader)
+
+    def _read(self, name: str, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            with self._lock:
+                self.lines.append(f"{name} | {line.rstrip()}")
+
+    def output(self) -> list[str]:
+        with self._lock:
+            return list(self.lines)
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for reader in self._readers:
+            reader.join(timeout=5)
+
+
+def wait_for(condition, what: str, timeout_s: float = LIMIT_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_the_collocated_actor_pod_trains_with_the_rollout_beside_it(tmp_path):
+    job = load_example("grpo-tiny-arithmetic.yaml", [*COLLOCATED, *SHORT, f"spec.checkpoint.dir={tmp_path / 'ckpt'}"])
+    job.metadata.namespace = "research"
+    children = build_children(job, OperatorSettings())
+    pods = {c["metadata"]["name"]: c for c in children if c["kind"] == "Pod"}
+    assert sorted(pods) == ["grpo-tiny-arithmetic-actor-0", "grpo-tiny-arithmetic-reward-0"]
+    config = next(c for c in children if c["kind"] == "ConfigMap")
+    config_file = tmp_path / "job.yaml"
+    config_file.write_text(config["data"][CONFIG_KEY])
+    (tmp_path / "home").mkdir()
+
+    with NetnsLab(job.name, {"actor": 1, "reward": 1}, dns="answering") as lab:
+        kubelet = Kubelet(lab, config_file, tmp_path / "home")
+        try:
+            for pod in pods.values():
+                kubelet.start(pod)
+            actor = kubelet.processes["grpo-tiny-arithmetic-actor-0"]
+            wait_for(lambda: actor.poll() is not None, "the actor to finish")
+        finally:
+            kubelet.stop()
+    lines = kubelet.output()
+    text = "\n".join(lines[-60:])
+    assert actor.returncode == 0, text
+    actor_lines = [line for line in lines if line.startswith("grpo-tiny-arithmetic-actor-0 | ")]
+    # Both processes of the pod print to its one output, each line telling whose it is.
+    assert any("INFO actor[0] training" in line for line in actor_lines), text
+    assert any(
+        "rollout[0] | " in line and "INFO rollout[0] generating with the hf engine" in line for line in actor_lines
+    )
+    assert any(re.search(r"rollout\[0\] started beside the actor \(pid \d+\)$", line) for line in actor_lines)
+    # The actor put its rollout to sleep to train, and trained every step.
+    assert any(
+        "rollout[0] | " in line and "collocated: the engine sleeps while the actor trains" in line
+        for line in actor_lines
+    )
+    assert any(f" step {STEPS}/{STEPS} reward " in line for line in actor_lines), text
+    # Ended with the actor, as the pod's container would: no rollout line is left unprefixed.
+    assert any("rollout[0] | " in line and "received SIGTERM, stopping" in line for line in actor_lines), text
+    assert not any("INFO rollout[0]" in line and "rollout[0] | " not in line for line in lines)
