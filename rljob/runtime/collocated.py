@@ -97,6 +97,9 @@ class CollocatedRollout:
         """The status the container ends with when the rollout could not be kept running; None otherwise."""
         self._stopping = threading.Event()
         self._lock = threading.Lock()
+        """Whole lines to the output."""
+        self._spawning = threading.Lock()
+        """A restart and `stop` one at a time, so no rollout is started after `stop` looked."""
         self._process: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._supervisor: threading.Thread | None = None
@@ -176,7 +179,10 @@ class CollocatedRollout:
                 )
             if self._stopping.wait(wait):
                 return
-            self._spawn()
+            with self._spawning:
+                if self._stopping.is_set():  # `stop` came while the wait ended: start nothing it would miss
+                    return
+                self._spawn()
 
     def _give_up_reason(self, status: int) -> str:
         if status == EXIT_FATAL_CONFIG:
@@ -202,7 +208,8 @@ class CollocatedRollout:
 
     def stop(self) -> None:
         """End the rollout (SIGTERM, SIGKILL after the grace) and its supervision; call when the actor ends."""
-        self._stopping.set()
+        with self._spawning:
+            self._stopping.set()
         process = self._process
         if process is not None and process.poll() is None:
             with contextlib.suppress(ProcessLookupError):

@@ -24,7 +24,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO
 
-from rljob.runtime.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, RoleIdentity
+from rljob.runtime.identity import (
+    COLLOCATED_ROLLOUT_METRICS_PORT_ENV,
+    EXIT_DIVERGED,
+    EXIT_FATAL_CONFIG,
+    RoleIdentity,
+)
 from rljob.runtime.parent_death import LAUNCHER_PID_ENV
 
 RANK_STOP_GRACE_S = 10.0
@@ -55,6 +60,8 @@ class RankGroup:
         self._lock = threading.Lock()
         self.processes: list[subprocess.Popen[bytes]] = []
         self.readers: list[threading.Thread] = []
+        # The replica's process runs a collocated rollout (rljob/runtime/collocated.py); its ranks run none.
+        base_env = {k: v for k, v in base_env.items() if k != COLLOCATED_ROLLOUT_METRICS_PORT_ENV}
         for local_rank in range(identity.ranks_per_replica):
             rank = identity.for_rank(local_rank)
             process = subprocess.Popen(

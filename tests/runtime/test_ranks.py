@@ -152,3 +152,12 @@ def test_nccl_invalid_usage_without_details_is_a_configuration_error():
 )
 def test_failures_a_restart_may_fix_are_not_configuration_errors(exc):
     assert nccl_usage_problem(exc) is None
+
+
+def test_the_ranks_of_a_collocated_actor_replica_do_not_start_rollouts_of_their_own():
+    """The replica's process runs the collocated rollout (rljob/runtime/collocated.py): not each rank again."""
+    out = Output()
+    base_env = {**os.environ, "RLJOB_COLLOCATED_ROLLOUT_METRICS_PORT": "29603"}
+    body = "print(os.environ.get('RLJOB_COLLOCATED_ROLLOUT_METRICS_PORT', 'unset'))"
+    assert run_rank_group(actor_replica(0, 2), rank_program(body), base_env, out) == 0
+    assert sorted(line for line in out.lines() if line.startswith("rank ")) == ["rank 0 | unset", "rank 1 | unset"]
