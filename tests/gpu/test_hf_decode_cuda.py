@@ -55,6 +55,7 @@ def test_calls_of_one_bucket_reuse_the_compiled_decode_and_another_batch_compile
     assert compiled_graphs() == compiled
 
     # Without buckets, the same two batch sizes compile the decode again: what the buckets save.
+    torch._dynamo.reset()
     plain = engine_on_gpu(None)
     plain.generate(prompts[:3], SAMPLING)
     before = compiled_graphs()

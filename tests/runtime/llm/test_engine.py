@@ -250,3 +250,42 @@ def test_only_the_compiled_decode_is_bucketed_and_sized():
     assert not compiles_decode(CPU, collocated=False)
     spec = load_job_file(EXAMPLE).spec
     assert job_cache_len(spec) == spec.task.llm.max_prompt_length + spec.task.llm.max_response_length
+
+
+def compiling_engine(policy, buckets: tuple[int, ...] | None) -> HFEngine:
+    """The engine as it runs on CUDA (static cache, sized for the job), with transformers compiling its decode
+    on the CPU too: its `compile_config` flag for that, and dynamo's eager backend (no code generation)."""
+    from transformers import CompileConfig
+
+    model, tokenizer = policy
+    model = copy.deepcopy(model)
+    config = CompileConfig(backend="eager", mode=None)
+    config._compile_all_devices = True
+    model.generation_config.compile_config = config
+    engine = HFEngine(model, tokenizer, CPU, batch_buckets=buckets)
+    engine.cache_implementation, engine.cache_len = "static", TASK.max_prompt_length + 8
+    return engine
+
+
+def test_calls_of_one_bucket_reuse_the_compiled_decode_and_another_batch_compiles_again(policy, prompts):
+    """What the buckets are for, counted in the graphs dynamo compiled (tests/gpu/test_hf_decode_cuda.py counts
+    them on a GPU, where each new batch also records new CUDA graphs)."""
+    from torch._dynamo.utils import counters
+
+    sampling = Sampling(n=2, temperature=1.0, max_tokens=8)
+    torch._dynamo.reset()
+    counters.clear()
+    bucketed = compiling_engine(policy, (2, 4))
+    bucketed.generate(prompts[:3], sampling)
+    compiled = counters["stats"]["unique_graphs"]
+    assert compiled > 0, "transformers did not compile the decode: nothing here is measured"
+    for count in (4, 3, 4):  # two real batch sizes, prompts of 4 and 6 tokens: one bucket
+        assert len(bucketed.generate(prompts[:count], sampling)) == count
+    assert counters["stats"]["unique_graphs"] == compiled
+
+    torch._dynamo.reset()  # forget the bucket's decode: the same two batch sizes without buckets compile again
+    plain = compiling_engine(policy, None)
+    plain.generate(prompts[:3], sampling)
+    before = counters["stats"]["unique_graphs"]
+    plain.generate(prompts[:4], sampling)
+    assert counters["stats"]["unique_graphs"] > before
