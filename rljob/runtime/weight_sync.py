@@ -26,9 +26,10 @@ The group's backend and device follow the tensors, one decision per round, made 
 accept says where it receives (`device_report`: the GPUs it receives into, or the CPU), and the actor picks
 NCCL when its own tensors and every member's are CUDA, each on a GPU of its own (NCCL refuses two ranks on
 one GPU), and gloo otherwise (`choose_backend`); the go key carries the choice. Under NCCL the actor sends
-its CUDA tensors as they are and every buffer is on the device; under gloo it sends CPU copies and a member
-receiving into CUDA tensors lets gloo stage them through the host. A round that switches the backend forms
-a new group, named (store prefix) by the epoch, the backend and the round it was formed in (`GoSignal`).
+its CUDA tensors as they are and every buffer is on the device (released when the round ends: memory the
+update and the engine use in between); under gloo it sends CPU copies and a member receiving into CUDA
+tensors lets gloo stage them through the host. A round that switches the backend forms a new group, named
+(store prefix) by the epoch, the backend and the round it was formed in (`GoSignal`).
 
 `weightSync.method: filesystem`: actor rank 0 writes each version once as a safetensors file in a directory
 every rollout can read (atomic rename, version and actor incarnation in the name) and sends its path.
