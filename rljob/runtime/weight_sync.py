@@ -26,9 +26,10 @@ The group's backend and device follow the tensors, one decision per round, made 
 accept says where it receives (`device_report`: the GPUs it receives into, or the CPU), and the actor picks
 NCCL when its own tensors and every member's are CUDA, each on a GPU of its own (NCCL refuses two ranks on
 one GPU), and gloo otherwise (`choose_backend`); the go key carries the choice. Under NCCL the actor sends
-its CUDA tensors as they are and every buffer is on the device; under gloo it sends CPU copies and a member
-receiving into CUDA tensors lets gloo stage them through the host. A round that switches the backend forms
-a new group, named (store prefix) by the epoch, the backend and the round it was formed in (`GoSignal`).
+its CUDA tensors as they are and every buffer is on the device (released when the round ends: memory the
+update and the engine use in between); under gloo it sends CPU copies and a member receiving into CUDA
+tensors lets gloo stage them through the host. A round that switches the backend forms a new group, named
+(store prefix) by the epoch, the backend and the round it was formed in (`GoSignal`).
 
 `weightSync.method: filesystem`: actor rank 0 writes each version once as a safetensors file in a directory
 every rollout can read (atomic rename, version and actor incarnation in the name) and sends its path.
@@ -323,9 +324,11 @@ IN_PLACE_MIN_BYTES = 2**20
 
 
 class PackBuffer:
-    """The flat tensors small tensors are packed into, one per dtype and device, kept from bucket to bucket
-    and round to round: fresh memory pays a page fault per page on first touch (packing 128 MiB took 47 ms
-    into new memory, 13 ms into this buffer, on this repository's 2-core machine)."""
+    """The flat tensors small tensors are packed into, one per dtype and device, kept from bucket to bucket;
+    the host ones also from round to round: fresh memory pays a page fault per page on first touch (packing
+    128 MiB took 47 ms into new memory, 13 ms into this buffer, on this repository's 2-core machine). The
+    device ones go at the end of each round (`release_device`): up to a bucket per dtype of GPU memory that the
+    actor's training, or the rollout's engine, uses until the next round."""
 
     def __init__(self) -> None:
         self._flat: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
@@ -341,6 +344,18 @@ class PackBuffer:
     def clear(self) -> None:
         """Free the buffers (a round on another device or backend will not use them)."""
         self._flat.clear()
+
+    def release_device(self) -> None:
+        """Free the buffers that are not in host memory (the end of a round); the host ones stay."""
+        for key in [key for key in self._flat if key[1].type != "cpu"]:
+            del self._flat[key]
+
+    def held(self) -> dict[str, int]:
+        """Bytes held per device (`cpu`, `cuda:0`, ...)."""
+        held: dict[str, int] = {}
+        for (_, device), flat in self._flat.items():
+            held[str(device)] = held.get(str(device), 0) + flat.numel() * flat.element_size()
+        return held
 
 
 def broadcast_state(
@@ -557,6 +572,8 @@ class WeightPublisher:
             discard_group(self._group)
             self._group, self._members = None, None  # a member died mid-round: the next round forms a new group
             raise
+        finally:
+            self._pack.release_device()  # GPU memory the update is about to need
 
     def forget(self, replica: int) -> None:
         """A rollout went away or restarted: the next round forms a new group."""
@@ -636,6 +653,8 @@ class WeightSubscriber:
             discard_group(self._group)
             self._group = None  # the actor forms a new group after a failure
             raise
+        finally:
+            self._pack.release_device()  # GPU memory the engine's cache can use until the next round
 
     def receive(self, key: str, version: int, actor_tag: str, model: nn.Module) -> None:
         """Accept the sync (saying where `model` is), then receive into `model`."""

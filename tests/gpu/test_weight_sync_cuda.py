@@ -53,6 +53,30 @@ def test_an_actor_and_a_rollout_on_one_gpu_sync_by_gloo_from_cuda_tensors_into_c
     publisher.close()
 
 
+@pytest.mark.parametrize(
+    ("actor_gpu", "rollout_gpu", "backend"),
+    [(0, 0, "gloo"), pytest.param(0, 1, "nccl", marks=TWO_GPUS)],
+)
+def test_a_round_leaves_no_gpu_memory_allocated_behind(actor_gpu: int, rollout_gpu: int, backend: str):
+    """The pack buffers on a GPU (the receiver's under gloo, both sides' under NCCL) go at the end of each round:
+    what was allocated before a round is what is allocated after it, on every GPU, round after round."""
+    space = gymnasium.make("CartPole-v1").action_space
+    here, there = torch.device("cuda", actor_gpu), torch.device("cuda", rollout_gpu)
+    actor, rollout, port = MLPActorCritic(4, space).to(here), MLPActorCritic(4, space).to(there), free_port()
+    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
+    subscriber = WeightSubscriber("127.0.0.1", port, 1)
+    devices = sorted({here, there}, key=str)
+    for version in (1, 2, 3):
+        perturb(actor)
+        before = {device: torch.cuda.memory_allocated(device) for device in devices}
+        assert sync_round(publisher, actor, version, {0: ("rollout-0", subscriber, rollout)}) == {0: None}
+        assert publisher.backend == backend
+        assert_same_weights(actor, rollout, there)
+        assert {device: torch.cuda.memory_allocated(device) for device in devices} == before, version
+        assert "cuda" not in "".join(publisher._pack.held()) + "".join(subscriber._pack.held())
+    publisher.close()
+
+
 def test_a_sharded_source_gathers_onto_the_gpu_for_nccl_and_onto_the_host_for_gloo():
     """`ShardedWeights.full` on one rank (no shards to gather): the tensor in the wire dtype, on the device asked."""
     gpu = torch.device("cuda", 0)

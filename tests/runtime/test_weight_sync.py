@@ -15,6 +15,7 @@ from rljob.runtime import weight_sync
 from rljob.runtime.gym.models import MLPActorCritic
 from rljob.runtime.weight_sync import (
     AcceptDeadlines,
+    PackBuffer,
     SyncAborted,
     SyncRefused,
     WeightPublisher,
@@ -95,6 +96,30 @@ def test_one_broadcast_reaches_every_rollout_and_the_group_is_kept_while_members
             assert_same_weights(actor, model)
     group_of = {key.rsplit("|", 3)[0] for plan in keys for key in plan.values()}
     assert len(group_of) == 1  # same members, same group: no re-forming between versions
+    publisher.close()
+
+
+def test_a_pack_buffer_lets_its_device_buffers_go_and_keeps_the_host_ones():
+    """The end of a round: off the host, a buffer is memory the update or the engine needs until the next round
+    ('meta' stands for a GPU here: a device whose buffers cost no memory on this machine)."""
+    pack = PackBuffer()
+    host = pack.take(1000, torch.float32)
+    pack.take(10, torch.bfloat16)
+    pack.take(500, torch.float32, torch.device("meta"))
+    assert pack.held() == {"cpu": 4000 + 20, "meta": 2000}
+    pack.release_device()
+    assert pack.held() == {"cpu": 4020}
+    assert pack.take(800, torch.float32).data_ptr() == host.data_ptr()  # the host buffer is reused as it was
+
+
+def test_a_round_on_the_host_keeps_its_pack_buffers_on_both_sides_for_the_next():
+    actor, _, publisher, rollouts = first_round_to_one_rollout()
+    _, subscriber, _ = rollouts[0]
+    sent, received = publisher._pack.held(), subscriber._pack.held()
+    assert set(sent) == set(received) == {"cpu"} and sent["cpu"] > 0 and received["cpu"] > 0
+    perturb(actor)
+    assert sync_round(publisher, actor, 2, rollouts) == {0: None}
+    assert publisher._pack.held() == sent and subscriber._pack.held() == received
     publisher.close()
 
 

@@ -18,6 +18,7 @@ Engines: `hf` (transformers `generate`, here) and `vllm` (`rljob.runtime.llm.vll
 from __future__ import annotations
 
 import copy
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -135,8 +136,60 @@ def sampling_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: f
     return torch.log_softmax(scaled, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+def compiles_decode(device: torch.device, collocated: bool) -> bool:
+    """Whether the hf engine generates with a static KV cache, which transformers compiles the decode step for.
+
+    On a GPU the decode step is launch-bound (NOTES.md): a static cache lets transformers compile it. Not when
+    collocated: its CUDA graphs would keep the memory `sleep` frees and point at the moved weights."""
+    return device.type == "cuda" and not collocated
+
+
+def batch_bucket(prompts: int, buckets: tuple[int, ...]) -> int:
+    """The number of prompts a generate call of `prompts` runs with: the smallest bucket that holds them, and
+    past the largest the next power of two (still a handful of shapes, however large the calls)."""
+    fitting = [b for b in buckets if b >= prompts]
+    return min(fitting) if fitting else 1 << math.ceil(math.log2(prompts))
+
+
+def generate_buckets(spec: Any) -> tuple[int, ...]:
+    """The batch buckets of a job's compiled decode: powers of two below its training chunk, and that chunk.
+
+    The actor sends a step's prompts in chunks of ceil(batchSize / (2 x rollout replicas)), so the usual call
+    runs unpadded; smaller calls (the last chunk, prompts re-sent one by one, a multi-turn episode's later turns
+    with fewer episodes left) pad to a power of two: at most twice their rows, in log2(chunk) + 1 shapes."""
+    replicas = max(1, spec.roles.rollout.replicas or 1)
+    chunk = max(1, math.ceil(spec.trainer.batch_size / (2 * replicas)))
+    powers = tuple(1 << i for i in range(chunk.bit_length()) if 1 << i < chunk)
+    return (*powers, chunk)
+
+
+def job_cache_len(spec: Any) -> int:
+    """Token positions a job's single-turn calls need at most: its longest prompt and response."""
+    return spec.task.llm.max_prompt_length + (spec.rollout.max_tokens or spec.task.llm.max_response_length)
+
+
+class _EndPaddingRows:
+    """A logits processor that ends the padding rows (from row `first` on) at their first token, an end of
+    sequence: they never keep the decode loop running after the real rows are done."""
+
+    def __init__(self, first: int, eos: int) -> None:
+        self.first = first
+        self.eos = eos
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = scores.clone()
+        scores[self.first :] = -math.inf
+        scores[self.first :, self.eos] = 0.0
+        return scores
+
+
 class HFEngine:
-    """Batched sampling with transformers' `generate` (KV cache; a static, compiled cache on CUDA)."""
+    """Batched sampling with transformers' `generate` (KV cache; a static, compiled cache on CUDA).
+
+    Where the decode is compiled (`compiles_decode`), every new batch shape compiles it again and records new CUDA
+    graphs: `batch_buckets` pads each call's prompts up to a bucket (copies of its last prompt, ended at their
+    first token and dropped before anything sees them), and `cache_len` sizes the static cache for the job's
+    longest prompt and response, so that calls of the same bucket reuse one compiled decode."""
 
     def __init__(
         self,
@@ -145,6 +198,8 @@ class HFEngine:
         device: torch.device,
         weight_sync: WeightSyncSettings | None = None,
         collocated: bool = False,
+        batch_buckets: tuple[int, ...] | None = None,
+        cache_len: int | None = None,
     ) -> None:
         self.model = model.eval()
         self.weight_sync = weight_sync
@@ -161,9 +216,11 @@ class HFEngine:
         extra_eos = getattr(generation_config, "eos_token_id", None)
         if extra_eos is not None:
             self.eos_ids |= set(extra_eos if isinstance(extra_eos, list) else [extra_eos])
-        # On a GPU the decode step is launch-bound (NOTES.md): a static cache lets transformers compile it. Not
-        # when collocated: its CUDA graphs would keep the memory `sleep` frees and point at the moved weights.
-        self.cache_implementation = "static" if device.type == "cuda" and not collocated else None
+        self.cache_implementation = "static" if compiles_decode(device, collocated) else None
+        self.batch_buckets = batch_buckets
+        """Prompt counts each call is padded up to (`batch_bucket`); None: every call runs as it comes."""
+        self.cache_len = cache_len if self.cache_implementation == "static" else None
+        self.end_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else min(self.eos_ids)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[list[Completion]]:
@@ -171,6 +228,9 @@ class HFEngine:
 
         if not prompts:
             return []
+        real = len(prompts)
+        if self.batch_buckets is not None:  # copies of a real prompt: rows the model computes without trouble
+            prompts = prompts + [prompts[-1]] * (batch_bucket(real, self.batch_buckets) - real)
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -196,17 +256,26 @@ class HFEngine:
             output_logits=True,
             cache_implementation=self.cache_implementation,
         )
+        if self.cache_len is not None:  # a longer call still runs: transformers sizes that cache for it
+            config.max_cache_len = self.cache_len
+        real_rows = real * sampling.n  # each prompt's n rows are adjacent, the padding prompts' rows last
+        processors = None
+        if len(prompts) > real:
+            from transformers import LogitsProcessorList
+
+            processors = LogitsProcessorList([_EndPaddingRows(real_rows, self.end_id)])
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
             generation_config=config,
+            logits_processor=processors,
             tokenizer=self.tokenizer if sampling.stop else None,
         )
-        new_tokens = out.sequences[:, width:]
-        logits = torch.stack(out.logits, dim=1)  # [B * n, T, V], before any logits processor
+        new_tokens = out.sequences[:real_rows, width:]
+        logits = torch.stack([step[:real_rows] for step in out.logits], dim=1)  # [B * n, T, V], before processors
         # Whole tensors to lists once: indexing a tensor row by row costs more than the rest of this loop.
         logprob_rows = sampling_logprobs(logits, new_tokens, sampling.temperature).cpu().tolist()
-        completions: list[list[Completion]] = [[] for _ in prompts]
+        completions: list[list[Completion]] = [[] for _ in range(real)]
         for row, tokens in enumerate(new_tokens.cpu().tolist()):
             length, reason = self._length(tokens, sampling)
             completions[row // sampling.n].append(Completion(tokens[:length], logprob_rows[row][:length], reason))
@@ -288,6 +357,16 @@ def build_engine(context: RoleContext, device: torch.device) -> GenerationEngine
         return start_vllm_engine(context, sync)
     if spec.rollout.engine in (None, "hf"):
         model, tokenizer = load_job_policy(context, device)
+        collocated = spec.roles.rollout.collocated
+        compiled = compiles_decode(device, collocated)
         # In the dtype the actor sends, not the one this device would pick (a bf16 CUDA actor, a CPU rollout).
-        return HFEngine(model.to(dtype=sent_dtype(spec)), tokenizer, device, sync, spec.roles.rollout.collocated)
+        return HFEngine(
+            model.to(dtype=sent_dtype(spec)),
+            tokenizer,
+            device,
+            sync,
+            collocated,
+            batch_buckets=generate_buckets(spec) if compiled else None,
+            cache_len=job_cache_len(spec) if compiled else None,
+        )
     raise ValueError(f"spec.rollout.engine {spec.rollout.engine!r}: llm rollouts generate with hf or vllm")

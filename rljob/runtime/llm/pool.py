@@ -31,6 +31,14 @@ limited = LimitedLog(log)
 SYNC_REPLY_TIMEOUT_S = 60.0
 REVIVE_INTERVAL_S = 1.0
 """How often, while chunks wait for a replica, the replicas without weights are asked whether they are back."""
+SLEEP_TIMEOUT_S = 600.0
+"""How long the actor waits for a collocated rollout to free its GPU memory (it ends its chunk in progress first)."""
+SLEEP_NOTICE_S = 60.0
+"""How often the actor says, while it waits for a collocated rollout to sleep, what it waits for."""
+
+
+class RolloutAwake(RuntimeError):
+    """A collocated rollout did not free its GPU memory in time: training beside its engine could run out of it."""
 
 
 @dataclass
@@ -213,23 +221,59 @@ class RolloutPool:
             links = [link for link in links if link.version != version and link.replica not in refused]
 
     def sleep(self) -> float:
-        """Have every live replica free its GPU memory (collocated rollouts, before the actor trains); seconds."""
-        return self._tell("sleep")
+        """Have every live replica free its GPU memory (collocated rollouts, before the actor trains); seconds.
+
+        A replica ends the chunk it is generating first (a leftover one, say): it answers at once whether it is
+        asleep and is asked again until it is, for `SLEEP_TIMEOUT_S` at most; then `RolloutAwake`."""
+        started = time.perf_counter()
+        deadline = time.monotonic() + SLEEP_TIMEOUT_S
+        notice = time.monotonic() + SLEEP_NOTICE_S
+        waiting = [link for link in self.links if link.tag]
+        while waiting:
+            requests = [(link, link.client.send("sleep", {"actor_tag": self.actor_tag})) for link in waiting]
+            awake: list[tuple[RolloutLink, float]] = []
+            for link, request in requests:
+                try:
+                    reply = link.client.receive(request, timeout=SYNC_REPLY_TIMEOUT_S, retries=0)
+                except TransportError as exc:  # gone or restarted: a new incarnation starts awake, and is synced
+                    reason = f"sleep:{link.replica}:{reason_of(exc)}"
+                    limited.warning(reason, "rollout %d: sleep failed (%s)", link.replica, exc)
+                    self._check(link)
+                    continue
+                if not reply["asleep"]:
+                    awake.append((link, float(reply["generating_s"])))
+            waiting = [link for link, _ in awake]
+            if not awake:
+                break
+            now = time.monotonic()
+            if now >= deadline or now >= notice:
+                link, generating_s = awake[0]
+                what = (
+                    f"it is still generating a chunk it started {generating_s:.0f}s ago"
+                    if generating_s
+                    else "it has not slept its engine yet"
+                )
+                if now >= deadline:
+                    raise RolloutAwake(
+                        f"rollout {link.replica} did not free its GPU memory within {SLEEP_TIMEOUT_S:g}s: {what}; "
+                        "the actor does not train beside an awake engine on the GPUs they share"
+                    )
+                log.warning("rollout %d: training waits for it to sleep: %s", link.replica, what)
+                notice = now + SLEEP_NOTICE_S
+        return time.perf_counter() - started
 
     def wake(self) -> float:
-        """Have every live replica take its GPU memory back (before weights and generation); seconds."""
-        return self._tell("wake")
+        """Have every live replica take its GPU memory back (before weights and generation); seconds.
 
-    def _tell(self, what: str) -> float:
-        """Send `what` to every replica we know and wait for each answer (given after the replica acted)."""
+        Each answers once it did (waking never waits for a chunk: none runs while a replica sleeps)."""
         started = time.perf_counter()
-        requests = [(link, link.client.send(what, {"actor_tag": self.actor_tag})) for link in self.links if link.tag]
+        requests = [(link, link.client.send("wake", {"actor_tag": self.actor_tag})) for link in self.links if link.tag]
         for link, request in requests:
             try:
                 link.client.receive(request, timeout=SYNC_REPLY_TIMEOUT_S, retries=0)
             except TransportError as exc:  # gone or restarted: a new incarnation starts awake, and is synced
                 limited.warning(
-                    f"{what}:{link.replica}:{reason_of(exc)}", "rollout %d: %s failed (%s)", link.replica, what, exc
+                    f"wake:{link.replica}:{reason_of(exc)}", "rollout %d: wake failed (%s)", link.replica, exc
                 )
                 self._check(link)
         return time.perf_counter() - started

@@ -8,8 +8,10 @@ Requests (any replica may answer any request):
 - `sync_weights {version, key, actor_tag, rollout_tag}` hands a new policy version to the receiving thread
   and returns at once; `status` answers at any time;
 - `sleep {actor_tag}` / `wake {actor_tag}` (a collocated rollout, `roles.rollout.collocated`): the actor trains on
-  the GPUs this rollout shares, so it asks it to free its GPU memory (after the chunk being generated, if any;
-  no chunk starts while asleep) and answers once it did; `wake` takes the memory back.
+  the GPUs this rollout shares, so it asks it to free its GPU memory. `sleep` stops chunks from starting and is
+  answered within `SLEEP_WAIT_S` with whether the memory is free yet (the generating thread frees it once the
+  chunk being generated, if any, ends): the actor asks again until it is, and the request thread stays free for
+  the other requests meanwhile. `wake` takes the memory back and answers once it did.
 
 Three threads: the request thread answers, the generating thread generates one chunk at a time, the
 receiving thread takes new weights in (`engine.receive_weights`: the hf engine receives into a staging
@@ -36,6 +38,8 @@ from rljob.runtime.transport import Payload, RequestServer, process_tag
 from rljob.runtime.weight_sync import SyncAborted
 
 RESULTS_WAIT_S = 0.2
+SLEEP_WAIT_S = 0.2
+"""How long a `sleep` request waits for the engine to be asleep before answering that it is not yet."""
 
 
 class StaleIncarnation(RuntimeError):
@@ -66,8 +70,12 @@ class GenerationServer:
         self.chunks = 0
         self.asleep = False
         """Told to sleep by a collocated actor: no chunk starts until `wake`."""
-        self.generating = False
-        """A chunk is being generated (`sleep` waits for it to end)."""
+        self.slept = False
+        """The engine's memory is freed (the generating thread sleeps it once told to and no chunk runs)."""
+        self.generating_since: float | None = None
+        """When the chunk being generated started (monotonic seconds), None between chunks."""
+        self.turns = threading.Lock()
+        """Held while the engine sleeps or wakes: the generating thread sleeps it, the request thread wakes it."""
         self.sleeps = 0
 
     # --- request thread -----------------------------------------------------------------------
@@ -79,6 +87,7 @@ class GenerationServer:
                 "version": max(self.version, self.staged_version),
                 "actor_tag": self.actor_tag,
                 "queued": len(self.queue),
+                "asleep": self.slept,
             }
 
     def sync_weights(self, request: Payload) -> Payload:
@@ -112,21 +121,31 @@ class GenerationServer:
         return {"results": done, "tag": self.tag}
 
     def sleep(self, request: Payload) -> Payload:
-        """Free the engine's GPU memory once no chunk is being generated; answered after it is freed."""
+        """Start no chunk from now on and have the engine's memory freed; `asleep` says whether it is already.
+
+        Never waits for a chunk (a long one would hold every other request up): the generating thread frees the
+        memory when its chunk ends, and the actor asks again until `asleep` is true."""
         with self.lock:
             self.asleep = True
-            self.lock.wait_for(lambda: not self.generating)
-        self.engine.sleep()
-        self.sleeps += 1
-        if self.sleeps == 1:
-            self.context.log.info("collocated: the engine sleeps while the actor trains and wakes before it generates")
-        return {"asleep": True, "tag": self.tag}
+            self.lock.notify_all()
+            self.lock.wait_for(lambda: self.slept, timeout=SLEEP_WAIT_S)
+            since = self.generating_since
+            return {
+                "asleep": self.slept,
+                "generating_s": 0.0 if since is None else time.monotonic() - since,
+                "tag": self.tag,
+            }
 
     def wake(self, request: Payload) -> Payload:
-        self.engine.wake()
         with self.lock:
-            self.asleep = False
+            self.asleep = False  # a sleep not applied yet (its chunk still running) is called off
             self.lock.notify_all()
+        with self.turns:
+            if self.slept:
+                self.engine.wake()
+                with self.lock:
+                    self.slept = False
+                    self.lock.notify_all()
         return {"asleep": False, "tag": self.tag}
 
     # --- receiving thread ---------------------------------------------------------------------
@@ -169,11 +188,27 @@ class GenerationServer:
             with self.lock:
                 self.version = swapped
 
+    def _sleep_if_told(self) -> None:
+        """Free the engine's memory when told to sleep and not asleep yet (between chunks: none runs now)."""
+        with self.turns:
+            with self.lock:
+                if not self.asleep or self.slept:
+                    return
+            self.engine.sleep()
+            with self.lock:
+                self.slept = True
+                self.sleeps += 1
+                self.lock.notify_all()
+        if self.sleeps == 1:
+            self.context.log.info("collocated: the engine sleeps while the actor trains and wakes before it generates")
+
     def _next_chunk(self) -> dict[str, Any] | None:
+        """The next chunk to generate; None when there is none yet, or the engine is to sleep first."""
         with self.lock:
             ready = self.lock.wait_for(
                 lambda: (
                     self.context.stop.is_set()
+                    or (self.asleep and not self.slept)
                     or (
                         not self.asleep
                         and bool(self.queue)
@@ -182,13 +217,14 @@ class GenerationServer:
                 ),
                 timeout=0.5,
             )
-            if not ready or self.context.stop.is_set():
+            if not ready or self.context.stop.is_set() or self.asleep:
                 return None
-            self.generating = True
+            self.generating_since = time.monotonic()
             return self.queue.popleft()
 
     def work(self) -> None:
         while not self.context.stop.is_set():
+            self._sleep_if_told()
             chunk = self._next_chunk()
             if chunk is None:
                 continue
@@ -196,7 +232,7 @@ class GenerationServer:
                 self._generate(chunk)
             finally:
                 with self.lock:
-                    self.generating = False
+                    self.generating_since = None
                     self.lock.notify_all()
 
     def _generate(self, chunk: dict[str, Any]) -> None:

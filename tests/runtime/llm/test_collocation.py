@@ -8,6 +8,8 @@ ones: tests/gpu/test_cuda_ipc.py).
 from __future__ import annotations
 
 import copy
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,13 +19,16 @@ import yaml
 from rljob.api import validate_job
 from rljob.launch.local import free_ports
 from rljob.runtime.identity import local_identities, ports_needed
+from rljob.runtime.llm import pool as pool_module
 from rljob.runtime.llm.engine import Completion, HFEngine, Sampling, WeightSyncSettings
-from rljob.runtime.llm.pool import RolloutPool
+from rljob.runtime.llm.pool import RolloutAwake, RolloutPool
+from rljob.runtime.transport import RequestClient
 from rljob.runtime.weight_ipc import IpcWeightPublisher
 from tests.runtime.llm.test_engine import CPU
 from tests.runtime.llm.test_membership import RolloutReplica, run_step, tiny_policy
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "grpo-tiny-arithmetic.yaml"
+SAMPLING = Sampling(n=2, max_tokens=3).to_wire()
 
 
 def collocated_job():
@@ -37,10 +42,14 @@ class RecordingEngine(HFEngine):
     """The hf engine, writing down when it generates, sleeps and wakes (the order is what is tested)."""
 
     events: list[str]
+    gate: threading.Event | None = None
+    """When set: a chunk ends only once the test opens the gate (a chunk that runs as long as the test wants)."""
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[list[Completion]]:
         self.events.append("generate")
         try:
+            if self.gate is not None:
+                assert self.gate.wait(60), "the test never let the chunk end"
             return super().generate(prompts, sampling)
         finally:
             self.events.append("generated")
@@ -144,5 +153,82 @@ def test_sleep_waits_for_the_chunk_being_generated(tmp_path, policy):
             results = pool.poll()
         assert [r.chunk.meta for r in results] == ["long"]
     finally:
+        pool.close()
+        rollout.stop()
+
+
+def wait_until_generating(engine: RecordingEngine) -> None:
+    for _ in range(1000):
+        if "generate" in engine.events:
+            return
+        time.sleep(0.01)
+    raise AssertionError("the chunk never started")
+
+
+def rollout_status(rollout: CollocatedRollout) -> dict:
+    """The rollout's answer to a status request, asked on a connection of its own (no retry: one chance)."""
+    client = RequestClient(rollout.endpoint, timeout=5.0, retries=0)
+    try:
+        return client.call("status")
+    finally:
+        client.close()
+
+
+def test_a_sleep_asked_during_a_long_chunk_leaves_the_rollout_answering_and_the_actor_waits(tmp_path, policy):
+    model, tokenizer = policy
+    rollout = start_collocated_rollout(model, tokenizer)
+    rollout.engine.gate = threading.Event()
+    publisher = IpcWeightPublisher("actor-a", root=tmp_path)
+    pool = RolloutPool(rollout.context.identity.endpoints["rollout"], publisher, "actor-a")
+    prompts = [tokenizer(text)["input_ids"] for text in ("3+4=", "1+2=")]
+    sleeping: list[float] = []
+    actor = threading.Thread(target=lambda: sleeping.append(pool.sleep()))
+    try:
+        pool.sync(1, model)
+        pool.submit(prompts, SAMPLING, 1, meta="leftover")
+        wait_until_generating(rollout.engine)
+        actor.start()  # the actor asks the rollout to sleep before it trains, the chunk still running
+        for _ in range(3):  # the rollout keeps answering while its chunk runs
+            assert rollout_status(rollout)["asleep"] is False
+        assert actor.is_alive() and not sleeping  # and the actor does not train beside the awake engine
+        rollout.engine.gate.set()  # the chunk ends: the engine sleeps, then the actor goes on
+        actor.join(30)
+        assert not actor.is_alive() and len(sleeping) == 1
+        assert rollout.engine.events == ["generate", "generated", "sleep"]
+        assert rollout_status(rollout)["asleep"] is True
+        pool.wake()
+        assert rollout_status(rollout)["asleep"] is False
+        results = []
+        while not results:
+            results = pool.poll()
+        assert [r.chunk.meta for r in results] == ["leftover"]
+    finally:
+        rollout.engine.gate.set()
+        actor.join(30)
+        pool.close()
+        rollout.stop()
+
+
+def test_a_rollout_that_does_not_sleep_in_time_fails_the_actor_naming_it(tmp_path, policy, monkeypatch):
+    model, tokenizer = policy
+    rollout = start_collocated_rollout(model, tokenizer)
+    rollout.engine.gate = threading.Event()
+    publisher = IpcWeightPublisher("actor-a", root=tmp_path)
+    pool = RolloutPool(rollout.context.identity.endpoints["rollout"], publisher, "actor-a")
+    prompts = [tokenizer(text)["input_ids"] for text in ("3+4=", "1+2=")]
+    monkeypatch.setattr(pool_module, "SLEEP_TIMEOUT_S", 1.0)
+    try:
+        pool.sync(1, model)
+        pool.submit(prompts, SAMPLING, 1, meta="stuck")
+        wait_until_generating(rollout.engine)
+        with pytest.raises(RolloutAwake, match=r"rollout 0 did not free its GPU memory within 1s: .*still generating"):
+            pool.sleep()
+        assert "sleep" not in rollout.engine.events
+        # The rollout itself is unharmed: its chunk ends and it sleeps as asked.
+        rollout.engine.gate.set()
+        pool.sleep()
+        assert rollout.engine.events == ["generate", "generated", "sleep"]
+    finally:
+        rollout.engine.gate.set()
         pool.close()
         rollout.stop()

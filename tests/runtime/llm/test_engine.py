@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
+
 import pytest
 import torch
 
+from rljob.api.loading import load_job_file
 from rljob.api.spec import BuiltinNetwork, DatasetSpec, LLMTask, ModelSpec
 from rljob.runtime.llm.data import arithmetic_rows
-from rljob.runtime.llm.engine import Completion, HFEngine, Sampling
+from rljob.runtime.llm.engine import (
+    Completion,
+    HFEngine,
+    Sampling,
+    batch_bucket,
+    compiles_decode,
+    generate_buckets,
+    job_cache_len,
+)
 from rljob.runtime.llm.learner import collate, token_logprobs
 from rljob.runtime.llm.policy import load_policy
 
 TASK = LLMTask(dataset=DatasetSpec(builtin="arithmetic", size=40), max_prompt_length=16, max_response_length=12)
 TINY = ModelSpec(source="builtin", builtin=BuiltinNetwork(architecture="tiny-qwen2", hidden_size=32, num_layers=2))
 CPU = torch.device("cpu")
+EXAMPLE = Path(__file__).parents[3] / "examples" / "grpo-tiny-arithmetic.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +148,144 @@ def test_a_stop_string_ends_a_completion(policy, prompts):
 def test_sampling_travels_over_the_wire_unchanged():
     sampling = Sampling(n=3, temperature=0.5, top_p=0.9, top_k=5, max_tokens=7, stop=("\n", "##"), greedy=False)
     assert Sampling.from_wire(sampling.to_wire()) == sampling
+
+
+# --- batch buckets (the compiled decode's shapes) ---------------------------------------------------------------
+
+
+class CountingEngine(HFEngine):
+    """The hf engine, writing down the batch of every forward pass the model runs (padding rows included)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches: list[int] = []
+        self.model.register_forward_pre_hook(lambda _, args, kwargs: self._count(kwargs), with_kwargs=True)
+
+    def _count(self, kwargs) -> None:
+        self.batches.append(int(kwargs["input_ids"].shape[0]))
+
+
+def counting_engine(policy, buckets: tuple[int, ...] | None) -> CountingEngine:
+    model, tokenizer = policy
+    return CountingEngine(copy.deepcopy(model), tokenizer, CPU, batch_buckets=buckets)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_padding_to_a_bucket_leaves_the_real_prompts_greedy_completions_unchanged(policy, prompts, n):
+    sampling = Sampling(n=n, greedy=True, max_tokens=8)
+    plain = counting_engine(policy, None)
+    padded = counting_engine(policy, (8,))
+    for count in (1, 3):
+        expected = plain.generate(prompts[:count], sampling)
+        got = padded.generate(prompts[:count], sampling)
+        assert [[c.token_ids for c in g] for g in got] == [[c.token_ids for c in g] for g in expected]
+        assert [[c.finish_reason for c in g] for g in got] == [[c.finish_reason for c in g] for g in expected]
+        for g_got, g_expected in zip(got, expected, strict=True):
+            for c_got, c_expected in zip(g_got, g_expected, strict=True):
+                assert c_got.logprobs == pytest.approx(c_expected.logprobs, abs=1e-5)
+    assert set(plain.batches) == {1 * n, 3 * n}
+    assert set(padded.batches) == {8 * n}  # every forward ran on the bucket, padding rows included
+
+
+def test_padding_rows_never_reach_the_completions_and_end_at_once(policy, prompts):
+    engine = counting_engine(policy, (4, 8))
+    eos = policy[1].eos_token_id
+    torch.manual_seed(3)
+    out = engine.generate(prompts[:3], Sampling(n=2, temperature=1.0, max_tokens=12))
+    assert engine.batches[0] == 4 * 2  # three prompts ran as four
+    assert len(out) == 3 and all(len(group) == 2 for group in out)
+    for group in out:
+        for completion in group:
+            assert_well_formed(completion, eos, 12)
+
+
+def test_padding_rows_end_at_their_first_token_so_the_decode_runs_as_long_as_the_real_rows(policy, prompts):
+    """Seven sampled padding rows beside one real row would most likely outlast it; they end at once instead."""
+    engine = counting_engine(policy, (8,))
+    for seed in range(4):
+        torch.manual_seed(seed)
+        engine.batches.clear()
+        [[completion]] = engine.generate(prompts[:1], Sampling(n=1, temperature=1.0, max_tokens=40))
+        assert engine.batches[0] == 8
+        # One forward per token of the real row (the prefill gives the first): none for the padding rows.
+        assert len(engine.batches) == len(completion.token_ids)
+
+
+@pytest.mark.parametrize(
+    ("prompts", "buckets", "expected"),
+    [
+        (1, (1, 2, 4, 6), 1),
+        (3, (1, 2, 4, 6), 4),
+        (5, (1, 2, 4, 6), 6),
+        (6, (1, 2, 4, 6), 6),
+        (7, (1, 2, 4, 6), 8),  # past the largest bucket: the next power of two
+        (33, (1, 2, 4, 6), 64),
+        (8, (8,), 8),
+    ],
+)
+def test_a_call_runs_with_the_smallest_bucket_that_holds_it(prompts, buckets, expected):
+    assert batch_bucket(prompts, buckets) == expected
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "replicas", "expected"),
+    [
+        (16, 1, (1, 2, 4, 8)),  # chunks of 8: a power of two already
+        (24, 1, (1, 2, 4, 8, 12)),  # chunks of 12: unpadded, and the smaller calls by powers of two
+        (64, 2, (1, 2, 4, 8, 16)),
+        (1, 3, (1,)),
+    ],
+)
+def test_the_buckets_are_the_jobs_training_chunk_and_the_powers_of_two_below_it(batch_size, replicas, expected):
+    job = load_job_file(EXAMPLE)
+    spec = job.spec.model_copy(deep=True)
+    spec.trainer.batch_size = batch_size
+    spec.roles.rollout.replicas = replicas
+    assert generate_buckets(spec) == expected
+
+
+def test_only_the_compiled_decode_is_bucketed_and_sized():
+    assert compiles_decode(torch.device("cuda"), collocated=False)
+    assert not compiles_decode(torch.device("cuda"), collocated=True)  # collocated: no static cache
+    assert not compiles_decode(CPU, collocated=False)
+    spec = load_job_file(EXAMPLE).spec
+    assert job_cache_len(spec) == spec.task.llm.max_prompt_length + spec.task.llm.max_response_length
+
+
+def compiling_engine(policy, buckets: tuple[int, ...] | None) -> HFEngine:
+    """The engine as it runs on CUDA (static cache, sized for the job), with transformers compiling its decode
+    on the CPU too: its `compile_config` flag for that, and dynamo's eager backend (no code generation)."""
+    from transformers import CompileConfig
+
+    model, tokenizer = policy
+    model = copy.deepcopy(model)
+    config = CompileConfig(backend="eager", mode=None)
+    config._compile_all_devices = True
+    model.generation_config.compile_config = config
+    engine = HFEngine(model, tokenizer, CPU, batch_buckets=buckets)
+    engine.cache_implementation, engine.cache_len = "static", TASK.max_prompt_length + 8
+    return engine
+
+
+def test_calls_of_one_bucket_reuse_the_compiled_decode_and_another_batch_compiles_again(policy, prompts):
+    """What the buckets are for, counted in the graphs dynamo compiled (tests/gpu/test_hf_decode_cuda.py counts
+    them on a GPU, where each new batch also records new CUDA graphs)."""
+    from torch._dynamo.utils import counters
+
+    sampling = Sampling(n=2, temperature=1.0, max_tokens=8)
+    torch._dynamo.reset()
+    counters.clear()
+    bucketed = compiling_engine(policy, (2, 4))
+    bucketed.generate(prompts[:3], sampling)
+    compiled = counters["stats"]["unique_graphs"]
+    assert compiled > 0, "transformers did not compile the decode: nothing here is measured"
+    for count in (4, 3, 4):  # two real batch sizes, prompts of 4 and 6 tokens: one bucket
+        assert len(bucketed.generate(prompts[:count], sampling)) == count
+    assert counters["stats"]["unique_graphs"] == compiled
+
+    torch._dynamo.reset()  # forget the bucket's decode: the same two batch sizes without buckets compile again
+    plain = compiling_engine(policy, None)
+    plain.generate(prompts[:3], sampling)
+    before = counters["stats"]["unique_graphs"]
+    plain.generate(prompts[:4], sampling)
+    assert counters["stats"]["unique_graphs"] > before
