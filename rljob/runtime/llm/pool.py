@@ -37,8 +37,17 @@ SLEEP_NOTICE_S = 60.0
 """How often the actor says, while it waits for a collocated rollout to sleep, what it waits for."""
 
 
+TURN_REPLY_TIMEOUT_S = 10.0
+"""A collocated rollout answers `sleep` and `wake` within a fraction of a second (its generating thread does the
+work): no answer in this long means it is gone, not busy."""
+
+
 class RolloutAwake(RuntimeError):
     """A collocated rollout did not free its GPU memory in time: training beside its engine could run out of it."""
+
+
+class RolloutAsleep(RuntimeError):
+    """A collocated rollout did not take its GPU memory back in time: it cannot take weights in or generate."""
 
 
 @dataclass
@@ -225,57 +234,61 @@ class RolloutPool:
 
         A replica ends the chunk it is generating first (a leftover one, say): it answers at once whether it is
         asleep and is asked again until it is, for `SLEEP_TIMEOUT_S` at most; then `RolloutAwake`."""
+        return self._take_turns("sleep", asleep=True)
+
+    def wake(self) -> float:
+        """Have every live replica take its GPU memory back (before weights and generation); seconds.
+
+        Asked as `sleep` is, until each says it is awake (`SLEEP_TIMEOUT_S` at most; then `RolloutAsleep`)."""
+        return self._take_turns("wake", asleep=False)
+
+    def _take_turns(self, method: str, asleep: bool) -> float:
+        """Ask every live replica to `method` until each says `asleep` is as wanted. A replica that does not
+        answer within TURN_REPLY_TIMEOUT_S is gone (a new incarnation starts awake, and is synced): it is
+        checked and left out, so a dead rollout costs seconds, not a reply timeout."""
         started = time.perf_counter()
         deadline = time.monotonic() + SLEEP_TIMEOUT_S
         notice = time.monotonic() + SLEEP_NOTICE_S
         waiting = [link for link in self.links if link.tag]
         while waiting:
-            requests = [(link, link.client.send("sleep", {"actor_tag": self.actor_tag})) for link in waiting]
-            awake: list[tuple[RolloutLink, float]] = []
+            requests = [(link, link.client.send(method, {"actor_tag": self.actor_tag})) for link in waiting]
+            behind: list[tuple[RolloutLink, float]] = []
             for link, request in requests:
                 try:
-                    reply = link.client.receive(request, timeout=SYNC_REPLY_TIMEOUT_S, retries=0)
-                except TransportError as exc:  # gone or restarted: a new incarnation starts awake, and is synced
-                    reason = f"sleep:{link.replica}:{reason_of(exc)}"
-                    limited.warning(reason, "rollout %d: sleep failed (%s)", link.replica, exc)
+                    reply = link.client.receive(request, timeout=TURN_REPLY_TIMEOUT_S, retries=0)
+                except TransportError as exc:
+                    reason = f"{method}:{link.replica}:{reason_of(exc)}"
+                    limited.warning(reason, "rollout %d: %s failed (%s)", link.replica, method, exc)
                     self._check(link)
                     continue
-                if not reply["asleep"]:
-                    awake.append((link, float(reply["generating_s"])))
-            waiting = [link for link, _ in awake]
-            if not awake:
+                if reply["asleep"] != asleep:
+                    behind.append((link, float(reply.get("generating_s", 0.0))))
+            waiting = [link for link, _ in behind]
+            if not behind:
                 break
             now = time.monotonic()
             if now >= deadline or now >= notice:
-                link, generating_s = awake[0]
-                what = (
-                    f"it is still generating a chunk it started {generating_s:.0f}s ago"
-                    if generating_s
-                    else "it has not slept its engine yet"
-                )
-                if now >= deadline:
-                    raise RolloutAwake(
-                        f"rollout {link.replica} did not free its GPU memory within {SLEEP_TIMEOUT_S:g}s: {what}; "
-                        "the actor does not train beside an awake engine on the GPUs they share"
+                link, generating_s = behind[0]
+                if asleep:
+                    what = (
+                        f"it is still generating a chunk it started {generating_s:.0f}s ago"
+                        if generating_s
+                        else "it has not slept its engine yet"
                     )
-                log.warning("rollout %d: training waits for it to sleep: %s", link.replica, what)
+                    if now >= deadline:
+                        raise RolloutAwake(
+                            f"rollout {link.replica} did not free its GPU memory within {SLEEP_TIMEOUT_S:g}s: "
+                            f"{what}; the actor does not train beside an awake engine on the GPUs they share"
+                        )
+                    log.warning("rollout %d: training waits for it to sleep: %s", link.replica, what)
+                else:
+                    if now >= deadline:
+                        raise RolloutAsleep(
+                            f"rollout {link.replica} did not take its GPU memory back within {SLEEP_TIMEOUT_S:g}s "
+                            "(its engine's wake has not returned): see its log"
+                        )
+                    log.warning("rollout %d: generation waits for its engine to wake", link.replica)
                 notice = now + SLEEP_NOTICE_S
-        return time.perf_counter() - started
-
-    def wake(self) -> float:
-        """Have every live replica take its GPU memory back (before weights and generation); seconds.
-
-        Each answers once it did (waking never waits for a chunk: none runs while a replica sleeps)."""
-        started = time.perf_counter()
-        requests = [(link, link.client.send("wake", {"actor_tag": self.actor_tag})) for link in self.links if link.tag]
-        for link, request in requests:
-            try:
-                link.client.receive(request, timeout=SYNC_REPLY_TIMEOUT_S, retries=0)
-            except TransportError as exc:  # gone or restarted: a new incarnation starts awake, and is synced
-                limited.warning(
-                    f"wake:{link.replica}:{reason_of(exc)}", "rollout %d: wake failed (%s)", link.replica, exc
-                )
-                self._check(link)
         return time.perf_counter() - started
 
     def _revive(self) -> None:

@@ -11,7 +11,9 @@ Requests (any replica may answer any request):
   the GPUs this rollout shares, so it asks it to free its GPU memory. `sleep` stops chunks from starting and is
   answered within `SLEEP_WAIT_S` with whether the memory is free yet (the generating thread frees it once the
   chunk being generated, if any, ends): the actor asks again until it is, and the request thread stays free for
-  the other requests meanwhile. `wake` takes the memory back and answers once it did.
+  the other requests meanwhile. `wake` is answered the same way: the generating thread takes the memory back
+  (vLLM's wake can take seconds) while the request thread stays free, so an actor that gets no answer within
+  a short timeout knows the rollout is gone rather than busy.
 
 Three threads: the request thread answers, the generating thread generates one chunk at a time, the
 receiving thread takes new weights in (`engine.receive_weights`: the hf engine receives into a staging
@@ -39,7 +41,8 @@ from rljob.runtime.weight_sync import SyncAborted
 
 RESULTS_WAIT_S = 0.2
 SLEEP_WAIT_S = 0.2
-"""How long a `sleep` request waits for the engine to be asleep before answering that it is not yet."""
+"""How long a `sleep` (`wake`) request waits for the engine to be asleep (awake) before answering that it is not
+yet."""
 
 
 class StaleIncarnation(RuntimeError):
@@ -74,8 +77,6 @@ class GenerationServer:
         """The engine's memory is freed (the generating thread sleeps it once told to and no chunk runs)."""
         self.generating_since: float | None = None
         """When the chunk being generated started (monotonic seconds), None between chunks."""
-        self.turns = threading.Lock()
-        """Held while the engine sleeps or wakes: the generating thread sleeps it, the request thread wakes it."""
         self.sleeps = 0
 
     # --- request thread -----------------------------------------------------------------------
@@ -137,16 +138,15 @@ class GenerationServer:
             }
 
     def wake(self, request: Payload) -> Payload:
+        """Have the engine's memory taken back before the next chunk; `asleep` says whether it still is.
+
+        Never waits for the engine (the generating thread wakes it); a sleep not applied yet (its chunk still
+        running) is called off. The actor asks again until `asleep` is false."""
         with self.lock:
-            self.asleep = False  # a sleep not applied yet (its chunk still running) is called off
+            self.asleep = False
             self.lock.notify_all()
-        with self.turns:
-            if self.slept:
-                self.engine.wake()
-                with self.lock:
-                    self.slept = False
-                    self.lock.notify_all()
-        return {"asleep": False, "tag": self.tag}
+            self.lock.wait_for(lambda: not self.slept, timeout=SLEEP_WAIT_S)
+            return {"asleep": self.slept, "tag": self.tag}
 
     # --- receiving thread ---------------------------------------------------------------------
 
@@ -188,18 +188,22 @@ class GenerationServer:
             with self.lock:
                 self.version = swapped
 
-    def _sleep_if_told(self) -> None:
-        """Free the engine's memory when told to sleep and not asleep yet (between chunks: none runs now)."""
-        with self.turns:
-            with self.lock:
-                if not self.asleep or self.slept:
-                    return
+    def _take_turn(self) -> None:
+        """Sleep or wake the engine as the actor last asked (between chunks: none runs now)."""
+        with self.lock:
+            if self.asleep == self.slept:
+                return
+            sleeping = self.asleep
+        if sleeping:
             self.engine.sleep()
-            with self.lock:
-                self.slept = True
+        else:
+            self.engine.wake()
+        with self.lock:
+            self.slept = sleeping
+            if sleeping:
                 self.sleeps += 1
-                self.lock.notify_all()
-        if self.sleeps == 1:
+            self.lock.notify_all()
+        if sleeping and self.sleeps == 1:
             self.context.log.info("collocated: the engine sleeps while the actor trains and wakes before it generates")
 
     def _next_chunk(self) -> dict[str, Any] | None:
@@ -208,23 +212,21 @@ class GenerationServer:
             ready = self.lock.wait_for(
                 lambda: (
                     self.context.stop.is_set()
-                    or (self.asleep and not self.slept)
+                    or self.asleep != self.slept
                     or (
-                        not self.asleep
-                        and bool(self.queue)
-                        and self.staged_version >= int(self.queue[0]["min_version"])
+                        not self.slept and bool(self.queue) and self.staged_version >= int(self.queue[0]["min_version"])
                     )
                 ),
                 timeout=0.5,
             )
-            if not ready or self.context.stop.is_set() or self.asleep:
+            if not ready or self.context.stop.is_set() or self.asleep or self.slept:
                 return None
             self.generating_since = time.monotonic()
             return self.queue.popleft()
 
     def work(self) -> None:
         while not self.context.stop.is_set():
-            self._sleep_if_told()
+            self._take_turn()
             chunk = self._next_chunk()
             if chunk is None:
                 continue

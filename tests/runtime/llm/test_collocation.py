@@ -21,7 +21,7 @@ from rljob.launch.local import free_ports
 from rljob.runtime.identity import local_identities, ports_needed
 from rljob.runtime.llm import pool as pool_module
 from rljob.runtime.llm.engine import Completion, HFEngine, Sampling, WeightSyncSettings
-from rljob.runtime.llm.pool import RolloutAwake, RolloutPool
+from rljob.runtime.llm.pool import RolloutAsleep, RolloutAwake, RolloutPool
 from rljob.runtime.transport import RequestClient
 from rljob.runtime.weight_ipc import IpcWeightPublisher
 from tests.runtime.llm.test_engine import CPU
@@ -58,7 +58,12 @@ class RecordingEngine(HFEngine):
         super().sleep()
         self.events.append("sleep")
 
+    wake_gate: threading.Event | None = None
+    """When set: a wake returns only once the test opens it (vLLM's wake of a large model takes seconds)."""
+
     def wake(self) -> None:
+        if self.wake_gate is not None:
+            assert self.wake_gate.wait(60), "the test never let the wake end"
         super().wake()
         self.events.append("wake")
 
@@ -230,5 +235,74 @@ def test_a_rollout_that_does_not_sleep_in_time_fails_the_actor_naming_it(tmp_pat
         assert rollout.engine.events == ["generate", "generated", "sleep"]
     finally:
         rollout.engine.gate.set()
+        pool.close()
+        rollout.stop()
+
+
+def test_a_slow_wake_leaves_the_rollout_answering_and_the_actor_waits_for_it(tmp_path, policy):
+    model, tokenizer = policy
+    rollout = start_collocated_rollout(model, tokenizer)
+    rollout.engine.wake_gate = threading.Event()
+    pool = RolloutPool(
+        rollout.context.identity.endpoints["rollout"], IpcWeightPublisher("actor-a", root=tmp_path), "actor-a"
+    )
+    waking: list[float] = []
+    actor = threading.Thread(target=lambda: waking.append(pool.wake()))
+    try:
+        pool.sync(1, model)
+        pool.sleep()
+        actor.start()  # the actor wakes the rollout before it sends weights and work; the engine takes its time
+        for _ in range(3):  # the rollout keeps answering while its engine wakes
+            assert rollout_status(rollout)["asleep"] is True
+        assert actor.is_alive() and not waking  # and the actor sends nothing to a still sleeping engine
+        rollout.engine.wake_gate.set()
+        actor.join(30)
+        assert not actor.is_alive() and len(waking) == 1
+        assert rollout.engine.events == ["sleep", "wake"]
+        assert {r.version for r in run_step(pool, [tokenizer("3+4=")["input_ids"]], 1).values()} == {1}
+    finally:
+        rollout.engine.wake_gate.set()
+        actor.join(30)
+        pool.close()
+        rollout.stop()
+
+
+def test_a_rollout_that_does_not_wake_in_time_fails_the_actor_naming_it(tmp_path, policy, monkeypatch):
+    model, tokenizer = policy
+    rollout = start_collocated_rollout(model, tokenizer)
+    rollout.engine.wake_gate = threading.Event()
+    pool = RolloutPool(
+        rollout.context.identity.endpoints["rollout"], IpcWeightPublisher("actor-a", root=tmp_path), "actor-a"
+    )
+    monkeypatch.setattr(pool_module, "SLEEP_TIMEOUT_S", 1.0)
+    try:
+        pool.sync(1, model)
+        pool.sleep()
+        with pytest.raises(RolloutAsleep, match=r"rollout 0 did not take its GPU memory back within 1s"):
+            pool.wake()
+    finally:
+        rollout.engine.wake_gate.set()
+        pool.close()
+        rollout.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_rollout_gone_while_asleep_is_left_out_without_waiting_for_a_reply_timeout(tmp_path, policy, monkeypatch):
+    model, tokenizer = policy
+    rollout = start_collocated_rollout(model, tokenizer)
+    pool = RolloutPool(
+        rollout.context.identity.endpoints["rollout"], IpcWeightPublisher("actor-a", root=tmp_path), "actor-a"
+    )
+    # A reply timeout long enough to fail this test by its own limit if `wake` waited for it (it once did, 60 s,
+    # for a collocated rollout that died while the actor trained); `wake` needs no answer from a gone rollout.
+    monkeypatch.setattr(pool_module, "SYNC_REPLY_TIMEOUT_S", 3600.0)
+    monkeypatch.setattr(pool_module, "TURN_REPLY_TIMEOUT_S", 1.0)
+    try:
+        pool.sync(1, model)
+        pool.sleep()
+        rollout.stop()  # it dies while the actor trains
+        pool.wake()
+        assert pool.links[0].version == -1  # lost: the chunks go to it again only once it is back and synced
+    finally:
         pool.close()
         rollout.stop()
