@@ -244,8 +244,9 @@ class RolloutPool:
 
     def _take_turns(self, method: str, asleep: bool) -> float:
         """Ask every live replica to `method` until each says `asleep` is as wanted. A replica that does not
-        answer within TURN_REPLY_TIMEOUT_S is gone (a new incarnation starts awake, and is synced): it is
-        checked and left out, so a dead rollout costs seconds, not a reply timeout."""
+        answer within TURN_REPLY_TIMEOUT_S is checked: one that answers its status (late, or restarted) is asked
+        again; one that does not is gone and left out (it is synced when it is back), so a dead rollout costs
+        seconds, not a reply timeout."""
         started = time.perf_counter()
         deadline = time.monotonic() + SLEEP_TIMEOUT_S
         notice = time.monotonic() + SLEEP_NOTICE_S
@@ -259,7 +260,8 @@ class RolloutPool:
                 except TransportError as exc:
                     reason = f"{method}:{link.replica}:{reason_of(exc)}"
                     limited.warning(reason, "rollout %d: %s failed (%s)", link.replica, method, exc)
-                    self._check(link)
+                    if self._check(link):  # late, or a new incarnation (it starts awake): ask it again
+                        behind.append((link, 0.0))
                     continue
                 if reply["asleep"] != asleep:
                     behind.append((link, float(reply.get("generating_s", 0.0))))

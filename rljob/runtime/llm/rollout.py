@@ -75,6 +75,8 @@ class GenerationServer:
         """Told to sleep by a collocated actor: no chunk starts until `wake`."""
         self.slept = False
         """The engine's memory is freed (the generating thread sleeps it once told to and no chunk runs)."""
+        self.turning = False
+        """The generating thread is sleeping or waking the engine: `slept` says what it was before."""
         self.generating_since: float | None = None
         """When the chunk being generated started (monotonic seconds), None between chunks."""
         self.sleeps = 0
@@ -98,6 +100,8 @@ class GenerationServer:
             if request["actor_tag"] != self.actor_tag:
                 # A new actor incarnation numbers versions afresh; its predecessor's work is void.
                 self.actor_tag = request["actor_tag"]
+                # It wakes the rollout only after it trained: one put to sleep by its predecessor wakes now.
+                self.asleep = False
                 self.queue.clear()
                 self.done.clear()
                 self.version = self.staged_version = -1
@@ -129,10 +133,10 @@ class GenerationServer:
         with self.lock:
             self.asleep = True
             self.lock.notify_all()
-            self.lock.wait_for(lambda: self.slept, timeout=SLEEP_WAIT_S)
+            self.lock.wait_for(lambda: self.slept and not self.turning, timeout=SLEEP_WAIT_S)
             since = self.generating_since
             return {
-                "asleep": self.slept,
+                "asleep": self.slept and not self.turning,
                 "generating_s": 0.0 if since is None else time.monotonic() - since,
                 "tag": self.tag,
             }
@@ -145,8 +149,8 @@ class GenerationServer:
         with self.lock:
             self.asleep = False
             self.lock.notify_all()
-            self.lock.wait_for(lambda: not self.slept, timeout=SLEEP_WAIT_S)
-            return {"asleep": self.slept, "tag": self.tag}
+            self.lock.wait_for(lambda: not self.slept and not self.turning, timeout=SLEEP_WAIT_S)
+            return {"asleep": self.slept or self.turning, "tag": self.tag}
 
     # --- receiving thread ---------------------------------------------------------------------
 
@@ -194,15 +198,21 @@ class GenerationServer:
             if self.asleep == self.slept:
                 return
             sleeping = self.asleep
-        if sleeping:
-            self.engine.sleep()
-        else:
-            self.engine.wake()
-        with self.lock:
-            self.slept = sleeping
+            self.turning = True
+        done = False
+        try:
             if sleeping:
-                self.sleeps += 1
-            self.lock.notify_all()
+                self.engine.sleep()
+            else:
+                self.engine.wake()
+            done = True
+        finally:  # a failed turn leaves `slept` as it was (the generating thread's failure stops the rollout)
+            with self.lock:
+                self.turning = False
+                if done:
+                    self.slept = sleeping
+                    self.sleeps += int(sleeping)
+                self.lock.notify_all()
         if sleeping and self.sleeps == 1:
             self.context.log.info("collocated: the engine sleeps while the actor trains and wakes before it generates")
 

@@ -306,3 +306,81 @@ def test_a_rollout_gone_while_asleep_is_left_out_without_waiting_for_a_reply_tim
     finally:
         pool.close()
         rollout.stop()
+
+
+def test_a_new_actor_finds_the_rollout_its_predecessor_put_to_sleep_awake_for_its_work(tmp_path, policy):
+    model, tokenizer = policy
+    rollout = start_collocated_rollout(model, tokenizer)
+    endpoints = rollout.context.identity.endpoints["rollout"]
+    first = RolloutPool(endpoints, IpcWeightPublisher("actor-a", root=tmp_path / "a"), "actor-a")
+    second = None
+    try:
+        first.sync(1, model)
+        first.sleep()  # then the actor dies while it trains (`rljob run` restarts the actor, not its rollout)
+        first.close()
+        second = RolloutPool(endpoints, IpcWeightPublisher("actor-b", root=tmp_path / "b"), "actor-b")
+        second.sync(1, model)  # a new actor syncs and generates first: it wakes the rollout only after training
+        assert {r.version for r in run_step(second, [tokenizer("3+4=")["input_ids"]], 1).values()} == {1}
+        assert rollout.engine.events == ["sleep", "wake", "generate", "generated"]
+    finally:
+        if second is not None:
+            second.close()
+        rollout.stop()
+
+
+def test_a_late_answer_to_sleep_is_asked_again_not_taken_for_asleep(tmp_path, policy, monkeypatch):
+    model, tokenizer = policy
+    rollout = start_collocated_rollout(model, tokenizer)
+    rollout.engine.gate = threading.Event()
+    pool = RolloutPool(
+        rollout.context.identity.endpoints["rollout"], IpcWeightPublisher("actor-a", root=tmp_path), "actor-a"
+    )
+    # Every "not yet" answer comes after the rollout's SLEEP_WAIT_S, too late for this reply timeout: a late answer
+    # from a rollout that still answers its status must be asked again, never counted as asleep.
+    monkeypatch.setattr(pool_module, "TURN_REPLY_TIMEOUT_S", 0.05)
+    sleeping: list[float] = []
+    actor = threading.Thread(target=lambda: sleeping.append(pool.sleep()))
+    try:
+        pool.sync(1, model)
+        pool.submit([tokenizer("3+4=")["input_ids"]], SAMPLING, 1, meta="leftover")
+        wait_until_generating(rollout.engine)
+        actor.start()
+        for _ in range(3):
+            assert rollout_status(rollout)["asleep"] is False
+        assert actor.is_alive() and not sleeping
+        rollout.engine.gate.set()
+        actor.join(30)
+        assert not actor.is_alive() and len(sleeping) == 1
+        assert rollout.engine.events == ["generate", "generated", "sleep"]
+    finally:
+        rollout.engine.gate.set()
+        actor.join(30)
+        pool.close()
+        rollout.stop()
+
+
+def test_a_sleep_asked_while_the_engine_wakes_is_not_answered_asleep(tmp_path, policy):
+    model, tokenizer = policy
+    rollout = start_collocated_rollout(model, tokenizer)
+    rollout.engine.wake_gate = threading.Event()
+    pool = RolloutPool(
+        rollout.context.identity.endpoints["rollout"], IpcWeightPublisher("actor-a", root=tmp_path), "actor-a"
+    )
+    actor = threading.Thread(target=pool.wake)
+    client = RequestClient(rollout.endpoint, timeout=5.0, retries=0)
+    try:
+        pool.sync(1, model)
+        pool.sleep()
+        actor.start()  # the engine is waking (held by the gate): its memory is not free, whatever it was before
+        for _ in range(1000):
+            if rollout.server.turning:
+                break
+            time.sleep(0.01)
+        assert rollout.server.turning
+        assert client.call("sleep", {"actor_tag": "actor-a"})["asleep"] is False
+    finally:
+        rollout.engine.wake_gate.set()
+        actor.join(30)
+        client.close()
+        pool.close()
+        rollout.stop()
