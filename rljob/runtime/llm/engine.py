@@ -164,8 +164,13 @@ def generate_buckets(spec: Any) -> tuple[int, ...]:
 
 
 def job_cache_len(spec: Any) -> int:
-    """Token positions a job's single-turn calls need at most: its longest prompt and response."""
-    return spec.task.llm.max_prompt_length + (spec.rollout.max_tokens or spec.task.llm.max_response_length)
+    """Token positions a job's calls need at most: its longest prompt and response. A multi-turn episode's later
+    turns carry the earlier turns in their prompt, up to `maxPromptLength + maxResponseLength` in all: sized for
+    that at once, since a longer call makes transformers keep a larger cache (and compile again) from then on."""
+    llm = spec.task.llm
+    if llm.env is not None:
+        return llm.max_prompt_length + llm.max_response_length
+    return llm.max_prompt_length + (spec.rollout.max_tokens or llm.max_response_length)
 
 
 class _EndPaddingRows:

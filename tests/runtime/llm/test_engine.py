@@ -250,6 +250,14 @@ def test_only_the_compiled_decode_is_bucketed_and_sized():
     assert not compiles_decode(CPU, collocated=False)
     spec = load_job_file(EXAMPLE).spec
     assert job_cache_len(spec) == spec.task.llm.max_prompt_length + spec.task.llm.max_response_length
+    spec.rollout.max_tokens = 1
+    assert job_cache_len(spec) == spec.task.llm.max_prompt_length + 1  # single turn: one call's response at most
+
+
+def test_a_multi_turn_job_s_cache_holds_its_later_turns():
+    spec = load_job_file(EXAMPLE.parent / "grpo-tiny-calculator.yaml").spec
+    spec.rollout.max_tokens = 1  # each turn's response: the later turns' prompts carry the earlier ones
+    assert job_cache_len(spec) == spec.task.llm.max_prompt_length + spec.task.llm.max_response_length
 
 
 def compiling_engine(policy, buckets: tuple[int, ...] | None) -> HFEngine:
