@@ -36,7 +36,9 @@ Failure policy (spec.failurePolicy, applied through `rljob.launch.failure_policy
   part of its config hash: a new count is a controlled restart, as above.
 - a collocated job (`roles.rollout.collocated`) has no rollout pods: its rollout runs in the actor pod, whose
   process restarts it (rljob/runtime/collocated.py); the pod's failure is an actor failure as above, and the
-  rollout counts as ready with its actor pod. No membership is kept.
+  rollout counts as ready with its actor pod. No membership is kept. An actor pod that ends with
+  EXIT_ROLLOUT_GAVE_UP says its rollout could not be kept running (FailJob, or past maxReplacements): the
+  job fails (PodFailed, BackoffLimitExceeded) as for a rollout pod of its own, with no group restart.
 """
 
 from __future__ import annotations
@@ -81,10 +83,13 @@ from rljob.operator.status import (
     scheduling_problems,
     set_condition,
 )
-from rljob.runtime.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG
+from rljob.runtime.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP
 
 Manifest = dict[str, Any]
 EventType = Literal["Normal", "Warning"]
+
+STOPPED_FOR_GOOD = (EXIT_FATAL_CONFIG, EXIT_DIVERGED, EXIT_ROLLOUT_GAVE_UP)
+"""Actor exit codes that say why the whole group stopped and that no group restart would fix."""
 
 
 def policy_of(job: RLJob) -> FailurePolicy:
@@ -471,7 +476,7 @@ class _Planner:
         if charged:
             # A rank that diverged or found the config unusable says why the group stopped; the others only
             # saw their peer go (ranks in one observation can have failed either way).
-            pod = next((p for p in charged if p.exit_code in (EXIT_FATAL_CONFIG, EXIT_DIVERGED)), charged[0])
+            pod = next((p for p in charged if p.exit_code in STOPPED_FOR_GOOD), charged[0])
             why = f"actor pod {pod.name} failed" + (f" (exit code {pod.exit_code})" if pod.exit_code else "")
             if pod.reason or pod.message:
                 why += f": {' '.join(x for x in (pod.reason, pod.message) if x)}"
@@ -480,6 +485,9 @@ class _Planner:
                 return
             if pod.exit_code == EXIT_DIVERGED:
                 self.fail_diverged(pod)
+                return
+            if pod.exit_code == EXIT_ROLLOUT_GAVE_UP and job.spec.roles.rollout.collocated:
+                self.fail_collocated_rollout(job, pod)
                 return
             policy = policy_of(job)
             if policy.fails_job("actor"):
@@ -550,6 +558,25 @@ class _Planner:
         }
         for key in [k for k in self.status.replica_failures if k not in wanted]:
             del self.status.replica_failures[key]  # scaled away
+
+    def fail_collocated_rollout(self, job: RLJob, pod: PodState) -> None:
+        """A collocated actor pod ended because the rollout beside the actor could not be kept running: the job
+        fails as it would for a rollout pod of its own. A group restart would only start the count again."""
+        replica = pod.replica
+        what = pod.message.strip() or f"rollout[{replica}] failed (exit code {EXIT_ROLLOUT_GAVE_UP})"
+        where = f"rollout replica {replica} (in actor pod {pod.name}): {what}"
+        self.new_failures["rollout"] = self.new_failures.get("rollout", 0) + 1
+        self.count_roles()
+        policy = policy_of(job)
+        if policy.fails_job("rollout"):
+            self.finish(False, "PodFailed", f"{where}; failurePolicy.rollout is FailJob")
+            return
+        self.finish(
+            False,
+            "BackoffLimitExceeded",
+            f"{where}; fix the cause (`rollout[{replica}] |` lines in kubectl logs {pod.name}) or raise "
+            f"spec.failurePolicy.maxReplacements",
+        )
 
     def fail_on_config_error(self, pod: PodState) -> None:
         """A role that exited EXIT_FATAL_CONFIG would fail the same way again: no restart, no replacement."""

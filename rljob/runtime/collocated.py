@@ -10,9 +10,11 @@ rollout pod (`spec.failurePolicy`, as `rljob.launch.failure_policy` applies it):
   4 s ... at most 60 s); the actor's weight rounds wait for it, as for a replaced rollout pod. The count is
   forgotten once a rollout has run for 10 minutes, or exits 0.
 - past `maxReplacements` failures in a row (at the first with `failurePolicy.rollout: FailJob`) the actor is
-  asked to stop (SIGTERM to this process) and the container ends with the rollout's status, so the operator
-  sees a failed actor pod (a group restart, bounded by `maxRestarts`); a rollout that exits EXIT_FATAL_CONFIG
-  does the same at once, and the operator fails the job (InvalidConfig).
+  asked to stop (SIGTERM to this process) and the container ends with EXIT_ROLLOUT_GAVE_UP, leaving
+  `rollout[<i>] exited with code N: <why>` as its termination message: the operator fails the job as it would
+  for a rollout pod of its own (PodFailed, BackoffLimitExceeded), never restarting the actor group, whose new
+  pod would count the rollout's failures from zero again. A rollout that exits EXIT_FATAL_CONFIG does the same
+  at once, and the container ends with that code (the operator fails the job: InvalidConfig).
 - when the actor's program ends, whatever its code, the rollout is stopped: SIGTERM, SIGKILL after a grace.
   It also dies with this process however that ends (`rljob.runtime.parent_death`).
 
@@ -30,11 +32,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import BinaryIO
 
-from rljob.runtime.identity import EXIT_FATAL_CONFIG, RoleIdentity
+from rljob.runtime.identity import EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP, RoleIdentity
 from rljob.runtime.parent_death import LAUNCHER_PID_ENV
 from rljob.runtime.retry import Backoff
+from rljob.runtime.termination import TERMINATION_LOG, write_termination_message
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
@@ -78,6 +82,7 @@ class CollocatedRollout:
         stable_s: float = STABLE_S,
         grace_s: float = STOP_GRACE_S,
         give_up_grace_s: float = GIVE_UP_GRACE_S,
+        termination_log: Path = TERMINATION_LOG,
     ) -> None:
         if identity.role != "rollout":
             raise ValueError(f"a collocated rollout has the rollout's identity (got {identity.role})")
@@ -91,10 +96,12 @@ class CollocatedRollout:
         self.on_give_up = on_give_up
         self.backoff = backoff or Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)
         self.stable_s, self.grace_s, self.give_up_grace_s = stable_s, grace_s, give_up_grace_s
+        self.termination_log = termination_log
         self.starts = 0
         self.failures_in_a_row = 0
         self.gave_up: int | None = None
-        """The status the container ends with when the rollout could not be kept running; None otherwise."""
+        """The status the container ends with when the rollout could not be kept running (EXIT_FATAL_CONFIG for
+        a configuration error, EXIT_ROLLOUT_GAVE_UP otherwise); None while it can."""
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         """Whole lines to the output."""
@@ -197,14 +204,18 @@ class CollocatedRollout:
         return ""
 
     def _give_up(self, status: int, why: str) -> None:
-        self.gave_up = status
-        self.say(f"exited with code {status}: {why}; stopping the actor, which exits with code {status}")
+        # Not the rollout's own status: the operator would read it as the actor's (1 restarts the group, 65 is
+        # Diverged). A configuration error keeps its code, which means the same from either process.
+        code = EXIT_FATAL_CONFIG if status == EXIT_FATAL_CONFIG else EXIT_ROLLOUT_GAVE_UP
+        self.gave_up = code
+        write_termination_message(f"{self.name} exited with code {status}: {why}", self.termination_log)
+        self.say(f"exited with code {status}: {why}; stopping the actor, which exits with code {code}")
         self.on_give_up()
         if not self._stopping.wait(self.give_up_grace_s):
-            # The actor did not get out of its step: end the container anyway, with the rollout's status.
-            self.say(f"the actor did not stop within {self.give_up_grace_s:g}s: exiting with code {status}")
+            # The actor did not get out of its step: end the container anyway, with the same code.
+            self.say(f"the actor did not stop within {self.give_up_grace_s:g}s: exiting with code {code}")
             sys.stdout.flush()
-            os._exit(status)
+            os._exit(code)
 
     def stop(self) -> None:
         """End the rollout (SIGTERM, SIGKILL after the grace) and its supervision; call when the actor ends."""

@@ -7,7 +7,6 @@ reaches a rollout or a checkpoint, and the launchers do not restart it (it would
 
 from __future__ import annotations
 
-import contextlib
 import math
 from pathlib import Path
 
@@ -16,10 +15,7 @@ import torch.distributed as dist
 
 from rljob.runtime.identity import EXIT_DIVERGED
 from rljob.runtime.roles.common import RoleContext
-
-TERMINATION_LOG = Path("/dev/termination-log")
-"""Kubernetes' default terminationMessagePath: what the actor writes here is the pod's termination message,
-which the operator copies into the Diverged condition."""
+from rljob.runtime.termination import write_termination_message
 
 
 class Diverged(RuntimeError):
@@ -69,15 +65,9 @@ def check_update(step: int, values: dict[str, float], world_size: int, device: t
         raise Diverged(step, values, here=bad)
 
 
-def write_termination_message(message: str, path: Path = TERMINATION_LOG) -> None:
-    """In a pod, the container's termination message; elsewhere (no such file) nothing."""
-    if path.exists():
-        with contextlib.suppress(OSError):
-            path.write_text(message[:4000], encoding="utf-8")  # the kubelet keeps at most 4096 bytes
-
-
 def diverged_exit(context: RoleContext, exc: Diverged) -> int:
-    """Log the values and the last good checkpoint, leave them as the pod's termination message, and return
+    """Log the values and the last good checkpoint, leave them as the pod's termination message (which the
+    operator copies into the Diverged condition), and return
     EXIT_DIVERGED (the launchers fail the job on it instead of restarting the actor group)."""
     context.log.error("%s", exc)
     if context.identity.local_rank == 0:

@@ -39,6 +39,11 @@ EXIT_FATAL_CONFIG = 78
 """Exit status of a role stopped by its configuration (sysexits EX_CONFIG): an unknown envId, envKwargs the
 env does not take, spaces the builtin model cannot handle, a checkpoint written for another model. A restart
 would fail the same way, so the local launcher and the operator fail the job at once instead of retrying."""
+EXIT_ROLLOUT_GAVE_UP = 79
+"""Exit status of a collocated actor replica's process (`rljob role actor` in an actor pod) whose rollout could
+not be kept running: it failed under `failurePolicy.rollout: FailJob`, or more than `maxReplacements` times in a
+row (`rljob.runtime.collocated`). The operator fails the job on it, as it would for a rollout pod of its own,
+instead of restarting the actor group (whose new pod would count the rollout's failures from zero again)."""
 EXIT_DIVERGED = 65
 """Exit status of an actor stopped by a non-finite loss or gradient norm (sysexits EX_DATAERR): it applied
 no update and wrote no checkpoint from the bad weights. A restart from the last good checkpoint would

@@ -10,7 +10,7 @@ import threading
 import time
 
 from rljob.runtime.collocated import CollocatedRollout
-from rljob.runtime.identity import EXIT_FATAL_CONFIG, pod_identity
+from rljob.runtime.identity import EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP, pod_identity
 from rljob.runtime.retry import Backoff
 
 REPLICAS = {"actor": 1, "rollout": 1, "env": 0, "reward": 0}
@@ -105,17 +105,20 @@ def test_a_rollout_killed_by_a_signal_is_started_again():
     assert any(line.startswith("rollout[0] exited with code 137: starting it again") for line in out.lines())
 
 
-def test_past_max_replacements_the_actor_is_asked_to_stop_and_ends_with_the_rollouts_code():
-    rollout, out, asked_to_stop = supervised("sys.exit(5)", max_replacements=2)
+def test_past_max_replacements_the_actor_is_asked_to_stop_and_ends_with_the_code_that_fails_the_job(tmp_path):
+    """Not the rollout's own code: 65 would read as the actor's divergence, 1 as an actor failure (a group
+    restart whose new pod would count the rollout's failures from zero)."""
+    log = tmp_path / "termination-log"
+    log.write_text("")  # as the kubelet provides it in a pod
+    rollout, out, asked_to_stop = supervised("sys.exit(65)", max_replacements=2, termination_log=log)
     try:
         wait_until(lambda: asked_to_stop)
     finally:
         rollout.stop()
-    assert rollout.starts == 3 and rollout.gave_up == 5
-    assert (
-        "rollout[0] exited with code 5: failed 3 times in a row; spec.failurePolicy.maxReplacements is 2; "
-        "stopping the actor, which exits with code 5" in out.lines()
-    )
+    assert rollout.starts == 3 and rollout.gave_up == EXIT_ROLLOUT_GAVE_UP
+    why = "failed 3 times in a row; spec.failurePolicy.maxReplacements is 2"
+    assert f"rollout[0] exited with code 65: {why}; stopping the actor, which exits with code 79" in out.lines()
+    assert log.read_text() == f"rollout[0] exited with code 65: {why}"
 
 
 def test_a_configuration_error_or_failjob_stops_the_actor_at_the_first_failure():
@@ -130,7 +133,7 @@ def test_a_configuration_error_or_failjob_stops_the_actor_at_the_first_failure()
         wait_until(lambda: asked_to_stop)
     finally:
         rollout.stop()
-    assert (rollout.starts, rollout.gave_up) == (1, 1)
+    assert (rollout.starts, rollout.gave_up) == (1, EXIT_ROLLOUT_GAVE_UP)
     assert "failurePolicy.rollout is FailJob" in out.lines()[-1]
 
 

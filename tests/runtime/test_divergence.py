@@ -16,8 +16,9 @@ import torch.multiprocessing as mp
 
 from rljob.launch.local import free_ports
 from rljob.runtime.checkpoint import CheckpointManager
-from rljob.runtime.divergence import Diverged, check_update, write_termination_message
+from rljob.runtime.divergence import Diverged, check_update
 from rljob.runtime.identity import EXIT_DIVERGED
+from rljob.runtime.termination import write_termination_message
 
 JOB = """\
 apiVersion: rljob.io/v1alpha1

@@ -281,8 +281,11 @@ class Cluster:
         for name in self.pods(job):
             self.run(name)
 
-    def exit(self, pod: str, code: int, reason: str = "") -> None:
+    def exit(self, pod: str, code: int, reason: str = "", message: str = "") -> None:
+        """The pod's container ended with `code`; `message`: what it left in its termination-log."""
         terminated = {"exitCode": code, "reason": reason or ("Completed" if code == 0 else "Error")}
+        if message:
+            terminated["message"] = message
         self.kube.patch_status(
             PODS,
             self.namespace,

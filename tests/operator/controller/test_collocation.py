@@ -28,8 +28,8 @@ def collocated_job(**failure_policy: Any) -> dict[str, Any]:
     return manifest
 
 
-async def start_running(cluster: Cluster) -> dict[str, str]:
-    cluster.create_job(collocated_job())
+async def start_running(cluster: Cluster, **failure_policy: Any) -> dict[str, str]:
+    cluster.create_job(collocated_job(**failure_policy))
     await eventually(lambda: set(cluster.pods("co")) == PODS, what="the actor and reward pods")
     cluster.run_all("co")
     await eventually(lambda: cluster.phase("co") == "Running", what="Running")
@@ -92,3 +92,39 @@ async def test_a_collocated_rollout_stopped_on_its_configuration_fails_the_job_w
         await eventually(lambda: cluster.phase("co") == "Failed", what="Failed")
         failed = next(c for c in cluster.status("co")["conditions"] if c["type"] == "Failed")
         assert failed["reason"] == "InvalidConfig" and cluster.status("co").get("restarts", 0) == 0
+
+
+def failed_condition(cluster: Cluster) -> dict[str, Any]:
+    return next(c for c in cluster.status("co")["conditions"] if c["type"] == "Failed")
+
+
+async def test_a_collocated_rollout_past_max_replacements_fails_the_job_without_a_group_restart(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    """The actor pod ends with EXIT_ROLLOUT_GAVE_UP (rljob/runtime/collocated.py): as for a rollout pod of its own,
+    BackoffLimitExceeded, and no new actor pod that would count the rollout's failures from zero."""
+    async with operator_running(kube):
+        uids = await start_running(cluster, maxReplacements=2)
+        why = "rollout[0] exited with code 65: failed 3 times in a row; spec.failurePolicy.maxReplacements is 2"
+        cluster.exit("co-actor-0", 79, message=why)
+        await eventually(lambda: cluster.phase("co") == "Failed", what="Failed")
+        failed = failed_condition(cluster)
+        assert failed["reason"] == "BackoffLimitExceeded"
+        assert f"rollout replica 0 (in actor pod co-actor-0): {why}" in failed["message"]
+        status = cluster.status("co")
+        assert status.get("restarts", 0) == 0 and status["roles"]["rollout"]["failed"] == 1
+        assert "ActorFailed" not in cluster.reasons("co") and cluster.uid("co-actor-0") == uids["co-actor-0"]
+
+
+async def test_a_collocated_rollout_that_fails_under_failjob_fails_the_job_with_podfailed(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    async with operator_running(kube):
+        await start_running(cluster, rollout="FailJob")
+        cluster.exit(
+            "co-actor-0", 79, message="rollout[0] exited with code 1: failed and spec.failurePolicy.rollout is FailJob"
+        )
+        await eventually(lambda: cluster.phase("co") == "Failed", what="Failed")
+        failed = failed_condition(cluster)
+        assert failed["reason"] == "PodFailed" and "failurePolicy.rollout is FailJob" in failed["message"]
+        assert cluster.status("co").get("restarts", 0) == 0 and "ActorFailed" not in cluster.reasons("co")
