@@ -634,8 +634,8 @@ class RolloutRoleSpec(RoleSpec):
     """The rollout role's pods: generation servers."""
 
     replicas: int = Field(default=1, ge=0)  # type: ignore[assignment]
-    """Generation servers; scalable with `kubectl scale rljob/NAME --replicas=N`. With `autoscale` set, the count
-    the job starts with, then the autoscaler's."""
+    """Generation servers; scalable with `kubectl scale rljob/NAME --replicas=N` (1, unscalable, when `collocated`).
+    With `autoscale` set, the count the job starts with, then the autoscaler's."""
     collocated: bool = False
     """Run the rollout beside the actor on the same GPUs (llm jobs, one actor and one rollout replica): the two take
     turns, the rollout frees its GPU memory (sleep) while the actor trains and takes it back (wake) before it
@@ -750,6 +750,15 @@ class RLJobSpec(SpecModel):
             " && self.rollout.weightSync.method == 'ipc') == (has(self.roles) && has(self.roles.rollout)"
             " && has(self.roles.rollout.collocated) && self.roles.rollout.collocated)",
             "rollout.weightSync.method ipc and roles.rollout.collocated go together: set both, or neither",
+        ),
+        # Also refuses `kubectl scale` (or an HPA) on a collocated job at the API server: the operator would
+        # otherwise find the running job's spec invalid and end it.
+        (
+            "!(has(self.roles) && has(self.roles.rollout) && has(self.roles.rollout.collocated)"
+            " && self.roles.rollout.collocated) || !has(self.roles.rollout.replicas)"
+            " || self.roles.rollout.replicas == 1",
+            "a collocated job runs one rollout replica, beside the actor: roles.rollout.replicas must be 1 "
+            "(it cannot be scaled)",
         ),
     )
 

@@ -160,7 +160,8 @@ class RLJobStatus(StatusModel):
     """When the job succeeded or failed, RFC 3339; ttlSecondsAfterFinished counts from it."""
     progress: Progress = Field(default_factory=Progress)
     rollout_selector: str | None = None
-    """Label selector of the job's rollout pods, the scale subresource's `selector` (an HPA needs it)."""
+    """Label selector of the job's rollout pods, the scale subresource's `selector` (an HPA needs it). A collocated
+    job has no rollout pods: it selects the actor pods, which run the rollout replicas (and cannot be scaled)."""
     autoscale: AutoscaleStatus | None = None
     """The rollout autoscaler's state, for jobs with spec.roles.rollout.autoscale."""
     health: str = ""

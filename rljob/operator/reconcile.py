@@ -733,7 +733,9 @@ class _Planner:
             self.status.progress.total_steps = obs.job.spec.trainer.steps
         self.status.observed_generation = obs.generation
         if obs.job is not None:
-            self.status.rollout_selector = f"{LABEL_JOB}={obs.job.name},{LABEL_ROLE}=rollout"
+            # A collocated job's rollout replicas are in its actor pods (the scale's replicas are theirs too).
+            hosts = "actor" if obs.job.spec.roles.rollout.collocated else "rollout"
+            self.status.rollout_selector = f"{LABEL_JOB}={obs.job.name},{LABEL_ROLE}={hosts}"
         if obs.job is not None and elastic_rollouts(obs.job) and self.status.phase not in TERMINAL_PHASES:
             self.plan.rollout_members = sorted(
                 p.replica

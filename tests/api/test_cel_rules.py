@@ -35,6 +35,7 @@ def _set(manifest: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
 
 
 _DELETE = object()
+COLLOCATED = _set(_set(LLM, "spec.roles.rollout.collocated", True), "spec.rollout.weightSync", {"method": "ipc"})
 
 VIOLATIONS = [
     ("gym-with-grpo", GYM, "spec.algorithm.name", "grpo", "spec.algorithm.name"),
@@ -63,6 +64,7 @@ VIOLATIONS = [
      {"steps": 10, "responseTemplate": "calc({expression})", "turns": ["calc({expression})"]}, "spec.sft"),
     ("ipc-without-collocation", LLM, "spec.rollout.weightSync", {"method": "ipc"}, "spec.rollout.weightSync.method"),
     ("collocated-without-ipc", LLM, "spec.roles.rollout.collocated", True, "spec.rollout.weightSync.method"),
+    ("collocated-scaled", COLLOCATED, "spec.roles.rollout.replicas", 2, "spec.roles.rollout.replicas"),
 ]  # fmt: skip
 
 
@@ -83,6 +85,11 @@ def test_cross_field_violation_is_caught_by_cel_and_by_validate(base, field, val
         validate_job(manifest)
     assert python_path in [p.path for p in caught.value.problems]
     assert cel_violations(SCHEMA, apply_defaults(SCHEMA, manifest)), "no CEL rule caught it"
+
+
+def test_a_collocated_job_is_valid_for_cel_with_its_one_rollout_replica():
+    assert cel_violations(SCHEMA, apply_defaults(SCHEMA, COLLOCATED)) == []
+    assert cel_violations(SCHEMA, apply_defaults(SCHEMA, _set(COLLOCATED, "spec.roles.rollout.replicas", 1))) == []
 
 
 def test_every_cel_rule_of_the_crd_is_exercised():

@@ -55,6 +55,12 @@ async def test_a_collocated_job_gets_no_rollout_pod_and_its_rollout_is_ready_wit
         assert status["roles"]["actor"]["ready"] == 1 and status["roles"]["rollout"]["ready"] == 1
         ready = next(c for c in status["conditions"] if c["type"] == "Ready")
         assert (ready["status"], ready["message"]) == ("True", "2 pods ready")
+        # The scale subresource's selector: the pods that run the rollout replicas, not rollout pods that never exist.
+        selector = dict(term.split("=") for term in status["rolloutSelector"].split(","))
+        selected = [
+            name for name, pod in cluster.pods("co").items() if selector.items() <= pod["metadata"]["labels"].items()
+        ]
+        assert selected == ["co-actor-0"]
         # No membership to keep: the actor pod's process keeps its rollout.
         assert kube.read_object(CONFIGMAPS, NS, "co-rollouts") is None
         assert set(cluster.pods("co")) == PODS
