@@ -17,6 +17,10 @@ rollout pod (`spec.failurePolicy`, as `rljob.launch.failure_policy` applies it):
   at once, and the container ends with that code (the operator fails the job: InvalidConfig).
 - when the actor's program ends, whatever its code, the rollout is stopped: SIGTERM, SIGKILL after a grace.
   It also dies with this process however that ends (`rljob.runtime.parent_death`).
+- the rollout runs in a session (process group) of its own, and whatever is left of that group after it exits
+  or is stopped is SIGKILLed before anything else starts: vLLM's EngineCore and tensor-parallel workers outlive
+  a front end that was SIGKILLed, keeping the GPU memory that the next start would need (this process is PID 1
+  of the container, and nothing else would end them).
 
 Every line the rollout prints goes to this process's stdout prefixed with `rollout[<i>] | `, so `kubectl logs`
 of the pod shows both processes, each line telling whose it is.
@@ -133,7 +137,12 @@ class CollocatedRollout:
 
     def _spawn(self) -> None:
         process = subprocess.Popen(
-            self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            self.command,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its group is its own, so what it leaves behind can be ended (module docstring)
         )
         self._process = process
         self._started_at = time.monotonic()
@@ -160,6 +169,7 @@ class CollocatedRollout:
             process = self._process
             assert process is not None and self._reader is not None
             code = process.wait()
+            self._end_group(process)
             self._reader.join(timeout=5)
             if self._stopping.is_set():
                 return
@@ -217,6 +227,15 @@ class CollocatedRollout:
             sys.stdout.flush()
             os._exit(code)
 
+    def _end_group(self, process: subprocess.Popen[bytes]) -> None:
+        """SIGKILL whatever is left of the exited rollout's process group (its session: the group id is its pid).
+
+        While any process of the group is left, no other process can take its id; an empty group answers
+        ProcessLookupError, and nothing is signalled."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+            self.say(f"sent SIGKILL to what is left of its process group ({process.pid})")
+
     def stop(self) -> None:
         """End the rollout (SIGTERM, SIGKILL after the grace) and its supervision; call when the actor ends."""
         with self._spawning:
@@ -231,6 +250,8 @@ class CollocatedRollout:
                 self.say(f"did not stop within {self.grace_s:g}s of SIGTERM: killing it")
                 process.kill()
                 process.wait()
+        if process is not None:
+            self._end_group(process)
         if self._reader is not None:
             self._reader.join(timeout=5)
         if self._supervisor is not None and self._supervisor is not threading.current_thread():

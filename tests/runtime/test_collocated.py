@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import sys
 import textwrap
 import threading
@@ -153,3 +154,92 @@ def test_stopping_ends_a_rollout_that_ignores_sigterm_with_sigkill():
     assert process is not None and process.returncode == -9
     assert rollout.pid is None and rollout.starts == 1
     assert "rollout[0] did not stop within 0.5s of SIGTERM: killing it" in out.lines()
+
+
+def gone(pid: int) -> bool:
+    """No such process, or only its exit status left (a zombie no one reaped: it holds no memory)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_what_a_failed_rollout_left_behind_is_killed_before_it_starts_again(tmp_path):
+    """vLLM's engine processes outlive a front end killed by SIGKILL, holding the GPU the next start needs."""
+    pids = tmp_path / "grandchildren"
+    rollout, out, _ = supervised(
+        f"""
+        import subprocess
+        from pathlib import Path
+
+        def alive(pid):
+            try:
+                return open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+            except FileNotFoundError:
+                return False
+
+        pids = Path({str(pids)!r})
+        before = [int(p) for p in pids.read_text().split()] if pids.exists() else []
+        print("left behind alive:", [p for p in before if alive(p)], flush=True)
+        engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with pids.open("a") as f:
+            f.write(f"{{engine.pid}}\\n")
+        os.kill(os.getpid(), 9)
+        """
+    )
+    try:
+        wait_until(lambda: out.lines().count("rollout[0] | left behind alive: []") >= 3)
+    finally:
+        rollout.stop()
+    lines = out.lines()
+    assert not any(line.startswith("rollout[0] | left behind alive: [") and line[-2] != "[" for line in lines)
+    assert "rollout[0] sent SIGKILL to what is left of its process group" in "\n".join(lines)
+    assert all(gone(int(pid)) for pid in pids.read_text().split())
+
+
+def test_stopping_the_rollout_also_ends_the_processes_it_started():
+    rollout, out, _ = supervised(
+        """
+        import subprocess
+        engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        print("engine", engine.pid, flush=True)
+        time.sleep(60)
+        """
+    )
+    wait_until(lambda: any(line.startswith("rollout[0] | engine ") for line in out.lines()))
+    engine = int(next(line for line in out.lines() if line.startswith("rollout[0] | engine ")).split()[-1])
+    rollout.stop()
+    wait_until(lambda: gone(engine))
+
+
+ACTOR = """
+import os, sys, time
+from rljob.runtime.collocated import CollocatedRollout
+from rljob.runtime.identity import pod_identity
+
+actor = pod_identity("job", "ns", "actor", 0, {"actor": 1, "rollout": 1}, 9090, collocated_rollout=True)
+body = "from rljob.runtime.parent_death import die_with_launcher\\n"
+body += "die_with_launcher(); print('armed', flush=True); import time; time.sleep(60)"
+command = [sys.executable, "-c", body]
+rollout = CollocatedRollout(
+    actor.collocated_rollout(), dict(os.environ), sys.stdout.buffer, max_replacements=1, command=command
+).start()
+time.sleep(60)
+"""
+
+
+def test_the_rollout_in_its_own_session_still_dies_with_the_actors_process():
+    """A process of a session of its own gets no signal with its parent's group: `parent_death` must end it."""
+    actor = subprocess.Popen([sys.executable, "-c", ACTOR], stdout=subprocess.PIPE)
+    try:
+        assert actor.stdout is not None
+        started = actor.stdout.readline().decode()
+        assert started.startswith("rollout[0] started beside the actor (pid "), started
+        child = int(started.rsplit("pid ", 1)[1].rstrip(")\n"))
+        assert actor.stdout.readline().decode() == "rollout[0] | armed\n"
+        actor.kill()
+        actor.wait()
+        wait_until(lambda: gone(child))
+    finally:
+        actor.kill()
