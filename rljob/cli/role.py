@@ -27,7 +27,12 @@ def role(
     if name not in ROLES:
         typer.secho(f"unknown role {name!r}: choose one of {', '.join(ROLES)}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2)
-    from rljob.runtime.identity import EXIT_FATAL_CONFIG, IdentityError, RoleIdentity
+    from rljob.runtime.identity import (
+        COLLOCATED_ROLLOUT_HEALTH_ENV,
+        EXIT_FATAL_CONFIG,
+        IdentityError,
+        RoleIdentity,
+    )
 
     try:
         identity = RoleIdentity.from_env()
@@ -48,6 +53,8 @@ def role(
             for problem in exc.problems:
                 typer.secho(problem.render(exc.source), fg=typer.colors.RED, err=True)
             raise typer.Exit(EXIT_FATAL_CONFIG) from None
+        # For the actor's program and its ranks (which inherit this environment): ready only with the rollout.
+        os.environ[COLLOCATED_ROLLOUT_HEALTH_ENV] = collocated.health_url
     try:
         code = _run_role(identity, name)
     finally:

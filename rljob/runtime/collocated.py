@@ -22,6 +22,10 @@ rollout pod (`spec.failurePolicy`, as `rljob.launch.failure_policy` applies it):
   a front end that was SIGKILLed, keeping the GPU memory that the next start would need (this process is PID 1
   of the container, and nothing else would end them).
 
+The actor's `/healthz` (the pod's readiness) answers ready only while the rollout's does too
+(COLLOCATED_ROLLOUT_HEALTH_ENV, `rljob.runtime.roles.health`): the pod is not Ready while the rollout loads,
+restarts or crash-loops, and the job's status shows it.
+
 Every line the rollout prints goes to this process's stdout prefixed with `rollout[<i>] | `, so `kubectl logs`
 of the pod shows both processes, each line telling whose it is.
 """
@@ -39,7 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from rljob.runtime.identity import EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP, RoleIdentity
+from rljob.runtime.identity import COLLOCATED_ROLLOUT_HEALTH_ENV, EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP, RoleIdentity
 from rljob.runtime.parent_death import LAUNCHER_PID_ENV
 from rljob.runtime.retry import Backoff
 from rljob.runtime.termination import TERMINATION_LOG, write_termination_message
@@ -118,6 +122,11 @@ class CollocatedRollout:
     @property
     def name(self) -> str:
         return f"{self.identity.role}[{self.identity.replica}]"
+
+    @property
+    def health_url(self) -> str:
+        """The rollout's `/healthz`, in this pod."""
+        return f"http://127.0.0.1:{self.identity.metrics_port}/healthz"
 
     @property
     def pid(self) -> int | None:
@@ -265,7 +274,7 @@ def collocated_rollout(actor: RoleIdentity, out: BinaryIO | None = None) -> Coll
 
     policy = load_job_file(actor.config_path).spec.failure_policy
     # The actor's own identity variables (RANK, WORLD_SIZE, the collocated port ...) are not the rollout's.
-    own = actor.to_env()
+    own = {*actor.to_env(), COLLOCATED_ROLLOUT_HEALTH_ENV}
     return CollocatedRollout(
         actor.collocated_rollout(),
         {k: v for k, v in os.environ.items() if k not in own},

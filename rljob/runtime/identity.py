@@ -34,6 +34,10 @@ CONFIG_PATH_IN_POD = "/etc/rljob/job.yaml"
 ENV_PREFIX = "RLJOB_"
 COLLOCATED_ROLLOUT_METRICS_PORT_ENV = "RLJOB_COLLOCATED_ROLLOUT_METRICS_PORT"
 """Set on an actor replica whose process starts the rollout replica beside it (a collocated job in a pod)."""
+COLLOCATED_ROLLOUT_HEALTH_ENV = "RLJOB_COLLOCATED_ROLLOUT_HEALTH"
+"""Set by that process, once it started the rollout, for its own role program and its ranks: the URL of the
+rollout's `/healthz`. The actor's `/healthz` (the pod's readiness probe) is ready only while that one is, so the
+pod, and with it the job's status, is Ready only once both processes serve."""
 
 EXIT_FATAL_CONFIG = 78
 """Exit status of a role stopped by its configuration (sysexits EX_CONFIG): an unknown envId, envKwargs the

@@ -58,6 +58,9 @@ TRAINER_WAIT = "trainer_wait"
 """Share of the step actor 0 waited for generations (llm): the rollout autoscaler's signal."""
 ROLLOUT_IDLE = "rollout_idle"
 """Share of the rollout replicas' time in the step without generation work (llm)."""
+ROLLOUT_RESTARTS = "rollout_restarts"
+"""Rollout replicas actor 0 saw come back as a new process so far: in a pod, where no metrics.jsonl is written,
+the way to see a collocated rollout restarted in place."""
 PHASES: tuple[str, ...] = ("rollout", "generate", "reward", "train", "sync", "waiting")
 """Timing breakdown of a step (gym: rollout/train/sync/waiting; llm: generate/reward/train/sync); recorded as
 `time_<phase>_s`."""
@@ -227,6 +230,7 @@ _GAUGES: dict[str, tuple[str, str]] = {
     TOKENS_PER_S: ("rljob_tokens_per_second", "Response tokens trained on per second over the last step (llm)."),
     TRAINER_WAIT: ("rljob_trainer_wait_ratio", "Share of the last step the trainer waited for generations (llm)."),
     ROLLOUT_IDLE: ("rljob_rollout_idle_ratio", "Share of the rollouts' time in the last step without work (llm)."),
+    ROLLOUT_RESTARTS: ("rljob_rollout_restarts", "Rollout replicas actor 0 saw restarting so far."),
 }
 
 

@@ -10,6 +10,8 @@ import contextlib
 import json
 import logging
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -109,6 +111,15 @@ class ProgressTracker:
         return replace(progress, issue=issue) if issue else progress
 
 
+def answers_ready(url: str, timeout_s: float = 1.0) -> bool:
+    """True when `url` (another process's `/healthz`) answers 200 within `timeout_s`."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status == HTTPStatus.OK
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 class RoleHTTPServer:
     """Serves one role's health, Prometheus metrics and (optionally) progress on `port` (0: any free port)."""
 
@@ -116,6 +127,7 @@ class RoleHTTPServer:
         self.registry = registry
         self._ready = threading.Event()
         self._progress_provider: Callable[[], Progress] | None = None
+        self._also: list[tuple[Callable[[], bool], str]] = []
         self._server = ThreadingHTTPServer((host, port), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -131,6 +143,17 @@ class RoleHTTPServer:
 
     def mark_ready(self) -> None:
         self._ready.set()
+
+    def also_ready_when(self, check: Callable[[], bool], waiting_for: str) -> None:
+        """`/healthz` answers ready only while `check()` is true too (asked at each probe); else 503 saying
+        `waiting for <waiting_for>`."""
+        self._also.append((check, waiting_for))
+
+    def _not_ready_because(self) -> str:
+        """Why `/healthz` is not ready now; "" when it is."""
+        if not self._ready.is_set():
+            return "starting"
+        return next((f"waiting for {what}" for check, what in self._also if not check()), "")
 
     def set_progress_provider(self, provider: Callable[[], Progress]) -> None:
         self._progress_provider = provider
@@ -154,10 +177,12 @@ class RoleHTTPServer:
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/healthz":
-                    if server._ready.is_set():
+                    why = server._not_ready_because()
+                    if not why:
                         self._send(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
                     else:
-                        self._send(HTTPStatus.SERVICE_UNAVAILABLE, b"starting\n", "text/plain; charset=utf-8")
+                        body = f"{why}\n".encode()
+                        self._send(HTTPStatus.SERVICE_UNAVAILABLE, body, "text/plain; charset=utf-8")
                 elif path == "/metrics":
                     self._send(HTTPStatus.OK, generate_latest(server.registry), CONTENT_TYPE_LATEST)
                 elif path == "/progress" and server._progress_provider is not None:

@@ -1,4 +1,5 @@
 import json
+import logging
 import math
 import urllib.error
 import urllib.request
@@ -123,3 +124,49 @@ def test_load_shares_are_the_trainers_wait_and_the_rollouts_unused_time():
     assert load_shares(4.0, 5.0, 2, 10.0) == {"trainer_wait": 0.4, "rollout_idle": 0.75}
     # Chunks generated partly during the previous step can add up past the step: never below 0 idle.
     assert load_shares(12.0, 30.0, 2, 10.0) == {"trainer_wait": 1.0, "rollout_idle": 0.0}
+
+
+def test_a_collocated_actors_healthz_is_ready_only_while_the_rollout_beside_it_answers(monkeypatch):
+    """The pod's readiness probe asks the actor: it must not say Ready while the rollout loads or restarts."""
+    from prometheus_client import CollectorRegistry
+
+    from rljob.api import load_job_file
+    from rljob.launch.local import free_ports
+    from rljob.runtime.identity import COLLOCATED_ROLLOUT_HEALTH_ENV, pod_identity
+    from rljob.runtime.roles.common import RoleContext
+    from rljob.runtime.roles.health import RoleHealth
+    from tests.conftest import REPO
+
+    rollout = RoleHTTPServer(0, CollectorRegistry(), host="127.0.0.1").start()
+    url = f"http://127.0.0.1:{rollout.port}/healthz"
+    monkeypatch.setenv(COLLOCATED_ROLLOUT_HEALTH_ENV, url)
+    (port,) = free_ports(1)
+    identity = pod_identity("co", "ns", "actor", 0, {"actor": 1, "rollout": 1}, port, collocated_rollout=True)
+    job = load_job_file(str(REPO / "examples" / "grpo-tiny-arithmetic.yaml"))
+    health = RoleHealth(RoleContext(identity=identity, job=job, log=logging.getLogger("test")), counters={})
+    try:
+        health.ready()
+        assert get(port, "/healthz")[::2] == (503, f"waiting for the rollout beside it ({url})\n")
+        rollout.mark_ready()
+        assert get(port, "/healthz")[::2] == (200, "ok\n")
+        rollout.stop()  # the rollout died: the pod is not ready until its successor serves
+        assert get(port, "/healthz")[0] == 503
+    finally:
+        health.close()
+
+
+def test_a_healthz_with_no_other_process_to_wait_for_is_ready_once_marked():
+    with RoleHTTPServer(0, RoleMetrics(job="j", role="reward", replica=0).registry, host="127.0.0.1") as server:
+        assert get(server.port, "/healthz")[::2] == (503, "starting\n")
+        server.also_ready_when(lambda: True, "nothing")
+        server.mark_ready()
+        assert get(server.port, "/healthz")[::2] == (200, "ok\n")
+
+
+def test_rollout_restarts_are_a_gauge_where_no_metrics_file_is_written():
+    """In a pod the step records reach no file: a collocated rollout restarted in place shows on /metrics."""
+    role_metrics = RoleMetrics(job="co", role="actor", replica=0)
+    role_metrics.observe({"step": 3, "rollout_restarts": 2})
+    with RoleHTTPServer(0, role_metrics.registry, host="127.0.0.1") as server:
+        body = get(server.port, "/metrics")[2]
+    assert "\nrljob_rollout_restarts 2.0\n" in body

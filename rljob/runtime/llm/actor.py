@@ -55,7 +55,14 @@ from rljob.runtime.llm.sharding import (
     save_checkpoint,
     weight_source,
 )
-from rljob.runtime.metrics import ROLLOUT_IDLE, TRAINER_WAIT, RunMetrics, keep_records_until, phase_key
+from rljob.runtime.metrics import (
+    ROLLOUT_IDLE,
+    ROLLOUT_RESTARTS,
+    TRAINER_WAIT,
+    RunMetrics,
+    keep_records_until,
+    phase_key,
+)
 from rljob.runtime.ranks import join_actor_group
 from rljob.runtime.role_http import ProgressTracker
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
@@ -626,7 +633,7 @@ def _record(
         "staleness_mean": float(np.mean(staleness)),
         "staleness_max": int(max(staleness)),
         "prompts_skipped_too_long": controller.skipped_too_long,
-        "rollout_restarts": controller.rollouts.restarts,
+        ROLLOUT_RESTARTS: controller.rollouts.restarts,
         "rollout_replicas": len(controller.rollouts.links),
     }
     if controller.spec.algorithm.dynamic_sampling:

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from rljob.runtime.identity import COLLOCATED_ROLLOUT_HEALTH_ENV
 from rljob.runtime.metrics import RoleMetrics
-from rljob.runtime.role_http import RoleHTTPServer
+from rljob.runtime.role_http import RoleHTTPServer, answers_ready
 from rljob.runtime.roles.common import RoleContext
 
 
 class RoleHealth:
-    """`/healthz` (after `ready()`), `/metrics`; `counters` are read at scrape time, e.g. env steps served."""
+    """`/healthz` (after `ready()`), `/metrics`; `counters` are read at scrape time, e.g. env steps served.
+
+    In a collocated actor pod (COLLOCATED_ROLLOUT_HEALTH_ENV set) `/healthz` also needs the rollout beside the
+    actor to answer its own: the pod is not Ready while that rollout loads, restarts or crash-loops."""
 
     def __init__(self, context: RoleContext, counters: dict[str, Callable[[], float]]) -> None:
         identity = context.identity
@@ -21,6 +27,9 @@ class RoleHealth:
         self.counters = counters
         self._live: dict[str, Gauge] = {}
         self.server = RoleHTTPServer(identity.metrics_port, self.registry).start()
+        rollout = os.environ.get(COLLOCATED_ROLLOUT_HEALTH_ENV)
+        if rollout:
+            self.server.also_ready_when(functools.partial(answers_ready, rollout), f"the rollout beside it ({rollout})")
         self._register()
 
     def _register(self) -> None:
