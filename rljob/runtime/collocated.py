@@ -7,14 +7,16 @@ identity derived from its own (`RoleIdentity.collocated_rollout`), and keeps it 
 rollout pod (`spec.failurePolicy`, as `rljob.launch.failure_policy` applies it):
 
 - a rollout that fails is started again after a back-off that doubles with each failure in a row (1 s, 2 s,
-  4 s ... at most 60 s); the actor's weight rounds wait for it, as for a replaced rollout pod. The count is
-  forgotten once a rollout has run for 10 minutes, or exits 0.
+  4 s ... at most 60 s, each jittered to 0.5-1x); the actor's weight rounds wait for it, as for a replaced
+  rollout pod. The count is forgotten once a rollout has run for 10 minutes, or exits 0.
 - past `maxReplacements` failures in a row (at the first with `failurePolicy.rollout: FailJob`) the actor is
-  asked to stop (SIGTERM to this process) and the container ends with EXIT_ROLLOUT_GAVE_UP, leaving
-  `rollout[<i>] exited with code N: <why>` as its termination message: the operator fails the job as it would
-  for a rollout pod of its own (PodFailed, BackoffLimitExceeded), never restarting the actor group, whose new
-  pod would count the rollout's failures from zero again. A rollout that exits EXIT_FATAL_CONFIG does the same
-  at once, and the container ends with that code (the operator fails the job: InvalidConfig).
+  asked to stop (SIGTERM to this process: it finishes its step, which may wait out a request to the dead
+  rollout; past GIVE_UP_GRACE_S this process exits anyway) and the container ends with EXIT_ROLLOUT_GAVE_UP,
+  leaving `rollout[<i>] exited with code N: <why>` as its termination message: the operator fails the job as
+  it would for a rollout pod of its own (PodFailed, BackoffLimitExceeded), never restarting the actor group,
+  whose new pod would count the rollout's failures from zero again. A rollout that exits EXIT_FATAL_CONFIG
+  does the same at its first exit, and the container ends with that code (the operator fails the job:
+  InvalidConfig).
 - when the actor's program ends, whatever its code, the rollout is stopped: SIGTERM, SIGKILL after a grace.
   It also dies with this process however that ends (`rljob.runtime.parent_death`).
 - the rollout runs in a session (process group) of its own, and whatever is left of that group after it exits
