@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -61,7 +62,15 @@ GIVE_UP_GRACE_S = 60.0
 """After asking the actor to stop for a rollout that cannot run: how long it gets before this process exits."""
 
 
-def rollout_command() -> list[str]:
+TEST_ROLLOUT_COMMAND_ENV = "RLJOB_TEST_COLLOCATED_ROLLOUT_COMMAND"
+"""Test hook, not a user setting: a command line (split as a shell would) the actor pod's process runs as its
+collocated rollout in place of `rljob role rollout`, so tests run the real `rljob role actor` beside a rollout
+that fails as they need."""
+
+
+def rollout_command(env: Mapping[str, str] = os.environ) -> list[str]:
+    if env.get(TEST_ROLLOUT_COMMAND_ENV):
+        return shlex.split(env[TEST_ROLLOUT_COMMAND_ENV])
     return [sys.executable, "-m", "rljob.cli.main", "role", "rollout"]
 
 

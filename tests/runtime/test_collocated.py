@@ -243,3 +243,26 @@ def test_the_rollout_in_its_own_session_still_dies_with_the_actors_process():
         wait_until(lambda: gone(child))
     finally:
         actor.kill()
+
+
+STUCK_ACTOR = """
+import os, signal, sys, time
+from rljob.runtime.collocated import CollocatedRollout
+from rljob.runtime.identity import pod_identity
+
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # an actor that does not get out of its step
+actor = pod_identity("job", "ns", "actor", 0, {"actor": 1, "rollout": 1}, 9090, collocated_rollout=True)
+CollocatedRollout(
+    actor.collocated_rollout(), dict(os.environ), sys.stdout.buffer, max_replacements=1, fail_job=True,
+    command=[sys.executable, "-c", "import sys; sys.exit(1)"], give_up_grace_s=0.5,
+).start()
+time.sleep(120)  # past the test's timeout: only the supervisor's exit ends it in time
+print("still running", flush=True)
+"""
+
+
+def test_an_actor_that_does_not_stop_after_the_give_up_is_ended_with_its_code():
+    done = subprocess.run([sys.executable, "-c", STUCK_ACTOR], capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_ROLLOUT_GAVE_UP, done.stdout + done.stderr
+    assert "rollout[0] the actor did not stop within 0.5s: exiting with code 79" in done.stdout.splitlines()
+    assert "still running" not in done.stdout
