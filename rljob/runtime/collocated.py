@@ -19,6 +19,8 @@ rollout pod (`spec.failurePolicy`, as `rljob.launch.failure_policy` applies it):
   InvalidConfig).
 - when the actor's program ends, whatever its code, the rollout is stopped: SIGTERM, SIGKILL after a grace.
   It also dies with this process however that ends (`rljob.runtime.parent_death`).
+- `spec.failurePolicy` is edited without a restart (the operator rewrites the job file the pod mounts): it is
+  read again from that file at each failure, before deciding whether to give up.
 - the rollout runs in a session (process group) of its own, and whatever is left of that group after it exits
   or is stopped is SIGKILLed before anything else starts: vLLM's EngineCore and tensor-parallel workers outlive
   a front end that was SIGKILLed, keeping the GPU memory that the next start would need (this process is PID 1
@@ -102,6 +104,7 @@ class CollocatedRollout:
         grace_s: float = STOP_GRACE_S,
         give_up_grace_s: float = GIVE_UP_GRACE_S,
         termination_log: Path = TERMINATION_LOG,
+        read_policy: Callable[[], tuple[int, bool]] | None = None,
     ) -> None:
         if identity.role != "rollout":
             raise ValueError(f"a collocated rollout has the rollout's identity (got {identity.role})")
@@ -116,6 +119,9 @@ class CollocatedRollout:
         self.backoff = backoff or Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)
         self.stable_s, self.grace_s, self.give_up_grace_s = stable_s, grace_s, give_up_grace_s
         self.termination_log = termination_log
+        self.read_policy = read_policy
+        """The job's current (maxReplacements, rollout is FailJob), asked at each failure: `spec.failurePolicy` is
+        edited without a restart, the operator updating the job file under the running pod."""
         self.starts = 0
         self.failures_in_a_row = 0
         self.gave_up: int | None = None
@@ -205,6 +211,7 @@ class CollocatedRollout:
                     self.failures_in_a_row = 0
                     self.backoff.reset()
                 self.failures_in_a_row += 1
+                self._refresh_policy()
                 why = self._give_up_reason(status)
                 if why:
                     self._give_up(status, why)
@@ -220,6 +227,19 @@ class CollocatedRollout:
                 if self._stopping.is_set():  # `stop` came while the wait ended: start nothing it would miss
                     return
                 self._spawn()
+
+    def _refresh_policy(self) -> None:
+        if self.read_policy is None:
+            return
+        try:
+            policy = self.read_policy()
+        except Exception as exc:  # a file being replaced, an edit that does not load: the last read stands
+            self.say(f"could not read spec.failurePolicy again ({exc}); keeping what was read before")
+            return
+        if policy != (self.max_replacements, self.fail_job):
+            rollout = "FailJob" if policy[1] else "Replace"
+            self.say(f"spec.failurePolicy is now maxReplacements {policy[0]}, rollout {rollout}")
+            self.max_replacements, self.fail_job = policy
 
     def _give_up_reason(self, status: int) -> str:
         if status == EXIT_FATAL_CONFIG:
@@ -283,13 +303,18 @@ def collocated_rollout(actor: RoleIdentity, out: BinaryIO | None = None) -> Coll
     policy, not started yet. Raises InvalidRLJob when the job file does not load."""
     from rljob.api import load_job_file
 
-    policy = load_job_file(actor.config_path).spec.failure_policy
+    def read_policy() -> tuple[int, bool]:
+        policy = load_job_file(actor.config_path).spec.failure_policy
+        return policy.max_replacements, policy.rollout == "FailJob"
+
+    max_replacements, fail_job = read_policy()
     # The actor's own identity variables (RANK, WORLD_SIZE, the collocated port ...) are not the rollout's.
     own = {*actor.to_env(), COLLOCATED_ROLLOUT_HEALTH_ENV}
     return CollocatedRollout(
         actor.collocated_rollout(),
         {k: v for k, v in os.environ.items() if k not in own},
         out or sys.stdout.buffer,
-        max_replacements=policy.max_replacements,
-        fail_job=policy.rollout == "FailJob",
+        max_replacements=max_replacements,
+        fail_job=fail_job,
+        read_policy=read_policy,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import subprocess
@@ -10,9 +11,12 @@ import textwrap
 import threading
 import time
 
-from rljob.runtime.collocated import CollocatedRollout
+import yaml
+
+from rljob.runtime.collocated import CollocatedRollout, collocated_rollout
 from rljob.runtime.identity import EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP, pod_identity
 from rljob.runtime.retry import Backoff
+from tests.conftest import REPO
 
 REPLICAS = {"actor": 1, "rollout": 1, "env": 0, "reward": 0}
 
@@ -215,7 +219,7 @@ def test_stopping_the_rollout_also_ends_the_processes_it_started():
 
 ACTOR = """
 import os, sys, time
-from rljob.runtime.collocated import CollocatedRollout
+from rljob.runtime.collocated import CollocatedRollout, collocated_rollout
 from rljob.runtime.identity import pod_identity
 
 actor = pod_identity("job", "ns", "actor", 0, {"actor": 1, "rollout": 1}, 9090, collocated_rollout=True)
@@ -247,7 +251,7 @@ def test_the_rollout_in_its_own_session_still_dies_with_the_actors_process():
 
 STUCK_ACTOR = """
 import os, signal, sys, time
-from rljob.runtime.collocated import CollocatedRollout
+from rljob.runtime.collocated import CollocatedRollout, collocated_rollout
 from rljob.runtime.identity import pod_identity
 
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # an actor that does not get out of its step
@@ -266,3 +270,48 @@ def test_an_actor_that_does_not_stop_after_the_give_up_is_ended_with_its_code():
     assert done.returncode == EXIT_ROLLOUT_GAVE_UP, done.stdout + done.stderr
     assert "rollout[0] the actor did not stop within 0.5s: exiting with code 79" in done.stdout.splitlines()
     assert "still running" not in done.stdout
+
+
+def test_a_failure_policy_edited_under_the_running_pod_applies_at_the_next_failure():
+    """`failurePolicy` is restart-free: the operator rewrites the job file in place, and the supervisor reads it
+    again at each failure (here from a list; `collocated_rollout` reads the mounted job file)."""
+    policies = [(10, False), (10, True)]
+    rollout, out, asked_to_stop = supervised("sys.exit(1)", read_policy=lambda: policies.pop(0))
+    try:
+        wait_until(lambda: asked_to_stop)
+    finally:
+        rollout.stop()
+    assert (rollout.starts, rollout.gave_up) == (2, EXIT_ROLLOUT_GAVE_UP)
+    lines = out.lines()
+    assert "rollout[0] spec.failurePolicy is now maxReplacements 10, rollout FailJob" in lines
+    assert "failed and spec.failurePolicy.rollout is FailJob" in lines[-1]
+
+
+def test_a_failure_policy_that_does_not_read_keeps_the_last_one():
+    def unreadable() -> tuple[int, bool]:
+        raise OSError("the job file is being replaced")
+
+    rollout, out, asked_to_stop = supervised("sys.exit(1)", max_replacements=1, read_policy=unreadable)
+    try:
+        wait_until(lambda: asked_to_stop)
+    finally:
+        rollout.stop()
+    assert (rollout.starts, rollout.gave_up) == (2, EXIT_ROLLOUT_GAVE_UP)
+    assert (
+        "rollout[0] could not read spec.failurePolicy again (the job file is being replaced); keeping what was "
+        "read before" in out.lines()
+    )
+
+
+def test_the_actor_pods_supervisor_reads_the_failure_policy_from_the_mounted_job_file(tmp_path):
+    job = yaml.safe_load((REPO / "examples" / "grpo-tiny-arithmetic.yaml").read_text())
+    job["spec"]["roles"]["rollout"]["collocated"] = True
+    job["spec"]["rollout"]["weightSync"] = {"method": "ipc"}
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job))
+    actor = pod_identity("job", "ns", "actor", 0, REPLICAS, 9090, collocated_rollout=True)
+    rollout = collocated_rollout(dataclasses.replace(actor, config_path=str(job_file)), Output())
+    assert rollout.read_policy is not None and rollout.read_policy() == (10, False)
+    job["spec"]["failurePolicy"] = {"maxReplacements": 3, "rollout": "FailJob"}
+    job_file.write_text(yaml.safe_dump(job))  # what the kubelet does to the ConfigMap volume after an edit
+    assert rollout.read_policy() == (3, True)
