@@ -50,6 +50,7 @@ from typing import BinaryIO
 
 from rljob.runtime.identity import COLLOCATED_ROLLOUT_HEALTH_ENV, EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP, RoleIdentity
 from rljob.runtime.parent_death import LAUNCHER_PID_ENV
+from rljob.runtime.prefixed_output import copy_prefixed
 from rljob.runtime.retry import Backoff
 from rljob.runtime.termination import TERMINATION_LOG, write_termination_message
 
@@ -184,11 +185,7 @@ class CollocatedRollout:
 
     def _pump(self, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None
-        prefix = f"{self.name} | ".encode()
-        for raw in process.stdout:
-            with self._lock:
-                self.out.write(prefix + raw if raw.endswith(b"\n") else prefix + raw + b"\n")
-                self.out.flush()
+        copy_prefixed(process.stdout, f"{self.name} | ", self.out, self._lock)
 
     def _supervise(self) -> None:
         while True:

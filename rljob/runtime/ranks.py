@@ -31,6 +31,7 @@ from rljob.runtime.identity import (
     RoleIdentity,
 )
 from rljob.runtime.parent_death import LAUNCHER_PID_ENV
+from rljob.runtime.prefixed_output import copy_prefixed
 
 RANK_STOP_GRACE_S = 10.0
 """How long the ranks left after a failure (or a stop request) get to exit before they are killed."""
@@ -79,11 +80,7 @@ class RankGroup:
 
     def _pump(self, rank: int, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None
-        prefix = f"rank {rank} | ".encode()
-        for raw in process.stdout:
-            with self._lock:
-                self.out.write(prefix + raw if raw.endswith(b"\n") else prefix + raw + b"\n")
-                self.out.flush()
+        copy_prefixed(process.stdout, f"rank {rank} | ", self.out, self._lock)
 
     def say(self, message: str) -> None:
         with self._lock:
