@@ -699,6 +699,10 @@ class _Planner:
             return
         actors = _role_pod_names(obs, "actor")
         actors_ready = all(n in self.pods and self.pods[n].ready for n in actors)
+        if obs.job is not None and obs.job.spec.roles.rollout.collocated:
+            # A collocated actor pod is Ready only while its rollout serves too: one that runs while its rollout
+            # restarts in place keeps the job Running (Ready says PodsNotReady), so Stalled still watches it.
+            actors_ready = all(n in self.pods and self.pods[n].phase == "Running" for n in actors)
         every_scheduled = all(n in self.pods and self.pods[n].scheduled for n in obs.desired_pods)
         if all_ready or (self.status.phase == "Running" and actors_ready):
             self.transition("Running", "Running", "every pod is ready; training")

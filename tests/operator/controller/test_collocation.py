@@ -134,3 +134,19 @@ async def test_a_collocated_rollout_that_fails_under_failjob_fails_the_job_with_
         failed = failed_condition(cluster)
         assert failed["reason"] == "PodFailed" and "failurePolicy.rollout is FailJob" in failed["message"]
         assert cluster.status("co").get("restarts", 0) == 0 and "ActorFailed" not in cluster.reasons("co")
+
+
+async def test_a_running_collocated_job_stays_running_while_its_rollout_restarts_in_the_actor_pod(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    async with operator_running(kube) as op:
+        await start_running(cluster)
+        # The actor pod's readiness covers the rollout beside it: while that restarts, the pod runs but is not Ready.
+        cluster.run("co-actor-0", ready=False)
+        await eventually(
+            lambda: next(c for c in cluster.status("co")["conditions"] if c["type"] == "Ready")["status"] == "False",
+            what="Ready False",
+        )
+        assert cluster.phase("co") == "Running"  # still training: Stalled keeps watching its progress
+        assert cluster.status("co")["roles"]["rollout"]["ready"] == 0
+        assert not op.task.done()
