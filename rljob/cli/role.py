@@ -60,8 +60,10 @@ def role(
     finally:
         if collocated is not None:
             collocated.stop()
-    if collocated is not None and collocated.gave_up is not None:
-        code = collocated.gave_up  # the actor stopped because its rollout could not be kept running
+    if collocated is not None:
+        from rljob.runtime.collocated import pod_exit_code
+
+        code = pod_exit_code(code, collocated.gave_up)
     if identity.starts_ranks:
         raise typer.Exit(code)
     exit_without_teardown(code)

@@ -77,6 +77,28 @@ def rollout_command(env: Mapping[str, str] = os.environ) -> list[str]:
     return [sys.executable, "-m", "rljob.cli.main", "role", "rollout"]
 
 
+def pod_exit_code(actor_code: int, rollout_gave_up: int | None) -> int:
+    """What the actor pod's container ends with: the actor's code, or the rollout's give-up status
+    (`CollocatedRollout.gave_up`) when the actor stopped because of it. An actor that finished its steps (0) did
+    its work: a rollout lost while it exported the policy does not turn a finished job into a failed one."""
+    if rollout_gave_up is None or actor_code == 0:
+        return actor_code
+    return rollout_gave_up
+
+
+def _reap_group(pgid: int, wait_s: float = 1.0) -> None:
+    """Collect the killed members of process group `pgid` that are this process's children: in a pod this process
+    is PID 1 and adopts a rollout's orphans (vLLM's engine processes), which would otherwise stay zombies."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-pgid, os.WNOHANG)
+        except ChildProcessError:  # none of the group's processes is a child of this one (any more)
+            return
+        if pid == 0:  # killed, not dead yet
+            time.sleep(0.02)
+
+
 def _exit_status(code: int) -> int:
     """A shell-style status: a process killed by signal N is reported as 128 + N."""
     return 128 - code if code < 0 else code
@@ -111,6 +133,7 @@ class CollocatedRollout:
             raise ValueError(f"a collocated rollout has the rollout's identity (got {identity.role})")
         self.identity = identity
         self.command = list(command or rollout_command())
+        self._from_test_hook = command is None and bool(os.environ.get(TEST_ROLLOUT_COMMAND_ENV))
         # Each line as it is printed, and death with this process first thing (see parent_death): fork-safe.
         self.env = {**base_env, **identity.to_env(), "PYTHONUNBUFFERED": "1", LAUNCHER_PID_ENV: str(os.getpid())}
         self.out = out
@@ -157,6 +180,8 @@ class CollocatedRollout:
             self.out.flush()
 
     def start(self) -> CollocatedRollout:
+        if self._from_test_hook:  # a pod whose env sets it by mistake says so
+            self.say(f"runs {shlex.join(self.command)} ({TEST_ROLLOUT_COMMAND_ENV}) in place of the rollout role")
         self._spawn()
         self._supervisor = threading.Thread(target=self._supervise, name="collocated-rollout", daemon=True)
         self._supervisor.start()
@@ -272,6 +297,7 @@ class CollocatedRollout:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
             self.say(f"sent SIGKILL to what is left of its process group ({process.pid})")
+            _reap_group(process.pid)
 
     def stop(self) -> None:
         """End the rollout (SIGTERM, SIGKILL after the grace) and its supervision; call when the actor ends."""
@@ -287,7 +313,8 @@ class CollocatedRollout:
                 self.say(f"did not stop within {self.grace_s:g}s of SIGTERM: killing it")
                 process.kill()
                 process.wait()
-        if process is not None:
+            # Only a rollout this call saw running: the supervisor ended the group of every earlier one when it
+            # exited, and that group's id may since belong to another process.
             self._end_group(process)
         if self._reader is not None:
             self._reader.join(timeout=5)

@@ -315,3 +315,51 @@ def test_the_actor_pods_supervisor_reads_the_failure_policy_from_the_mounted_job
     job["spec"]["failurePolicy"] = {"maxReplacements": 3, "rollout": "FailJob"}
     job_file.write_text(yaml.safe_dump(job))  # what the kubelet does to the ConfigMap volume after an edit
     assert rollout.read_policy() == (3, True)
+
+
+def test_the_pod_ends_with_the_rollout_s_status_only_when_the_actor_stopped_for_it():
+    from rljob.runtime.collocated import pod_exit_code
+
+    assert pod_exit_code(1, EXIT_ROLLOUT_GAVE_UP) == EXIT_ROLLOUT_GAVE_UP  # stopped because of the rollout
+    assert pod_exit_code(1, EXIT_FATAL_CONFIG) == EXIT_FATAL_CONFIG
+    assert pod_exit_code(1, None) == 1  # the actor's own failure
+    # Every step trained: the rollout lost while the actor exported the policy does not fail the finished job.
+    assert pod_exit_code(0, EXIT_ROLLOUT_GAVE_UP) == 0
+
+
+ADOPTING_ACTOR = """
+import ctypes, os, sys, time
+from pathlib import Path
+from rljob.runtime.collocated import CollocatedRollout
+from rljob.runtime.identity import pod_identity
+
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come to this process, as to PID 1 in a pod
+actor = pod_identity("job", "ns", "actor", 0, {"actor": 1, "rollout": 1}, 9090, collocated_rollout=True)
+body = "import os, subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])"
+body += "; os.kill(os.getpid(), 9)"  # a front end killed, its engine process left behind
+rollout = CollocatedRollout(
+    actor.collocated_rollout(), dict(os.environ), sys.stdout.buffer, max_replacements=0,
+    command=[sys.executable, "-c", body], on_give_up=lambda: None, give_up_grace_s=60,
+).start()
+for _ in range(500):
+    if rollout.gave_up is not None:
+        break
+    time.sleep(0.02)
+zombies = []
+for stat in Path("/proc").glob("[0-9]*/stat"):
+    try:
+        state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+    except (FileNotFoundError, ProcessLookupError):
+        continue
+    if int(ppid) == os.getpid() and state == "Z":
+        zombies.append(stat.parent.name)
+print("gave up", rollout.gave_up, "zombies", zombies, flush=True)
+os._exit(0)
+"""
+
+
+def test_an_actor_process_that_adopts_the_rollout_s_orphans_leaves_no_zombie():
+    """In a pod the actor's process is PID 1: the engine processes a killed rollout leaves become its children."""
+    done = subprocess.run([sys.executable, "-c", ADOPTING_ACTOR], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"gave up {EXIT_ROLLOUT_GAVE_UP} zombies []" in done.stdout.splitlines(), done.stdout
