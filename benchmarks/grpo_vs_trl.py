@@ -24,8 +24,10 @@ Sides: `rljob_<engine>` runs `rljob run MANIFEST --set spec.rollout.engine=<engi
 generations overlapping this step's update (`maxStaleness: 1`, truncated importance sampling), `trl` runs
 GRPOTrainer.
 
-Equal core budgets: every side's processes are pinned to the same `--cores` cores (default 2); rljob's role
-processes compute on one thread each, TRL on `--cores` threads, so each side can use every core it is given.
+Equal core budgets: every side's processes are pinned to the same `--cores` cores (default 2) and can compute on
+all of them: TRL on `--cores` threads; rljob's actor on `--cores` threads when generation and training take
+turns (synchronous GRPO: the rollout waits while the actor trains) and on one beside the rollout's when they
+overlap (`_async`); its rollout generates on one thread (the role's own setting).
 Each seed (`--seeds 0,1,2`: the starting policy and the prompt order follow it) runs every side back to back;
 the summary gives each side's mean and spread over the seeds, and each rljob side's completions/s over TRL's.
 The roofline of the update: its FLOPs (6 per linear weight per trained token, 8 with an old-log-prob pass) at
@@ -120,8 +122,9 @@ def trl_settings(spec: Any) -> tuple[dict[str, Any], list[str]]:
     }
     differences = [
         "GRPO advantage: rljob divides by (std + 1e-6), TRL by (std + 1e-4) (both the sample std of the group)",
-        "threads: rljob's roles run with OMP_NUM_THREADS=1 each (actor and rollout in separate processes, so "
-        "generation can use the second core); TRL runs in one process with --trl-threads compute threads",
+        "threads: rljob's actor computes on --cores threads (OMP_NUM_THREADS), 1 on the async side (it trains "
+        "while the rollout generates), its rollout on 1 thread; TRL runs in one process with --trl-threads "
+        "compute threads",
         "rljob evaluates its policy greedily on the held-out prompts every spec.evaluation.interval steps and "
         "checkpoints every spec.checkpoint.interval steps inside its timed loop; TRL does neither",
         "rljob's rollout returns the sampling logprobs and its trainer recomputes them in an extra no-grad "
@@ -392,6 +395,12 @@ def _pinned(cores: list[int] | None) -> Callable[[], None] | None:
     return lambda: os.sched_setaffinity(0, cores)
 
 
+def rljob_actor_threads(side: str, cores: int) -> int:
+    """The compute threads of an rljob side's actor: every core while the rollout waits for it (synchronous),
+    one when it trains beside the generating rollout (`_async`: more would oversubscribe the cores)."""
+    return 1 if side.endswith("_async") else cores
+
+
 def run_rljob(
     manifest: Path,
     side: str,
@@ -399,8 +408,12 @@ def run_rljob(
     workdir: Path,
     cores: list[int] | None = None,
     device: str = "cpu",
+    threads: int = 1,
 ) -> dict[str, Any]:
-    """`rljob run` as a user runs it, timed from process start to exit; figures from its metrics.jsonl."""
+    """`rljob run` as a user runs it, timed from process start to exit; figures from its metrics.jsonl.
+
+    `threads`: OMP_NUM_THREADS of its role processes, the actor's compute threads (the llm rollout computes on
+    one whatever it is)."""
     engine, side_overrides = side_settings(side)
     if device == "cuda":
         side_overrides = [*CUDA_OVERRIDES, *side_overrides]
@@ -410,7 +423,12 @@ def run_rljob(
         command += ["--set", override]
     started = time.monotonic()
     proc = subprocess.run(
-        command, cwd=ROOT, env=_child_env(), capture_output=True, text=True, preexec_fn=_pinned(cores)
+        command,
+        cwd=ROOT,
+        env={**_child_env(), "OMP_NUM_THREADS": str(threads)},
+        capture_output=True,
+        text=True,
+        preexec_fn=_pinned(cores),
     )
     wall = time.monotonic() - started
     if proc.returncode != 0:
@@ -425,6 +443,7 @@ def run_rljob(
     return {
         "engine": engine,
         "overrides": side_overrides,
+        "actor_threads": threads,
         "steps": records[-1]["step"],
         "samples": samples,
         "response_tokens": sum(r["response_tokens"] for r in records),
@@ -453,7 +472,7 @@ def run_trl(
 ) -> dict[str, Any]:
     """GRPOTrainer in a fresh process (`--worker trl`), timed from process start to exit like rljob.
 
-    `threads`: its torch/OpenMP compute threads (rljob's role processes run one each); `cores`: the cores it
+    `threads`: its torch/OpenMP compute threads (as many as rljob's actor has); `cores`: the cores it
     is pinned to, the same ones the rljob sides get.
     """
     from transformers import AutoTokenizer
@@ -724,7 +743,7 @@ def main() -> None:
         type=int,
         default=None,
         help="compute threads of the TRL process (default: --cores, so it computes on every core it has, as "
-        "rljob's role processes, one thread each, do between them)",
+        "rljob's actor does while its rollout waits)",
     )
     parser.add_argument(
         "--device",
@@ -756,9 +775,10 @@ def main() -> None:
     info = machine()
     info["cores_used"] = cores
     if args.device == "cuda":
-        rates = dict.fromkeys({1, trl_threads}, matmul_rate(1, cores, "cuda"))  # the GPU's, whatever the threads
+        # The GPU's rate, whatever the threads.
+        rates = dict.fromkeys({1, trl_threads, args.cores}, matmul_rate(1, cores, "cuda"))
     else:
-        rates = {threads: matmul_rate(threads, cores) for threads in sorted({1, trl_threads})}
+        rates = {threads: matmul_rate(threads, cores) for threads in sorted({1, trl_threads, args.cores})}
     info["matmul_flops_per_s_by_threads"] = rates
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     settings = differences = None
@@ -783,10 +803,11 @@ def main() -> None:
                     result = run_trl(rljob, initial, train_rows, work, trl_threads, cores, args.device)
                     passes = 6  # num_iterations 1: the training forward's log-probs are the old ones
                 else:
-                    result = run_rljob(args.manifest, side, overrides, work, cores, args.device)
+                    threads = rljob_actor_threads(side, args.cores)
+                    result = run_rljob(args.manifest, side, overrides, work, cores, args.device, threads)
                     passes = 8 if spec.algorithm.epochs > 1 or spec.algorithm.minibatches > 1 else 6
                 result.update(greedy_accuracy(Path(result.pop("model_dir")), spec, eval_rows))
-                threads = trl_threads if side == "trl" else 1
+                threads = trl_threads if side == "trl" else rljob_actor_threads(side, args.cores)
                 result["update_roofline"] = update_roofline(result, parameters, prompt_tokens, passes, rates[threads])
                 result.update(seed=seed, initial_heldout_greedy_accuracy=before)
                 runs[side].append(result)
@@ -804,7 +825,8 @@ def main() -> None:
         "cuda_overrides": list(CUDA_OVERRIDES) if args.device == "cuda" else [],
         "cores": args.cores,
         "trl_threads": trl_threads,
-        "rljob_threads": "1 per role process (actor, rollout, reward: OMP_NUM_THREADS=1 each)",
+        "rljob_threads": "actor: --cores threads, 1 on the async side; rollout: 1; reward: as the actor "
+        "(OMP_NUM_THREADS of `rljob run`)",
         "prompts_per_step": spec.trainer.batch_size,
         "group_size": spec.algorithm.group_size,
         "max_response_tokens": spec.rollout.max_tokens or spec.task.llm.max_response_length,
@@ -821,7 +843,8 @@ def main() -> None:
         f"{SMOOTHING} steps; heldout_greedy_accuracy: the final exported policy, greedy, same code for both. "
         "Every side's processes are pinned to the same `cores`; seeds run one after another, each seed's sides "
         "back to back. update_roofline: the train phase's FLOPs (update_roofline docstring) at the matmul rate "
-        "of the side's compute threads (rljob's actor: 1; TRL: trl_threads) against its measured train time",
+        "of the side's compute threads (rljob's actor: actor_threads; TRL: trl_threads) against its measured "
+        "train time",
     }
     report["machine"] = info
     path = args.out / "grpo_vs_trl.json"
