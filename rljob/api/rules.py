@@ -226,6 +226,7 @@ _LLM_ONLY_SETTINGS: tuple[tuple[str, Callable[[RLJobSpec], object], object], ...
     ("trainer.microBatchSize", lambda s: s.trainer.micro_batch_size, None),
     ("trainer.microBatchTokens", lambda s: s.trainer.micro_batch_tokens, None),
     ("trainer.logprobChunkTokens", lambda s: s.trainer.logprob_chunk_tokens, 512),
+    ("trainer.sharedPrompts", lambda s: s.trainer.shared_prompts, True),
     ("algorithm.klCoef", lambda s: s.algorithm.kl_coef, 0.0),
     ("algorithm.lossAggregation", lambda s: s.algorithm.loss_aggregation, "token-mean"),
     ("rollout.temperature", lambda s: s.rollout.temperature, 1.0),

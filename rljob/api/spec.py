@@ -347,6 +347,12 @@ class TrainerSpec(SpecModel):
     chunk by chunk in fp32, recomputed in backward, so a few [chunk, vocabulary] blocks are alive instead of
     the whole batch's logits (512 x Qwen2's 152k vocabulary: 0.3 GB a block, about 1.5 GB at the peak of
     backward); unset computes the full logits at once."""
+    shared_prompts: bool = True
+    """Run each distinct prompt of a micro-batch through the policy once (llm): GRPO's groupSize responses to a
+    prompt then attend to one cached copy of it, instead of each row computing the prompt again; the log-probs and
+    gradients are the same up to float order, for fewer FLOPs and less activation memory the longer the prompts
+    and the larger the groups. Not under model.gradientCheckpointing, whose layers drop the cache. false: every
+    sample's prompt and response run as one row."""
     learning_rate: float = Field(default=3e-4, gt=0.0)
     """Peak learning rate of the optimizer."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"

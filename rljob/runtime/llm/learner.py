@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from dataclasses import dataclass
-from itertools import chain, repeat
 from typing import Any
 
 import torch
@@ -34,72 +32,16 @@ from rljob.algorithms.losses import (
 from rljob.api.presets import resolve_algorithm
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
 from rljob.runtime.divergence import check_update
-from rljob.runtime.llm.logprobs import chunked_logprobs, full_logprobs
+from rljob.runtime.llm.batch import MicroBatch, Sample, by_prompt, collate, collate_shared
+from rljob.runtime.llm.logprobs import chunked_logprobs, full_logprobs, shares_prompts
 from rljob.runtime.llm.packing import pack_by_tokens, split_to_count
 from rljob.runtime.llm.policy import resolve_precision
 from rljob.runtime.llm.sharding import gradient_norm, shard_policy, shards_model
 from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_rate
 
-Sample = dict[str, Any]
-"""One scored completion: `prompt_ids`, `response_ids`, `rollout_logprobs` (lists), `advantage`,
-`reward` and `version` (the policy version that generated it); optionally `loss_mask`, one 0/1 per response
-token, 0 where the token is not the model's own (a text environment's reply): those are never trained on."""
-
 
 class BatchShapeError(ValueError):
     """The batch cannot be split as configured; the message names the settings."""
-
-
-@dataclass
-class MicroBatch:
-    input_ids: Tensor
-    attention_mask: Tensor
-    response_mask: Tensor
-    """[B, S-1]: 1 where position t predicts a response token."""
-    targets: Tensor
-    advantages: Tensor
-    rollout_logprobs: Tensor
-
-    def to(self, device: torch.device) -> MicroBatch:
-        return MicroBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
-
-
-def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
-    """Right-padded prompt+response rows and per-position tensors aligned with next-token predictions.
-
-    Built from flat per-token lists with masked writes in row-major order (no Python loop over rows).
-    """
-    prompt_lengths = torch.tensor([len(s["prompt_ids"]) for s in samples], dtype=torch.long)
-    response_lengths = torch.tensor([len(s["response_ids"]) for s in samples], dtype=torch.long)
-    lengths = prompt_lengths + response_lengths
-    width = int(lengths.max())
-    columns = torch.arange(width)
-    filled = columns < lengths.unsqueeze(1)
-    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
-    ids[filled] = torch.tensor(
-        list(chain.from_iterable(chain(s["prompt_ids"], s["response_ids"]) for s in samples)), dtype=torch.long
-    )
-    # Position t predicts token t + 1: a response spans positions [p - 1, p - 1 + r) on the [B, S - 1] grid.
-    start = (prompt_lengths - 1).unsqueeze(1)
-    answer = (columns[:-1] >= start) & (columns[:-1] < start + response_lengths.unsqueeze(1))
-    response = torch.zeros((len(samples), width - 1))
-    rollout = torch.zeros((len(samples), width - 1))
-    advantages = torch.zeros((len(samples), width - 1))
-    # A loss mask leaves out response tokens the model did not generate.
-    response[answer] = torch.tensor(
-        list(
-            chain.from_iterable(
-                repeat(1.0, len(s["response_ids"])) if s.get("loss_mask") is None else s["loss_mask"] for s in samples
-            )
-        ),
-        dtype=torch.float32,
-    )
-    rollout[answer] = torch.tensor(
-        list(chain.from_iterable(s["rollout_logprobs"] for s in samples)), dtype=torch.float32
-    )
-    per_sample = torch.tensor([float(s["advantage"]) for s in samples], dtype=torch.float32)
-    advantages[answer] = per_sample.repeat_interleave(response_lengths)
-    return MicroBatch(ids, filled.long(), response, ids[:, 1:].clone(), advantages, rollout)
 
 
 def token_logprobs(
@@ -199,6 +141,8 @@ class LLMLearner:
             model.float()
             self.autocast_dtype = torch.bfloat16
         self.params = [p for p in model.parameters() if p.requires_grad]  # DTensor shards once sharded
+        self.share_prompts = trainer.shared_prompts and shares_prompts(model)
+        """Whether micro-batches run each distinct prompt's prefix once (`batch.collate_shared`)."""
         self.optimizer = build_optimizer(self.params, trainer)
         self.old_logprobs_pass = algorithm.epochs > 1 or algorithm.minibatches > 1 or has_dropout(model)
         """Whether each step starts with a no-grad forward for the old log-probs and the step's statistics.
@@ -230,20 +174,30 @@ class LLMLearner:
         ]
 
     def _micro(self, samples: list[Sample]) -> list[MicroBatch]:
+        if self.share_prompts:  # a prompt's responses in one micro-batch: its prefix runs once for all of them
+            samples = by_prompt(samples)
         size = self.trainer.micro_batch_size or max(len(samples), 1)
         budget = self.trainer.micro_batch_tokens
         if budget is None:
-            return [collate(samples[i : i + size], self.pad_id).to(self.device) for i in range(0, len(samples), size)]
-        lengths = [len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples]
-        groups = pack_by_tokens(lengths, budget, self.trainer.micro_batch_size)
-        if self.sharded:  # every rank runs as many passes as the one that needs most
-            groups = split_to_count(groups, int(self._max_over_ranks(float(len(groups)))))
-        return [collate([samples[i] for i in g], self.pad_id).to(self.device) for g in groups]
+            parts = [samples[i : i + size] for i in range(0, len(samples), size)]
+        else:
+            lengths = [len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples]
+            groups = pack_by_tokens(lengths, budget, self.trainer.micro_batch_size)
+            if self.sharded:  # every rank runs as many passes as the one that needs most
+                groups = split_to_count(groups, int(self._max_over_ranks(float(len(groups)))))
+            parts = [[samples[i] for i in g] for g in groups]
+        shared = [collate_shared(part, self.pad_id) if self.share_prompts else None for part in parts]
+        if self.sharded and self.share_prompts:
+            # A shared prefix is one more forward of the sharded policy, and every forward gathers its shards
+            # with the other ranks: a pass shares only where every rank's does, or the collectives would not pair.
+            agreed = self._all_reduce(torch.tensor([float(s is not None) for s in shared]), dist.ReduceOp.MIN)
+            shared = [s if bool(ok) else None for s, ok in zip(shared, agreed.tolist(), strict=True)]
+        return [(s or collate(part, self.pad_id)).to(self.device) for s, part in zip(shared, parts, strict=True)]
 
-    def _all_reduce(self, values: Tensor) -> Tensor:
+    def _all_reduce(self, values: Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> Tensor:
         if self.world_size > 1:
             values = values.to(self.device)
-            dist.all_reduce(values)
+            dist.all_reduce(values, op=op)
         return values.cpu()
 
     def update(self, samples: list[Sample]) -> dict[str, float]:

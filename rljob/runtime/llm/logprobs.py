@@ -11,13 +11,17 @@ Only the head's `forward` is swapped, for one call: its parameters (tied to the 
 FSDP or not) are used as the model holds them. A model whose forward changes the head's output before returning
 it (Gemma 2's softcapping, a logit scale) returns another tensor than the head gave: that model goes back to the
 full logits, logged once, rather than train on numbers its forward does not compute.
+
+A micro-batch laid out with a shared prompt prefix (`batch.collate_shared`) runs in two calls: the prefixes into a
+KV cache, then the rows over it (`model_inputs`).
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -25,12 +29,67 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 if TYPE_CHECKING:
-    from rljob.runtime.llm.learner import MicroBatch
+    from rljob.runtime.llm.batch import MicroBatch
 
 log = logging.getLogger("rljob.actor")
 
 _FULL_LOGITS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 """Models whose forward transforms the head's output: they always take the full-logits path."""
+
+
+def shares_prompts(model: nn.Module) -> bool:
+    """Whether `model` can run a shared prompt prefix into a KV cache and its rows over it, with gradients through
+    both: a decoder-only transformers model that takes a cache and position ids, and not under gradient
+    checkpointing (transformers' checkpointed layers drop the cache; those rows run whole)."""
+    if getattr(model, "is_gradient_checkpointing", False):
+        log.info("model.gradientCheckpointing: every prompt runs once per response (its layers drop the KV cache)")
+        return False
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False):
+        return False
+    accepted = inspect.signature(model.forward).parameters
+    return "past_key_values" in accepted and "position_ids" in accepted
+
+
+def model_inputs(model: nn.Module, batch: MicroBatch) -> dict[str, Any]:
+    """The keyword arguments of the model call that computes `batch`'s rows. With a shared prefix, that prefix
+    runs first (no logits but its last position's) and the returned cache holds its keys and values, one copy
+    per row, still attached to autograd: the rows' backward flows into the prefix's."""
+    if batch.prefix is None:
+        return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
+    from transformers import DynamicCache
+
+    prefix = batch.prefix
+    cache = DynamicCache(config=model.config)
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    out = model(
+        input_ids=prefix.input_ids,
+        attention_mask=prefix.attention_mask,
+        position_ids=prefix.position_ids,
+        past_key_values=cache,
+        use_cache=True,
+        **keep,
+    )
+    if torch.is_grad_enabled() and _is_fsdp(model):
+        # FSDP gathers a layer's weights for backward when the gradient reaches that layer's output. The prefix's
+        # gradient arrives through the cache instead, after the rows' backward has freed them again: tie the
+        # cache to the prefix's output (with weight 0) so that its backward passes through every layer's output.
+        first = cache.layers[0]
+        first.keys = first.keys + 0.0 * out.logits.sum().to(first.keys.dtype)
+    cache.batch_select_indices(prefix.rows)
+    return {
+        "input_ids": batch.input_ids,
+        "attention_mask": batch.attention_mask,
+        "position_ids": batch.position_ids,
+        "past_key_values": cache,
+        "use_cache": True,
+    }
+
+
+def _is_fsdp(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
 
 
 def _chunk_logprobs(
@@ -113,7 +172,7 @@ def full_logprobs(
     model: nn.Module, batch: MicroBatch, temperature: float, with_entropy: bool, entropy_grad: bool = True
 ) -> tuple[Tensor, Tensor | None]:
     """The same from the full [B, S - 1, vocabulary] logits at once: every position, and the reference maths."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    logits = model(**model_inputs(model, batch)).logits
     logits = logits[:, :-1].float()
     if temperature > 0:
         logits = logits / temperature
@@ -142,10 +201,11 @@ def chunked_logprobs(
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if model in _FULL_LOGITS or not isinstance(head, nn.Linear):
         return full_logprobs(model, batch, temperature, with_entropy, entropy_grad)
+    inputs = model_inputs(model, batch)  # before the swap: a prefix call's head is the plain one
     swap = _ResponseHead(head, batch, temperature, with_entropy, entropy_grad, chunk_tokens)
     head.forward = swap  # type: ignore[method-assign]  # an instance attribute, for this one call
     try:
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+        out = model(**inputs)
     finally:
         del head.forward
     if swap.logprobs is None or out.logits is not swap.logprobs:

@@ -136,6 +136,51 @@ def test_log_probs_in_chunks_give_the_update_of_the_full_logits():
     assert torch.allclose(flat_params(chunked), flat_params(full), atol=1e-6)
 
 
+def make_groups(seed: int, prompts: int = 4, size: int = 4) -> list[dict]:
+    """`size` responses to each of `prompts` prompts (GRPO's groups), ragged lengths, the groups interleaved."""
+    heads = [s["prompt_ids"] for s in make_samples(seed + 1000, prompts)]
+    return [{**s, "prompt_ids": heads[k % prompts]} for k, s in enumerate(make_samples(seed, prompts * size))]
+
+
+def count_forward_tokens(learner: LLMLearner) -> list[int]:
+    """Token positions each forward of the learner's policy computes, appended as it runs."""
+    seen: list[int] = []
+    learner.model.register_forward_pre_hook(lambda _, __, kw: seen.append(kw["input_ids"].numel()), with_kwargs=True)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("micro", "fields"),
+    [(None, {}), (4, {}), (None, {"micro_batch_tokens": 30}), (None, {"logprob_chunk_tokens": None})],
+)
+def test_a_shared_prompt_prefix_gives_the_update_of_whole_rows(micro, fields):
+    algorithm = AlgorithmSpec(name="grpo", kl_coef=0.0, entropy_coef=0.01, minibatches=2, clip_ratio_high=0.28)
+    whole = make_learner(algorithm, micro, shared_prompts=False, **fields)
+    shared = make_learner(algorithm, micro, **fields)
+    assert shared.share_prompts and not whole.share_prompts
+    for seed in (0, 1):
+        stats_whole, stats_shared = whole.update(make_groups(seed)), shared.update(make_groups(seed))
+        for key in STAT_KEYS:
+            assert stats_shared[key] == pytest.approx(stats_whole[key], rel=1e-5, abs=1e-6), key
+    assert float((flat_params(whole) - flat_params(make_model())).abs().max()) > 1e-4
+    assert torch.allclose(flat_params(shared), flat_params(whole), atol=1e-6)
+
+
+def test_each_prompt_runs_through_the_policy_once_per_micro_batch_not_once_per_response():
+    algorithm = AlgorithmSpec(name="grpo", kl_coef=0.0)
+    samples = make_groups(0, prompts=4, size=4)
+    whole, shared = make_learner(algorithm, shared_prompts=False), make_learner(algorithm)
+    seen_whole, seen_shared = count_forward_tokens(whole), count_forward_tokens(shared)
+    whole.update(samples)
+    shared.update(samples)
+    widest_prompt = max(len(s["prompt_ids"]) for s in samples)
+    widest_response = max(len(s["response_ids"]) for s in samples)
+    widest = max(len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples)
+    assert seen_whole == [16 * widest]  # every response's row carries its whole prompt
+    # The 4 prompts but their last token, once each; then 16 rows of that token and the response.
+    assert seen_shared == [4 * (widest_prompt - 1), 16 * (1 + widest_response)]
+
+
 RANK_SCRIPT = textwrap.dedent(
     """
     import json, sys, torch, torch.distributed as dist

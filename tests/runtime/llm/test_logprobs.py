@@ -14,8 +14,9 @@ import pytest
 import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from rljob.runtime.llm.batch import collate_shared
 from rljob.runtime.llm.learner import MicroBatch, collate, token_logprobs
-from rljob.runtime.llm.logprobs import chunked_logprobs, full_logprobs
+from rljob.runtime.llm.logprobs import chunked_logprobs, full_logprobs, shares_prompts
 from rljob.runtime.llm.policy import enable_gradient_checkpointing
 
 VOCAB = 53
@@ -56,6 +57,14 @@ def samples(count: int = 6, seed: int = 0, loss_mask: bool = False) -> list[dict
     return out
 
 
+def groups(prompts: int = 3, size: int = 3, seed: int = 0) -> list[dict]:
+    """`size` responses to each of `prompts` prompts of ragged lengths (2 to 6 tokens), the groups interleaved."""
+    g = torch.Generator().manual_seed(seed)
+    heads = [torch.randint(1, VOCAB, (2 + k % 5,), generator=g).tolist() for k in range(prompts)]
+    tails = samples(prompts * size, seed, loss_mask=True)
+    return [{**tail, "prompt_ids": heads[k % prompts]} for k, tail in enumerate(tails)]
+
+
 def loss_and_grads(model: torch.nn.Module, batch: MicroBatch, chunk: int | None, entropy_grad: bool = True):
     """Per-position log-probs and entropy (response positions), and the gradients of a loss using both."""
     model.zero_grad(set_to_none=True)
@@ -89,6 +98,30 @@ def test_chunked_logprobs_entropy_and_gradients_equal_the_full_logits(tied, chun
     assert torch.equal(chunked[0] != 0, batch.response_mask > 0)
 
 
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("chunk", [None, 1, 1000])
+def test_a_shared_prompt_prefix_gives_the_log_probs_entropy_and_gradients_of_whole_rows(tied, chunk):
+    model = qwen2(tied)
+    rows = groups()
+    whole, shared = collate(rows, PAD), collate_shared(rows, PAD)
+    assert shared is not None and shared.prefix is not None and shared.prefix.input_ids.shape[0] == 3
+    plain, cached = loss_and_grads(model, whole, chunk), loss_and_grads(model, shared, chunk)
+    # The same numbers, read out of each layout's grid in sample order.
+    for a, b in ((cached[0], plain[0]), (cached[1], plain[1])):
+        assert torch.allclose(a[shared.response_mask > 0], b[whole.response_mask > 0], atol=1e-5, rtol=1e-5)
+    assert_same((plain[0], plain[1], cached[2]), plain)
+
+
+def test_a_softcapped_model_shares_its_prompt_prefix_on_the_full_logits_too():
+    model = gemma2()
+    rows = groups(seed=1)
+    whole, shared = collate(rows, PAD), collate_shared(rows, PAD)
+    assert shared is not None and shares_prompts(model)
+    plain, cached = loss_and_grads(model, whole, 4), loss_and_grads(model, shared, 4)
+    assert torch.allclose(cached[0][shared.response_mask > 0], plain[0][whole.response_mask > 0], atol=1e-5)
+    assert_same((plain[0], plain[1], cached[2]), plain)
+
+
 def test_an_entropy_statistic_without_gradient_and_a_no_grad_pass_equal_the_full_logits():
     model = qwen2(tied=True)
     batch = collate(samples(), PAD)
@@ -112,7 +145,7 @@ def test_a_micro_batch_without_response_tokens_still_backpropagates_zero_gradien
     assert all(g is not None and not g.any() for g in grads)
 
 
-def test_a_model_that_softcaps_its_logits_falls_back_to_the_full_logits_and_says_so(caplog):
+def gemma2() -> torch.nn.Module:
     config = Gemma2Config(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -125,7 +158,11 @@ def test_a_model_that_softcaps_its_logits_falls_back_to_the_full_logits_and_says
         pad_token_id=PAD,
     )
     torch.manual_seed(0)
-    model = Gemma2ForCausalLM(config)
+    return Gemma2ForCausalLM(config)
+
+
+def test_a_model_that_softcaps_its_logits_falls_back_to_the_full_logits_and_says_so(caplog):
+    model = gemma2()
     batch = collate(samples(), PAD)
     with caplog.at_level(logging.WARNING, logger="rljob.actor"):
         chunked = loss_and_grads(model, batch, 4)
@@ -150,6 +187,8 @@ def test_gradient_checkpointing_recomputes_the_layers_with_the_same_gradients():
     assert_same(loss_and_grads(checkpointed, batch, 4), loss_and_grads(plain, batch, 4))
     # One forward each; the checkpointed layer started again in backward to rebuild its activations.
     assert calls == {"plain": 1, "checkpointed": 2}
+    # Its layers drop a KV cache: no shared prompt prefix for it.
+    assert shares_prompts(plain) and not shares_prompts(checkpointed)
 
 
 PEAK_SCRIPT = textwrap.dedent(

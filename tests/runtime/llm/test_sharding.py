@@ -22,14 +22,19 @@ from rljob.runtime.llm.packing import pack_by_tokens
 from rljob.runtime.llm.sharding import CommandChannel, follow, load_checkpoint, save_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_learner import MAX_RESPONSE, TOKENIZER, make_model, make_samples
+from test_learner import MAX_RESPONSE, TOKENIZER, make_groups, make_model, make_samples
 
 ALGORITHM = AlgorithmSpec(name="grpo", kl_coef=0.0, loss_aggregation="token-mean", minibatches=2, clip_ratio_high=0.28)
 SAMPLES = 24  # splits into 2 minibatches over 1, 2 or 3 ranks
 
 
 def make_learner(
-    parallelism: str, optimizer: str, rank: int = 0, world: int = 1, micro_batch_tokens: int | None = None
+    parallelism: str,
+    optimizer: str,
+    rank: int = 0,
+    world: int = 1,
+    micro_batch_tokens: int | None = None,
+    shared_prompts: bool = True,
 ) -> LLMLearner:
     # SGD for the invariance (parameters differ exactly as gradients do); Adam, with an eps that keeps float
     # noise on zero-gradient parameters from being blown up to the learning rate, to carry optimizer state.
@@ -43,6 +48,7 @@ def make_learner(
         seed=3,
         grad_clip=1.0,
         parallelism=parallelism,
+        shared_prompts=shared_prompts,
     )
     return LLMLearner(
         make_model(),
@@ -91,6 +97,16 @@ def packed(rank: int, world: int, checkpoints: Path) -> dict:
     for seed in (0, 1):
         learner.update(make_samples(seed, SAMPLES))
     return {"params": full_params(learner)}
+
+
+def grouped(rank: int, world: int, checkpoints: Path) -> dict:
+    """Two fsdp2 updates on groups of responses to shared prompts: prefix and rows are two forwards of the
+    sharded policy before one backward."""
+    learner = make_learner("fsdp2", "sgd", rank, world)
+    shared = [mb.prefix is not None for mb in learner._micro(make_groups(0, prompts=6, size=4))]
+    for seed in (0, 1):
+        learner.update(make_groups(seed, prompts=6, size=4))
+    return {"params": full_params(learner), "shared": shared}
 
 
 def weight_sync(rank: int, world: int, checkpoints: Path) -> dict:
@@ -239,6 +255,15 @@ def test_fsdp2_ranks_packing_different_micro_batch_counts_update_like_one_rank(t
     for seed in (0, 1):
         single.update(make_samples(seed, SAMPLES))
     assert_close(run_ranks(2, "packed", tmp_path)["params"], full_params(single), atol=1e-6)
+
+
+def test_fsdp2_ranks_sharing_prompt_prefixes_update_like_one_rank_on_whole_rows(tmp_path):
+    single = make_learner("ddp", "sgd", shared_prompts=False)
+    for seed in (0, 1):
+        single.update(make_groups(seed, prompts=6, size=4))
+    two = run_ranks(2, "grouped", tmp_path)
+    assert any(two["shared"])  # rank 0 ran shared prefixes
+    assert_close(two["params"], full_params(single), atol=1e-6)
 
 
 def test_a_checkpoint_of_two_sharded_ranks_resumes_on_one_rank_and_on_three(tmp_path):
