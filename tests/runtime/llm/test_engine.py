@@ -82,12 +82,13 @@ def test_max_tokens_bounds_every_completion(policy, prompts):
     assert engine_for(policy).generate([], Sampling()) == []
 
 
+@pytest.mark.parametrize("n", [1, 4])  # 4: each prompt's rows decode from its shared prefill
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_engine_logprobs_match_the_trainers_recomputation(policy, prompts, temperature):
+def test_engine_logprobs_match_the_trainers_recomputation(policy, prompts, temperature, n):
     """The mismatch bound for the hf engine: the trainer sees the distribution the engine sampled from."""
     model, tokenizer = policy
     torch.manual_seed(2)
-    out = engine_for(policy).generate(prompts, Sampling(n=4, temperature=temperature, max_tokens=10))
+    out = engine_for(policy).generate(prompts, Sampling(n=n, temperature=temperature, max_tokens=10))
     samples = [
         {"prompt_ids": p, "response_ids": c.token_ids, "rollout_logprobs": c.logprobs, "advantage": 0.0}
         for p, group in zip(prompts, out, strict=True)
@@ -130,19 +131,88 @@ def test_greedy_generation_is_the_argmax_continuation(policy, prompts):
         assert [c.token_ids for c in group] == [expected, expected]
 
 
-def test_a_stop_string_ends_a_completion(policy, prompts):
+@pytest.mark.parametrize("n", [1, 3])  # 3: the rows decode from the prompt's shared prefill
+def test_a_stop_string_ends_a_completion(policy, prompts, n):
     _, tokenizer = policy
     engine = engine_for(policy)
     torch.manual_seed(5)
-    free = engine.generate(prompts[:1], Sampling(n=1, max_tokens=12))[0][0]
-    text = [tokenizer.decode([t]) for t in free.token_ids if t != tokenizer.eos_token_id]
+    free = engine.generate(prompts[:1], Sampling(n=n, max_tokens=12))[0]
+    text = [tokenizer.decode([t]) for t in free[0].token_ids if t != tokenizer.eos_token_id]
     # A character the continuation produces after its first token: stopping there cuts it short.
     cut = next(i for i in range(1, len(text)) if text[i].strip() and text[i] not in text[:i])
     torch.manual_seed(5)  # the same draws: the same tokens up to the stop string
-    stopped = engine.generate(prompts[:1], Sampling(n=1, max_tokens=12, stop=(text[cut],)))[0][0]
-    assert stopped.finish_reason == "stop"
-    assert stopped.token_ids == free.token_ids[: cut + 1]
-    assert stopped.logprobs == pytest.approx(free.logprobs[: cut + 1], abs=1e-6)
+    stopped = engine.generate(prompts[:1], Sampling(n=n, max_tokens=12, stop=(text[cut],)))[0]
+    assert stopped[0].finish_reason == "stop"
+    assert stopped[0].token_ids == free[0].token_ids[: cut + 1]
+    assert stopped[0].logprobs == pytest.approx(free[0].logprobs[: cut + 1], abs=1e-6)
+    for row_stopped, row_free in zip(stopped[1:], free[1:], strict=True):  # each row cut at its own stop string
+        assert row_stopped.token_ids == row_free.token_ids[: len(row_stopped.token_ids)]
+        if len(row_stopped.token_ids) < len(row_free.token_ids):
+            assert row_stopped.finish_reason == "stop"
+
+
+# --- the shared prefill (each prompt's tokens run once, not once per sample) -------------------------------------
+
+
+class ForwardCountingEngine(HFEngine):
+    """The hf engine, writing down the rows and tokens of every forward pass the model runs."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.forwards: list[tuple[int, int]] = []
+        self.model.register_forward_pre_hook(lambda _, args, kwargs: self._count(kwargs), with_kwargs=True)
+
+    def _count(self, kwargs) -> None:
+        self.forwards.append(tuple(kwargs["input_ids"].shape))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_each_prompt_is_prefilled_once_and_its_rows_decode_from_copies(policy, prompts, temperature):
+    model, tokenizer = policy
+    engine = ForwardCountingEngine(copy.deepcopy(model), tokenizer, CPU)
+    width = max(len(p) for p in prompts)
+    torch.manual_seed(6)
+    out = engine.generate(prompts, Sampling(n=3, temperature=temperature, max_tokens=6, greedy=temperature == 0.0))
+    assert [len(group) for group in out] == [3] * len(prompts)
+    # The prompts but their last token, one row each; then every row runs its last prompt token, then decodes.
+    assert engine.forwards[0] == (len(prompts), width - 1)
+    assert engine.forwards[1:] == [(len(prompts) * 3, 1)] * (len(engine.forwards) - 1)
+    prompt_tokens = len(prompts) * (width - 1) + len(prompts) * 3
+    assert prompt_tokens < len(prompts) * 3 * width  # what the prefill of every row would cost
+
+
+@pytest.mark.parametrize(
+    ("n", "calls", "first"),
+    [
+        (1, [[1, 8, 4, 9, 15], [1, 6, 7]], (2, 5)),  # one row per prompt: nothing to share
+        (3, [[1], [8]], (6, 1)),  # one-token prompts: nothing to prefill before their last token
+    ],
+)
+def test_calls_with_nothing_to_share_generate_as_before(policy, n, calls, first):
+    model, tokenizer = policy
+    engine = ForwardCountingEngine(copy.deepcopy(model), tokenizer, CPU)
+    torch.manual_seed(7)
+    out = engine.generate(calls, Sampling(n=n, max_tokens=4))
+    assert [len(group) for group in out] == [n] * len(calls)
+    assert engine.forwards[0] == first
+
+
+def test_the_shared_prefill_gives_the_completions_and_logprobs_of_the_per_row_prefill(policy, prompts):
+    """Greedy, so both paths pick the same tokens: one call of n rows per prompt (the shared prefill) against the
+    prompts repeated n times with one row each (every row prefilled on its own, as `generate` does). Ragged
+    prompts, one of a single token (its whole prefix is padding), and a decode several tokens long."""
+    model, tokenizer = policy
+    engine = engine_for(policy)
+    ragged = [*prompts, [tokenizer.bos_token_id]]
+    shared = engine.generate(ragged, Sampling(n=3, greedy=True, max_tokens=8))
+    per_row = engine.generate([p for p in ragged for _ in range(3)], Sampling(n=1, greedy=True, max_tokens=8))
+    assert [c.token_ids for group in shared for c in group] == [c.token_ids for [c] in per_row]
+    assert [c.finish_reason for group in shared for c in group] == [c.finish_reason for [c] in per_row]
+    assert max(len(c.token_ids) for [c] in per_row) > 2
+    for c_shared, [c_row] in zip((c for group in shared for c in group), per_row, strict=True):
+        assert c_shared.logprobs == pytest.approx(c_row.logprobs, abs=1e-5)
+    for prompt, group in zip(ragged, shared, strict=True):  # and the argmax continuation, computed unbatched
+        assert group[0].token_ids == greedy_reference(model, prompt, tokenizer.eos_token_id, 8)
 
 
 def test_sampling_travels_over_the_wire_unchanged():
@@ -183,8 +253,9 @@ def test_padding_to_a_bucket_leaves_the_real_prompts_greedy_completions_unchange
         for g_got, g_expected in zip(got, expected, strict=True):
             for c_got, c_expected in zip(g_got, g_expected, strict=True):
                 assert c_got.logprobs == pytest.approx(c_expected.logprobs, abs=1e-5)
-    assert set(plain.batches) == {1 * n, 3 * n}
-    assert set(padded.batches) == {8 * n}  # every forward ran on the bucket, padding rows included
+    prefill = n > 1  # the prompts' shared prefill: one row per prompt
+    assert set(plain.batches) == {1 * n, 3 * n} | ({1, 3} if prefill else set())
+    assert set(padded.batches) == {8 * n} | ({8} if prefill else set())  # all on the bucket, padding rows included
 
 
 def test_padding_rows_never_reach_the_completions_and_end_at_once(policy, prompts):
@@ -192,7 +263,7 @@ def test_padding_rows_never_reach_the_completions_and_end_at_once(policy, prompt
     eos = policy[1].eos_token_id
     torch.manual_seed(3)
     out = engine.generate(prompts[:3], Sampling(n=2, temperature=1.0, max_tokens=12))
-    assert engine.batches[0] == 4 * 2  # three prompts ran as four
+    assert engine.batches[:2] == [4, 4 * 2]  # three prompts ran as four: their shared prefill, then their rows
     assert len(out) == 3 and all(len(group) == 2 for group in out)
     for group in out:
         for completion in group:
