@@ -39,7 +39,7 @@ from rljob.runtime.checkpoint import (
 )
 from rljob.runtime.divergence import Diverged, diverged_exit
 from rljob.runtime.llm.data import PromptStream, Row, render_prompt, split_off
-from rljob.runtime.llm.engine import Sampling
+from rljob.runtime.llm.engine import Sampling, chunk_size
 from rljob.runtime.llm.learner import LLMLearner, Sample
 from rljob.runtime.llm.membership import RolloutMembership
 from rljob.runtime.llm.multiturn import episode_metrics, episode_runner
@@ -174,8 +174,7 @@ class Controller:
         self._send(chosen, min_version=max(step - self.staleness, 0))
 
     def _send(self, chosen: list[tuple[int, list[int]]], min_version: int) -> None:
-        replicas = max(1, len(self.rollouts.links))
-        size = max(1, math.ceil(len(chosen) / (2 * replicas)))
+        size = chunk_size(len(chosen), len(self.rollouts.links), self.staleness)
         for i in range(0, len(chosen), size):
             part = chosen[i : i + size]
             rows = [wire_row(self.rows[row]) for row, _ in part] if self.text_env else None

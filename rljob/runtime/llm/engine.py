@@ -151,14 +151,23 @@ def batch_bucket(prompts: int, buckets: tuple[int, ...]) -> int:
     return min(fitting) if fitting else 1 << math.ceil(math.log2(prompts))
 
 
+def chunk_size(prompts: int, replicas: int, max_staleness: int) -> int:
+    """Prompts per `generate` request when the actor sends `prompts` to `replicas` rollouts: one chunk per replica
+    when training waits for generation (maxStaleness 0), since every chunk costs a request and a `generate`
+    call of its own; two per replica when generation runs ahead, so that a rollout takes newer weights in
+    between its chunks."""
+    per_replica = 2 if max_staleness > 0 else 1
+    return max(1, math.ceil(prompts / (per_replica * max(1, replicas))))
+
+
 def generate_buckets(spec: Any) -> tuple[int, ...]:
     """The batch buckets of a job's compiled decode: powers of two below its training chunk, and that chunk.
 
-    The actor sends a step's prompts in chunks of ceil(batchSize / (2 x rollout replicas)), so the usual call
-    runs unpadded; smaller calls (the last chunk, prompts re-sent one by one, a multi-turn episode's later turns
-    with fewer episodes left) pad to a power of two: at most twice their rows, in log2(chunk) + 1 shapes."""
-    replicas = max(1, spec.roles.rollout.replicas or 1)
-    chunk = max(1, math.ceil(spec.trainer.batch_size / (2 * replicas)))
+    The actor sends a step's prompts in chunks of `chunk_size`, so the usual call runs unpadded; smaller calls (the
+    last chunk, prompts re-sent one by one, a multi-turn episode's later turns with fewer episodes left) pad to a
+    power of two: at most twice their rows, in log2(chunk) + 1 shapes."""
+    replicas = spec.roles.rollout.replicas or 1
+    chunk = chunk_size(spec.trainer.batch_size, replicas, spec.rollout.async_.max_staleness)
     powers = tuple(1 << i for i in range(chunk.bit_length()) if 1 << i < chunk)
     return (*powers, chunk)
 

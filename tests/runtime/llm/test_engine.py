@@ -16,6 +16,7 @@ from rljob.runtime.llm.engine import (
     HFEngine,
     Sampling,
     batch_bucket,
+    chunk_size,
     compiles_decode,
     generate_buckets,
     job_cache_len,
@@ -299,20 +300,30 @@ def test_a_call_runs_with_the_smallest_bucket_that_holds_it(prompts, buckets, ex
 
 
 @pytest.mark.parametrize(
-    ("batch_size", "replicas", "expected"),
+    ("batch_size", "replicas", "staleness", "expected"),
     [
-        (16, 1, (1, 2, 4, 8)),  # chunks of 8: a power of two already
-        (24, 1, (1, 2, 4, 8, 12)),  # chunks of 12: unpadded, and the smaller calls by powers of two
-        (64, 2, (1, 2, 4, 8, 16)),
-        (1, 3, (1,)),
+        (16, 1, 0, (1, 2, 4, 8, 16)),  # one chunk per replica: a power of two already
+        (24, 1, 0, (1, 2, 4, 8, 16, 24)),  # unpadded, and the smaller calls by powers of two
+        (64, 2, 0, (1, 2, 4, 8, 16, 32)),
+        (24, 1, 1, (1, 2, 4, 8, 12)),  # generating ahead: two chunks per replica
+        (1, 3, 0, (1,)),
     ],
 )
-def test_the_buckets_are_the_jobs_training_chunk_and_the_powers_of_two_below_it(batch_size, replicas, expected):
+def test_the_buckets_are_the_jobs_training_chunk_and_the_powers_of_two_below_it(
+    batch_size, replicas, staleness, expected
+):
     job = load_job_file(EXAMPLE)
     spec = job.spec.model_copy(deep=True)
     spec.trainer.batch_size = batch_size
     spec.roles.rollout.replicas = replicas
+    spec.rollout.async_.max_staleness = staleness
     assert generate_buckets(spec) == expected
+
+
+def test_the_actor_sends_one_chunk_per_replica_when_training_waits_and_two_when_generation_runs_ahead():
+    assert [chunk_size(32, 1, 0), chunk_size(32, 2, 0), chunk_size(32, 1, 1), chunk_size(33, 2, 1)] == [32, 16, 16, 9]
+    assert chunk_size(3, 0, 0) == 3  # no live rollout yet: one chunk, sent when one joins
+    assert chunk_size(1, 4, 1) == 1
 
 
 def test_only_the_compiled_decode_is_bucketed_and_sized():
