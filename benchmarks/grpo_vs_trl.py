@@ -127,9 +127,11 @@ def trl_settings(spec: Any) -> tuple[dict[str, Any], list[str]]:
         "compute threads",
         "rljob evaluates its policy greedily on the held-out prompts every spec.evaluation.interval steps and "
         "checkpoints every spec.checkpoint.interval steps inside its timed loop; TRL does neither",
-        "rljob's rollout returns the sampling logprobs and its trainer recomputes them in an extra no-grad "
-        "forward (mismatch_kl, old logprobs); TRL on-policy (num_iterations 1) uses the detached current "
-        "logprobs and computes no rollout/trainer mismatch",
+        "old logprobs: both sides take them from the training forward (detached; one epoch of one minibatch); "
+        "rljob also compares them with the rollout's sampling logprobs (mismatch_kl), which TRL does not compute",
+        "prompt tokens: rljob's trainer runs each prompt (but its last token) once for its group "
+        "(trainer.sharedPrompts) and its hf engine prefills each prompt once for its group; TRL runs every "
+        "prompt's tokens once per completion, in generation and in training",
         "the starting policy: rljob builds it from the seed in each role process; TRL loads it from the "
         "exported directory (identical weights and tokenizer, checked)",
     ]
@@ -287,8 +289,9 @@ def update_roofline(
     """The side's measured update time against the time its FLOPs take at the matmul `rate`.
 
     FLOPs: `passes` x parameters x trained tokens (2 per weight per token forward, 4 backward: 6 for a training
-    forward and backward, 8 with the no-grad old-log-prob forward); attention's own FLOPs, a few per cent at
-    these lengths, are left out, so the ratio is a slight underestimate of the roof's share."""
+    forward and backward, 8 with the no-grad old-log-prob forward), the prompt tokens counted as the side's update
+    computes them (`_prompt_tokens`); attention's own FLOPs, a few per cent at these lengths, are left out, so the
+    ratio is a slight underestimate of the roof's share."""
     if not result.get("response_tokens"):
         return None
     tokens = prompt_tokens + result["response_tokens"]
@@ -808,7 +811,8 @@ def main() -> None:
                     passes = 8 if spec.algorithm.epochs > 1 or spec.algorithm.minibatches > 1 else 6
                 result.update(greedy_accuracy(Path(result.pop("model_dir")), spec, eval_rows))
                 threads = trl_threads if side == "trl" else rljob_actor_threads(side, args.cores)
-                result["update_roofline"] = update_roofline(result, parameters, prompt_tokens, passes, rates[threads])
+                counted = prompt_tokens["shared" if side != "trl" and spec.trainer.shared_prompts else "whole"]
+                result["update_roofline"] = update_roofline(result, parameters, counted, passes, rates[threads])
                 result.update(seed=seed, initial_heldout_greedy_accuracy=before)
                 runs[side].append(result)
                 print(f"seed {seed} {side}: {_fmt(result)}", flush=True)
@@ -854,14 +858,17 @@ def main() -> None:
     print(f"wrote {path} and {args.out / 'grpo_vs_trl.png'}")
 
 
-def _prompt_tokens(spec: Any, train_rows: list[dict], initial_dir: Path) -> int:
-    """Prompt tokens over the whole run, every prompt counted once per sample of its group (both sides alike)."""
+def _prompt_tokens(spec: Any, train_rows: list[dict], initial_dir: Path) -> dict[str, int]:
+    """Prompt tokens over the whole run as the update computes them. `whole`: every prompt once per sample of its
+    group (TRL; rljob with trainer.sharedPrompts false). `shared`: each prompt but its last token once per step,
+    and that last token once per sample (rljob's shared prompts)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(initial_dir)
     schedule = prompt_schedule(spec, train_rows, tokenizer)
     group = spec.algorithm.group_size or 1
-    return group * sum(len(tokenizer(row["prompt"])["input_ids"]) for row in schedule)
+    lengths = [len(tokenizer(row["prompt"])["input_ids"]) for row in schedule]
+    return {"whole": group * sum(lengths), "shared": sum(length - 1 + group for length in lengths)}
 
 
 def _fmt(result: dict[str, Any]) -> str:
