@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from rljob.api.spec import RolloutSpec
+from rljob.runtime.llm.kv_cache import selectable_cache
 from rljob.runtime.weight_ipc import manifest_of, mark_loaded, open_weights
 from rljob.runtime.weight_sync import WeightSubscriber, read_weights_file
 
@@ -236,6 +237,11 @@ class HFEngine:
         """Prompt counts each call is padded up to (`batch_bucket`); None: every call runs as it comes."""
         self.cache_len = cache_len if self.cache_implementation == "static" else None
         self.end_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else min(self.eos_ids)
+        self._copyable_cache = (
+            getattr(generation_config, "cache_implementation", None) is None and selectable_cache(model) is not None
+        )
+        """transformers' dynamic cache rows of this model can be repeated: its cache holds plain keys and values
+        (`kv_cache`), and its generation config names no cache (generate refuses one passed beside it)."""
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[list[Completion]]:
@@ -254,7 +260,7 @@ class HFEngine:
             mask[i, width - len(p) :] = 1
         copies = 1
         cache = None
-        if self.cache_implementation is None and sampling.n > 1 and width > 1:
+        if self.shares_prefill and sampling.n > 1 and width > 1:
             cache = self._prefill_once(ids, mask, sampling.n)
         if sampling.n > 1 and (sampling.greedy or cache is not None):
             # Rows of the shared cache, or greedy (transformers refuses num_return_sequences > 1 without sampling).
@@ -300,6 +306,11 @@ class HFEngine:
             completions[row // sampling.n].append(Completion(tokens[:length], logprob_rows[row][:length], reason))
         return completions
 
+    @property
+    def shares_prefill(self) -> bool:
+        """Whether `generate` prefills each prompt once for its `n` rows (`_prefill_once`): dynamic cache only."""
+        return self.cache_implementation is None and self._copyable_cache
+
     def _prefill_once(self, ids: torch.Tensor, mask: torch.Tensor, n: int) -> Any:
         """The dynamic KV cache of the left-padded prompts but their last token, computed once per prompt and
         repeated for each prompt's `n` rows.
@@ -313,9 +324,8 @@ class HFEngine:
         thread): 22 ms per call with every row prefilled, 12.5 ms with this."""
         import inspect
 
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.model.config)
+        cache = selectable_cache(self.model)
+        assert cache is not None, "shares_prefill says the model's cache rows can be repeated"
         prefix, prefix_mask = ids[:, :-1].to(self.device), mask[:, :-1].to(self.device)
         positions = (prefix_mask.cumsum(-1) - 1).masked_fill(prefix_mask == 0, 0)
         # Only the cache is wanted: no vocabulary-sized logits for every prompt position.

@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from rljob.runtime.llm.kv_cache import selectable_cache
+
 if TYPE_CHECKING:
     from rljob.runtime.llm.batch import MicroBatch
 
@@ -39,16 +41,21 @@ _FULL_LOGITS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 def shares_prompts(model: nn.Module) -> bool:
     """Whether `model` can run a shared prompt prefix into a KV cache and its rows over it, with gradients through
-    both: a decoder-only transformers model that takes a cache and position ids, and not under gradient
-    checkpointing (transformers' checkpointed layers drop the cache; those rows run whole)."""
+    both: a decoder-only transformers model that takes a cache and position ids, whose cache layers hold plain keys
+    and values (`kv_cache`), and not under gradient checkpointing (transformers' checkpointed layers drop the
+    cache; those rows run whole)."""
     if getattr(model, "is_gradient_checkpointing", False):
         log.info("model.gradientCheckpointing: every prompt runs once per response (its layers drop the KV cache)")
         return False
-    config = getattr(model, "config", None)
-    if config is None or getattr(config, "is_encoder_decoder", False):
-        return False
     accepted = inspect.signature(model.forward).parameters
-    return "past_key_values" in accepted and "position_ids" in accepted
+    if "past_key_values" not in accepted or "position_ids" not in accepted:
+        return False
+    if selectable_cache(model) is None:
+        log.info(
+            "%s keeps more than keys and values in its cache: every prompt runs once per response", type(model).__name__
+        )
+        return False
+    return True
 
 
 def model_inputs(model: nn.Module, batch: MicroBatch) -> dict[str, Any]:
@@ -57,10 +64,9 @@ def model_inputs(model: nn.Module, batch: MicroBatch) -> dict[str, Any]:
     per row, still attached to autograd: the rows' backward flows into the prefix's."""
     if batch.prefix is None:
         return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
-    from transformers import DynamicCache
-
     prefix = batch.prefix
-    cache = DynamicCache(config=model.config)
+    cache = selectable_cache(model)
+    assert cache is not None, "a shared prefix needs a model that `shares_prompts`"
     keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     out = model(
         input_ids=prefix.input_ids,

@@ -182,6 +182,44 @@ def test_each_prompt_is_prefilled_once_and_its_rows_decode_from_copies(policy, p
     assert prompt_tokens < len(prompts) * 3 * width  # what the prefill of every row would cost
 
 
+def hybrid_policy(tokenizer) -> torch.nn.Module:
+    """Qwen3.5's hybrid layout: linear-attention layers keep convolution and recurrent states in their cache."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_models_whose_cache_rows_cannot_be_copied_prefill_every_row(policy, prompts):
+    model, tokenizer = policy
+    configured = copy.deepcopy(model)
+    configured.generation_config.cache_implementation = "dynamic"  # generate refuses a cache passed beside it
+    for candidate in (hybrid_policy(tokenizer), configured):
+        engine = ForwardCountingEngine(candidate, tokenizer, CPU)
+        assert not engine.shares_prefill
+        torch.manual_seed(8)
+        out = engine.generate(prompts, Sampling(n=3, max_tokens=4))
+        assert [len(group) for group in out] == [3] * len(prompts)
+        assert engine.forwards[0] == (len(prompts) * 3, max(len(p) for p in prompts))  # every row prefilled
+    assert engine_for(policy).shares_prefill
+
+
 @pytest.mark.parametrize(
     ("n", "calls", "first"),
     [

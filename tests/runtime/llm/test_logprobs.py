@@ -122,6 +122,38 @@ def test_a_softcapped_model_shares_its_prompt_prefix_on_the_full_logits_too():
     assert_same((plain[0], plain[1], cached[2]), plain)
 
 
+def qwen3_5() -> torch.nn.Module:
+    """A hybrid model: linear-attention layers keep convolution and recurrent states in their cache."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        pad_token_id=PAD,
+    )
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def test_a_model_whose_cache_holds_more_than_keys_and_values_runs_whole_rows():
+    model = qwen3_5()
+    assert "linear_attention" in model.config.layer_types
+    assert not shares_prompts(model)  # its cache rows cannot be selected: the learner never lays out a prefix
+    whole = collate(groups(), PAD)
+    logprobs, _ = token_logprobs(model, whole, 1.0, False, chunk_tokens=4)
+    assert torch.isfinite(logprobs).all()
+
+
 def test_an_entropy_statistic_without_gradient_and_a_no_grad_pass_equal_the_full_logits():
     model = qwen2(tied=True)
     batch = collate(samples(), PAD)
