@@ -351,8 +351,10 @@ class TrainerSpec(SpecModel):
     """Run each distinct prompt of a micro-batch through the policy once (llm): GRPO's groupSize responses to a
     prompt then attend to one cached copy of it, instead of each row computing the prompt again; the log-probs and
     gradients are the same up to float order, for fewer FLOPs and less activation memory the longer the prompts
-    and the larger the groups. Not under model.gradientCheckpointing, whose layers drop the cache. false: every
-    sample's prompt and response run as one row."""
+    and the larger the groups. A pass shares only where it saves positions (under fsdp2, a quarter of them: the
+    prefix is one more gather of the shards) and fits microBatchTokens. Not under model.gradientCheckpointing,
+    whose layers drop the cache, nor for a model with dropout or whose cache keeps more than keys and values
+    (linear attention). false: every sample's prompt and response run as one row."""
     learning_rate: float = Field(default=3e-4, gt=0.0)
     """Peak learning rate of the optimizer."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"

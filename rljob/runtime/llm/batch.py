@@ -103,16 +103,22 @@ def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
     return MicroBatch(ids, filled.long(), response, ids[:, 1:].clone(), advantages, rollout)
 
 
-def collate_shared(samples: list[Sample], pad_id: int) -> MicroBatch | None:
-    """The `collate_shared` layout (module docstring), or None where it saves nothing: no prompt appears twice,
-    or a prompt has a single token (no prefix to share). Per-token tensors are on the [B, S - 1] grid of the rows'
-    own positions: position 0, the prompt's last token, predicts the first response token."""
+def collate_shared(samples: list[Sample], pad_id: int, min_saving: float = 0.0) -> MicroBatch | None:
+    """The `collate_shared` layout (module docstring), or None where it saves too little: no prompt appears twice,
+    a prompt has a single token (no prefix to share), or the padded token positions it computes (prefixes, then
+    rows) are more than `1 - min_saving` of the whole rows' (and never as many). Per-token tensors are on the
+    [B, S - 1] grid of the rows' own positions: position 0, the prompt's last token, predicts the first response
+    token."""
     index: dict[tuple[int, ...], int] = {}
     rows = [index.setdefault(tuple(s["prompt_ids"]), len(index)) for s in samples]
     if len(index) == len(samples) or min(len(p) for p in index) < 2:
         return None
     prefix_lengths = torch.tensor([len(p) - 1 for p in index], dtype=torch.long)
     width = int(prefix_lengths.max())
+    whole = len(samples) * max(len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples)
+    shared = len(index) * width + len(samples) * (1 + max(len(s["response_ids"]) for s in samples))
+    if shared >= whole or shared > (1.0 - min_saving) * whole:
+        return None
     columns = torch.arange(width)
     pad = (width - prefix_lengths).unsqueeze(1)
     filled = columns >= pad

@@ -39,6 +39,13 @@ from rljob.runtime.llm.policy import resolve_precision
 from rljob.runtime.llm.sharding import gradient_norm, shard_policy, shards_model
 from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_rate
 
+FSDP_MIN_SAVING = 0.25
+"""The share of a pass's token positions a shared prompt prefix must save under fsdp2. The prefix is one more
+forward of the sharded policy: its layers' shards are gathered once more in forward and in backward, and its
+gradients reduce-scattered once more. Where compute hides that traffic any saving pays, where it does not a small
+one costs time; where the line lies has not been measured on GPUs, so this is a guess that keeps sharing for long
+prompts (8 responses as long as their prompt save 44%) and skips it for short ones."""
+
 
 class BatchShapeError(ValueError):
     """The batch cannot be split as configured; the message names the settings."""
@@ -141,7 +148,8 @@ class LLMLearner:
             model.float()
             self.autocast_dtype = torch.bfloat16
         self.params = [p for p in model.parameters() if p.requires_grad]  # DTensor shards once sharded
-        self.share_prompts = trainer.shared_prompts and shares_prompts(model)
+        # With dropout, the responses to a prompt would share one dropout mask over its positions: not the same.
+        self.share_prompts = trainer.shared_prompts and shares_prompts(model) and not has_dropout(model)
         """Whether micro-batches run each distinct prompt's prefix once (`batch.collate_shared`)."""
         self.optimizer = build_optimizer(self.params, trainer)
         self.old_logprobs_pass = algorithm.epochs > 1 or algorithm.minibatches > 1 or has_dropout(model)
@@ -186,7 +194,12 @@ class LLMLearner:
             if self.sharded:  # every rank runs as many passes as the one that needs most
                 groups = split_to_count(groups, int(self._max_over_ranks(float(len(groups)))))
             parts = [[samples[i] for i in g] for g in groups]
-        shared = [collate_shared(part, self.pad_id) if self.share_prompts else None for part in parts]
+        shared = [
+            collate_shared(part, self.pad_id, FSDP_MIN_SAVING if self.sharded else 0.0) if self.share_prompts else None
+            for part in parts
+        ]
+        if budget is not None:  # the rows attend over their prefix too: rows x (prefix + row) must fit the budget
+            shared = [s if s is None or s.attention_mask.numel() <= budget else None for s in shared]
         if self.sharded and self.share_prompts:
             # A shared prefix is one more forward of the sharded policy, and every forward gathers its shards
             # with the other ranks: a pass shares only where every rank's does, or the collectives would not pair.

@@ -74,6 +74,20 @@ def test_nothing_to_share_keeps_whole_rows():
     assert collate_shared(one_token, PAD) is None  # a prompt with nothing before its last token
 
 
+def test_a_layout_that_saves_too_little_keeps_whole_rows():
+    samples = group_samples()
+    # Whole rows: 7 x 6 = 42 positions; shared: 3 prefixes x 3 + 7 rows x (1 + 3) = 37, a saving of 12%.
+    assert collate_shared(samples, PAD, min_saving=0.1) is not None
+    assert collate_shared(samples, PAD, min_saving=0.2) is None
+    # A long prompt asked once beside a short one with long responses: the padded prefix costs more than it saves.
+    base = {"rollout_logprobs": [], "advantage": 0.0}
+    ragged = [
+        {**base, "prompt_ids": [1, 2, 3, 4, 5, 6], "response_ids": [7], "rollout_logprobs": [-1.0]},
+        *({**base, "prompt_ids": [8, 9], "response_ids": [10, 11, 12, 13, 14], "rollout_logprobs": [-1.0] * 5},) * 2,
+    ]
+    assert collate_shared(ragged, PAD) is None  # 2 x 5 + 3 x 6 = 28 positions against 3 x 7 = 21
+
+
 def test_by_prompt_puts_a_prompts_responses_together_in_order():
     samples = group_samples()
     ordered = by_prompt(samples)

@@ -166,6 +166,15 @@ def test_a_shared_prompt_prefix_gives_the_update_of_whole_rows(micro, fields):
     assert torch.allclose(flat_params(shared), flat_params(whole), atol=1e-6)
 
 
+def test_a_shared_prefix_keeps_a_micro_batch_within_its_token_budget():
+    """Rows attend over their prefix too: a pass shares only where rows x (prefix + row) fits the budget."""
+    budget = 40
+    learner = make_learner(AlgorithmSpec(name="grpo", kl_coef=0.0), micro_batch_tokens=budget)
+    micro = learner._micro(make_groups(0, prompts=4, size=6))
+    assert any(mb.prefix is not None for mb in micro) and any(mb.prefix is None for mb in micro)
+    assert all(mb.attention_mask.numel() <= budget for mb in micro)
+
+
 def test_each_prompt_runs_through_the_policy_once_per_micro_batch_not_once_per_response():
     algorithm = AlgorithmSpec(name="grpo", kl_coef=0.0)
     samples = make_groups(0, prompts=4, size=4)
@@ -312,6 +321,14 @@ def test_epochs_minibatches_or_dropout_keep_the_old_logprob_pass():
     dropout = make_model()
     dropout.config.attention_dropout = 0.1  # a training forward is random: skipping would change its stream
     assert make_learner(AlgorithmSpec(name="grpo", kl_coef=0.0), model=dropout).old_logprobs_pass
+
+
+def test_a_model_with_dropout_runs_every_prompt_whole():
+    # Shared, a prompt's positions would take one dropout mask for all of its responses: another update.
+    dropout = make_model()
+    dropout.config.attention_dropout = 0.1
+    assert not make_learner(AlgorithmSpec(name="grpo", kl_coef=0.0), model=dropout).share_prompts
+    assert make_learner(AlgorithmSpec(name="grpo", kl_coef=0.0)).share_prompts
 
 
 def test_collate_lays_each_sample_out_on_the_next_token_grid():

@@ -102,8 +102,21 @@ def packed(rank: int, world: int, checkpoints: Path) -> dict:
 def grouped(rank: int, world: int, checkpoints: Path) -> dict:
     """Two fsdp2 updates on groups of responses to shared prompts: prefix and rows are two forwards of the
     sharded policy before one backward."""
+    import rljob.runtime.llm.learner
+
+    # Every saving counts here (these tiny prompts save less than fsdp2's default bar): what is checked is the
+    # update a shared pass gives, not when to take one.
+    rljob.runtime.llm.learner.FSDP_MIN_SAVING = 0.0
     learner = make_learner("fsdp2", "sgd", rank, world)
-    shared = [mb.prefix is not None for mb in learner._micro(make_groups(0, prompts=6, size=4))]
+    shared: list[bool] = []
+    cut = learner._micro
+
+    def recorded(samples: list[dict]) -> list:
+        passes = cut(samples)
+        shared.extend(mb.prefix is not None for mb in passes)
+        return passes
+
+    learner._micro = recorded  # type: ignore[method-assign]  # the passes the updates ran
     for seed in (0, 1):
         learner.update(make_groups(seed, prompts=6, size=4))
     return {"params": full_params(learner), "shared": shared}
