@@ -9,10 +9,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rljob.api.spec import AlgorithmSpec, TrainerSpec
+from rljob.api.spec import AlgorithmSpec, BuiltinNetwork, ModelSpec, TrainerSpec
 from rljob.runtime.llm.learner import LLMLearner
-from rljob.runtime.llm.policy import policy_dtype
-from tests.runtime.llm.test_learner import MAX_RESPONSE, TINY, TOKENIZER, make_groups, make_model
+from rljob.runtime.llm.policy import build_tiny_qwen2, policy_dtype
+from tests.runtime.llm.test_learner import MAX_RESPONSE, TOKENIZER, make_groups
+
+# Two layers: the left-padded prefix rows attend to nothing at their padding, and only from the second layer on do
+# their keys and values reach a real row (a kernel giving NaN for a fully masked row would show there).
+TWO_LAYERS = ModelSpec(
+    source="builtin", builtin=BuiltinNetwork(architecture="tiny-qwen2", hidden_size=32, num_layers=2)
+)
 
 pytestmark = pytest.mark.cuda
 
@@ -29,9 +35,10 @@ def learner(precision: str, shared: bool) -> LLMLearner:
         precision=precision,
         shared_prompts=shared,
     )
-    dtype = policy_dtype(TINY, precision, torch.device("cuda"))
+    dtype = policy_dtype(TWO_LAYERS, precision, torch.device("cuda"))
+    model = build_tiny_qwen2(TWO_LAYERS, TOKENIZER, max_length=32, seed=0)
     return LLMLearner(
-        make_model().to(device="cuda", dtype=dtype),
+        model.to(device="cuda", dtype=dtype),
         ALGORITHM,
         trainer,
         pad_id=TOKENIZER.pad_token_id,
@@ -52,6 +59,7 @@ def test_a_shared_prompt_prefix_on_cuda_updates_like_whole_rows(precision, atol)
         stats_whole, stats_shared = whole.update(make_groups(seed)), shared.update(make_groups(seed))
         assert stats_shared["policy_loss"] == pytest.approx(stats_whole["policy_loss"], abs=10 * atol)
         assert stats_shared["entropy"] == pytest.approx(stats_whole["entropy"], rel=1e-2)
+        assert all(torch.isfinite(p).all() for p in shared.model.parameters())
     start = params(learner(precision, shared=False))
     assert float((params(whole) - start).abs().max()) > 1e-3  # the updates moved the weights
     assert torch.allclose(params(shared), params(whole), atol=atol)
