@@ -12,6 +12,7 @@ import torch
 from rljob.api.spec import AlgorithmSpec, BuiltinNetwork, ModelSpec, TrainerSpec
 from rljob.runtime.llm.learner import LLMLearner
 from rljob.runtime.llm.policy import build_tiny_qwen2, policy_dtype
+from tests.gpu.test_cuda import params
 from tests.runtime.llm.test_learner import MAX_RESPONSE, TOKENIZER, make_groups
 
 # Two layers: the left-padded prefix rows attend to nothing at their padding, and only from the second layer on do
@@ -45,10 +46,6 @@ def learner(precision: str, shared: bool) -> LLMLearner:
         temperature=0.9,
         max_response_tokens=MAX_RESPONSE,
     )
-
-
-def params(learner: LLMLearner) -> torch.Tensor:
-    return torch.cat([p.detach().float().reshape(-1).cpu() for p in learner.model.parameters()])
 
 
 @pytest.mark.parametrize(("precision", "atol"), [("fp32", 1e-5), ("bf16", 2e-3)])

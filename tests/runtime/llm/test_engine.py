@@ -23,6 +23,7 @@ from rljob.runtime.llm.engine import (
 )
 from rljob.runtime.llm.learner import collate, token_logprobs
 from rljob.runtime.llm.policy import load_policy
+from tests.runtime.llm.test_logprobs import qwen3_5
 
 TASK = LLMTask(dataset=DatasetSpec(builtin="arithmetic", size=40), max_prompt_length=16, max_response_length=12)
 TINY = ModelSpec(source="builtin", builtin=BuiltinNetwork(architecture="tiny-qwen2", hidden_size=32, num_layers=2))
@@ -182,35 +183,12 @@ def test_each_prompt_is_prefilled_once_and_its_rows_decode_from_copies(policy, p
     assert prompt_tokens < len(prompts) * 3 * width  # what the prefill of every row would cost
 
 
-def hybrid_policy(tokenizer) -> torch.nn.Module:
-    """Qwen3.5's hybrid layout: linear-attention layers keep convolution and recurrent states in their cache."""
-    from transformers import AutoModelForCausalLM
-    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
-
-    config = Qwen3_5TextConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        linear_key_head_dim=8,
-        linear_value_head_dim=8,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config).eval()
-
-
 def test_models_whose_cache_rows_cannot_be_copied_prefill_every_row(policy, prompts):
     model, tokenizer = policy
     configured = copy.deepcopy(model)
     configured.generation_config.cache_implementation = "dynamic"  # generate refuses a cache passed beside it
-    for candidate in (hybrid_policy(tokenizer), configured):
+    hybrid = qwen3_5(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id).eval()  # linear attention
+    for candidate in (hybrid, configured):
         engine = ForwardCountingEngine(candidate, tokenizer, CPU)
         assert not engine.shares_prefill
         torch.manual_seed(8)

@@ -122,13 +122,13 @@ def test_a_softcapped_model_shares_its_prompt_prefix_on_the_full_logits_too():
     assert_same((plain[0], plain[1], cached[2]), plain)
 
 
-def qwen3_5() -> torch.nn.Module:
+def qwen3_5(vocab: int = VOCAB, pad: int = PAD, eos: int | None = None) -> torch.nn.Module:
     """A hybrid model: linear-attention layers keep convolution and recurrent states in their cache."""
     from transformers import AutoModelForCausalLM
     from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 
     config = Qwen3_5TextConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=4,
@@ -139,7 +139,8 @@ def qwen3_5() -> torch.nn.Module:
         linear_value_head_dim=8,
         linear_num_key_heads=2,
         linear_num_value_heads=4,
-        pad_token_id=PAD,
+        pad_token_id=pad,
+        eos_token_id=eos,
     )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config)
