@@ -16,6 +16,7 @@ from rljob.runtime.llm.engine import (
     HFEngine,
     Sampling,
     batch_bucket,
+    build_engine,
     chunk_size,
     compiles_decode,
     generate_buckets,
@@ -340,6 +341,26 @@ def test_the_actor_sends_one_chunk_per_replica_when_training_waits_and_two_when_
     assert [chunk_size(32, 1, 0), chunk_size(32, 2, 0), chunk_size(32, 1, 1), chunk_size(33, 2, 1)] == [32, 16, 16, 9]
     assert chunk_size(3, 0, 0) == 3  # no live rollout yet: one chunk, sent when one joins
     assert chunk_size(1, 4, 1) == 1
+
+
+@pytest.mark.parametrize("collocated", [False, True])
+def test_a_rollout_on_the_cpu_builds_an_unbucketed_engine_that_shares_its_prefill(collocated):
+    """What `build_engine` gives a rollout process of the example on a CPU: no static cache, no buckets."""
+    import logging
+
+    from rljob.launch.local import free_ports
+    from rljob.runtime.identity import local_identities, ports_needed
+    from rljob.runtime.roles.common import RoleContext
+
+    job = load_job_file(EXAMPLE)
+    job.spec.roles.rollout.collocated = collocated
+    replicas = {"actor": 1, "rollout": 1}
+    identities = local_identities("engine", replicas, str(EXAMPLE), free_ports(ports_needed(replicas)))
+    rollout = next(i for i in identities if i.role == "rollout")
+    engine = build_engine(RoleContext(identity=rollout, job=job, log=logging.getLogger("rollout")), CPU)
+    assert isinstance(engine, HFEngine)
+    assert engine.cache_implementation is None and engine.batch_buckets is None and engine.cache_len is None
+    assert engine.shares_prefill
 
 
 def test_only_the_compiled_decode_is_bucketed_and_sized():
