@@ -238,10 +238,12 @@ class HFEngine:
         self.cache_len = cache_len if self.cache_implementation == "static" else None
         self.end_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else min(self.eos_ids)
         self._copyable_cache = (
-            getattr(generation_config, "cache_implementation", None) is None and selectable_cache(model) is not None
+            getattr(generation_config, "cache_implementation", None) in (None, "hybrid")
+            and selectable_cache(model) is not None
         )
         """transformers' dynamic cache rows of this model can be repeated: its cache holds plain keys and values
-        (`kv_cache`), and its generation config names no cache (generate refuses one passed beside it)."""
+        (`kv_cache`), and its generation config names no cache (generate refuses one passed beside it; Gemma's
+        "hybrid" it drops itself)."""
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[list[Completion]]:

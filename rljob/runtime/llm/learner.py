@@ -149,7 +149,13 @@ class LLMLearner:
             self.autocast_dtype = torch.bfloat16
         self.params = [p for p in model.parameters() if p.requires_grad]  # DTensor shards once sharded
         # With dropout, the responses to a prompt would share one dropout mask over its positions: not the same.
-        self.share_prompts = trainer.shared_prompts and shares_prompts(model) and not has_dropout(model)
+        # The reference runs the same micro-batches: it must take a shared prefix too.
+        self.share_prompts = (
+            trainer.shared_prompts
+            and shares_prompts(model)
+            and not has_dropout(model)
+            and (reference is None or shares_prompts(reference))
+        )
         """Whether micro-batches run each distinct prompt's prefix once (`batch.collate_shared`)."""
         self.optimizer = build_optimizer(self.params, trainer)
         self.old_logprobs_pass = algorithm.epochs > 1 or algorithm.minibatches > 1 or has_dropout(model)

@@ -16,8 +16,10 @@ import torch
 from rljob.algorithms.losses import AGGREGATIONS
 from rljob.api.spec import AlgorithmSpec, BuiltinNetwork, ModelSpec, OffPolicyCorrection, TrainerSpec
 from rljob.runtime.divergence import Diverged
+from rljob.runtime.llm.batch import collate_shared
 from rljob.runtime.llm.learner import BatchShapeError, LLMLearner, collate, token_logprobs
 from rljob.runtime.llm.policy import build_char_tokenizer, build_tiny_qwen2
+from tests.runtime.llm.test_logprobs import qwen3_5
 
 TOKENIZER = build_char_tokenizer(["0123456789+=-*/ abcdefgh"])
 VOCAB = len(TOKENIZER)
@@ -168,11 +170,29 @@ def test_a_shared_prompt_prefix_gives_the_update_of_whole_rows(micro, fields):
 
 def test_a_shared_prefix_keeps_a_micro_batch_within_its_token_budget():
     """Rows attend over their prefix too: a pass shares only where rows x (prefix + row) fits the budget."""
-    budget = 40
+    # A 6-token prompt with 1-token responses beside a 2-token prompt with 5-token responses: every row is 7
+    # tokens, but a shared row attends over the longest prefix and the longest response, 5 + 6.
+    first, long_prompt, short_prompt = FIRST_TOKEN, list(range(FIRST_TOKEN, FIRST_TOKEN + 6)), [FIRST_TOKEN, 9]
+    samples = [
+        {"prompt_ids": prompt, "response_ids": [first + 1] * length, "rollout_logprobs": [-1.0] * length}
+        | {"advantage": float(k % 3) - 1.0, "reward": 0.0, "version": 0}
+        for k, (prompt, length) in enumerate([(long_prompt, 1), (short_prompt, 5)] * 8)
+    ]
+    budget = 16 * 7  # the whole rows of all 16 samples, in one pass
+    shared = collate_shared(samples, TOKENIZER.pad_token_id)
+    assert shared is not None and shared.attention_mask.numel() == 16 * 11 > budget
     learner = make_learner(AlgorithmSpec(name="grpo", kl_coef=0.0), micro_batch_tokens=budget)
-    micro = learner._micro(make_groups(0, prompts=4, size=6))
-    assert any(mb.prefix is not None for mb in micro) and any(mb.prefix is None for mb in micro)
-    assert all(mb.attention_mask.numel() <= budget for mb in micro)
+    micro = learner._micro(samples)
+    assert [mb.prefix for mb in micro] == [None] and micro[0].attention_mask.numel() == budget
+    roomy = make_learner(AlgorithmSpec(name="grpo", kl_coef=0.0), micro_batch_tokens=16 * 11)
+    assert [mb.prefix is not None for mb in roomy._micro(samples)] == [True]
+
+
+def test_a_reference_that_cannot_take_a_shared_prefix_keeps_whole_rows():
+    hybrid = qwen3_5(VOCAB, TOKENIZER.pad_token_id).requires_grad_(False)  # linear attention: no row selection
+    learner = make_learner(AlgorithmSpec(name="grpo", kl_coef=0.1), reference=hybrid)
+    assert not learner.share_prompts
+    assert make_learner(AlgorithmSpec(name="grpo", kl_coef=0.1), reference=make_model()).share_prompts
 
 
 def test_each_prompt_runs_through_the_policy_once_per_micro_batch_not_once_per_response():

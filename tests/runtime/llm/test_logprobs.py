@@ -112,6 +112,29 @@ def test_a_shared_prompt_prefix_gives_the_log_probs_entropy_and_gradients_of_who
     assert_same((plain[0], plain[1], cached[2]), plain)
 
 
+def test_a_sliding_window_shorter_than_the_prefix_gives_the_numbers_of_whole_rows():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=3,  # prompts of 2 to 6 tokens: the longer prefixes reach past it
+        pad_token_id=PAD,
+    )
+    torch.manual_seed(0)
+    model = MistralForCausalLM(config)
+    rows = groups(prompts=5, seed=2)
+    whole, shared = collate(rows, PAD), collate_shared(rows, PAD)
+    assert shared is not None and shared.prefix is not None and shared.prefix.input_ids.shape[1] > 3
+    plain, cached = loss_and_grads(model, whole, 4), loss_and_grads(model, shared, 4)
+    assert torch.allclose(cached[0][shared.response_mask > 0], plain[0][whole.response_mask > 0], atol=1e-5)
+    assert_same((plain[0], plain[1], cached[2]), plain)
+
+
 def test_a_softcapped_model_shares_its_prompt_prefix_on_the_full_logits_too():
     model = gemma2()
     rows = groups(seed=1)
