@@ -9,9 +9,10 @@ models run every row whole.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 
 def selectable_cache(model: nn.Module) -> Any | None:
@@ -26,3 +27,23 @@ def selectable_cache(model: nn.Module) -> Any | None:
     if all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in cache.layers):
         return cache
     return None
+
+
+def fill_prefix(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> tuple[Any, Any]:
+    """Left-padded prefixes run through `model` into a fresh `selectable_cache`: (the cache, the model's output).
+
+    Only the cache is wanted: the LM head runs on the last position alone where the model takes `logits_to_keep`,
+    not vocabulary-sized logits for every prefix position."""
+    cache = selectable_cache(model)
+    if cache is None:
+        raise ValueError(f"{type(model).__name__}'s cache keeps more than keys and values: its rows cannot be shared")
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
+        **keep,
+    )
+    return cache, out

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from rljob.runtime.llm.kv_cache import selectable_cache
+from rljob.runtime.llm.kv_cache import fill_prefix, selectable_cache
 
 if TYPE_CHECKING:
     from rljob.runtime.llm.batch import MicroBatch
@@ -65,17 +65,7 @@ def model_inputs(model: nn.Module, batch: MicroBatch) -> dict[str, Any]:
     if batch.prefix is None:
         return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
     prefix = batch.prefix
-    cache = selectable_cache(model)
-    assert cache is not None, "a shared prefix needs a model that `shares_prompts`"
-    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    out = model(
-        input_ids=prefix.input_ids,
-        attention_mask=prefix.attention_mask,
-        position_ids=prefix.position_ids,
-        past_key_values=cache,
-        use_cache=True,
-        **keep,
-    )
+    cache, out = fill_prefix(model, prefix.input_ids, prefix.attention_mask, prefix.position_ids)
     if torch.is_grad_enabled() and _is_fsdp(model):
         # FSDP gathers a layer's weights for backward when the gradient reaches that layer's output. The prefix's
         # gradient arrives through the cache instead, after the rows' backward has freed them again: tie the
