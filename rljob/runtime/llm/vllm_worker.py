@@ -2,12 +2,17 @@
 
 vLLM mixes `WeightReceiver` into its worker class; the rollout calls its methods with `LLM.collective_rpc`.
 The worker receives the actor's full state dict (Hugging Face names, tied weights included) into a staging
-copy on its GPU when the copy fits beside the engine (then a round can go by NCCL), on the CPU otherwise
-(gloo), by the same protocol as every other rollout (`WeightSubscriber`: the actor's TCPStore, the
-round and group its ticket names, the same buckets; every tensor-parallel worker is a member of the group)
-or from the version's safetensors file, or from the collocated actor's memory handles
-(`rljob.runtime.weight_ipc`), and `rljob_swap_in` loads the staged tensors into the running model in place.
-Staging keeps the swap between two chunks: a version that arrives while a chunk is generated never mixes into it.
+copy, then `rljob_swap_in` loads the staged tensors into the running model in place. Staging keeps the swap
+between two chunks: a version that arrives while a chunk is generated never mixes into it. Where it stages:
+
+- `broadcast` (`WeightSubscriber`: the actor's TCPStore, the round and group its ticket names, the same buckets;
+  every tensor-parallel worker is a member of the group): on its GPU when the copy fits beside the engine (then a
+  round can go by NCCL), on the host otherwise (gloo); allocated once, kept from version to version;
+- `filesystem` (the version's safetensors file): on the host, kept;
+- `ipc` (the collocated actor's memory handles, `rljob.runtime.weight_ipc`): on its GPU when the copy fits in the
+  GPU's free memory at that moment, so the weights go GPU to GPU and never through the host, and released once
+  swapped in, so the actor trains in that memory again (vLLM's sleep frees only vLLM's own pool, not this copy);
+  on the host when it does not fit.
 
 This module is imported in vLLM's worker processes: it imports nothing of vLLM at module level, and only
 the weight-sync parts of rljob.
@@ -24,37 +29,60 @@ from rljob.runtime.weight_sync import WeightSubscriber, device_report, read_weig
 
 TensorLayout = list[tuple[str, list[int], str]]
 """(name, shape, dtype name) of every state-dict entry, in the actor's `state_dict()` order."""
+CPU = torch.device("cpu")
+
+
+def gpu_room(device: torch.device | None, nbytes: int) -> bool:
+    """Whether `device` is a GPU whose free memory holds `nbytes` now."""
+    if device is None or device.type != "cuda":
+        return False
+    free, _ = torch.cuda.mem_get_info(device)
+    return free >= nbytes
 
 
 def staging_device(worker_device: torch.device | None, staging_bytes: int, bucket_mb: int) -> torch.device:
-    """Where a worker stages: its GPU when the GPU's free memory holds the staging copy and one bucket's
-    pack buffer besides (vLLM took its `gpuMemoryUtilization` share before), else the CPU."""
-    if worker_device is None or worker_device.type != "cuda" or not torch.distributed.is_nccl_available():
-        return torch.device("cpu")
-    free, _ = torch.cuda.mem_get_info(worker_device)
-    return worker_device if free >= staging_bytes + bucket_mb * 2**20 else torch.device("cpu")
+    """Where a worker stages broadcast rounds: its GPU when NCCL is there and the GPU's free memory holds the
+    staging copy and one bucket's pack buffer besides (vLLM took its `gpuMemoryUtilization` share before), else
+    the CPU."""
+    if torch.distributed.is_nccl_available() and gpu_room(worker_device, staging_bytes + bucket_mb * 2**20):
+        assert worker_device is not None
+        return worker_device
+    return torch.device("cpu")
 
 
 class WeightReceiver:
     """Methods vLLM adds to its worker (`self` is the worker: `model_runner`, `vllm_config` are vLLM's)."""
 
     def rljob_prepare_weights(
-        self, layout: TensorLayout, host: str, port: int, bucket_mb: int, broadcast: bool = True
+        self, layout: TensorLayout, host: str, port: int, bucket_mb: int, method: str = "broadcast"
     ) -> str:
-        """Allocate the staging tensors (`staging_device`; on the host for weight files, which gain nothing
-        from the GPU), remember where the actor's store is, and return where this worker receives (its
-        `device_report`, which the rollout tells the actor when it accepts)."""
+        """Remember the policy's layout and where the actor's store is, allocate the staging tensors of a
+        `broadcast` (`staging_device`) or `filesystem` (the host: a file gains nothing from the GPU) job, and
+        return where this worker receives (its `device_report`, which the rollout tells the actor when it
+        accepts). An `ipc` job stages each version afresh (`rljob_read_ipc`)."""
         self.rljob_names = [name for name, _, _ in layout]
-        shapes = [(shape, getattr(torch, dtype)) for _, shape, dtype in layout]
-        nbytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype in shapes)
-        device = staging_device(getattr(self, "device", None) if broadcast else None, nbytes, bucket_mb)
-        try:
-            self.rljob_staging = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
-        except torch.OutOfMemoryError:  # the engine took memory since the check: stage on the host
-            device = torch.device("cpu")
-            self.rljob_staging = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
+        self.rljob_shapes = [(shape, getattr(torch, dtype)) for _, shape, dtype in layout]
+        self.rljob_bytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype in self.rljob_shapes)
+        self.rljob_bucket_bytes = bucket_mb * 2**20
+        self.rljob_per_version = method == "ipc"
+        self.rljob_staging: list[torch.Tensor] = []
+        worker = getattr(self, "device", None)
+        device = staging_device(worker, self.rljob_bytes, bucket_mb) if method == "broadcast" else CPU
+        if not self.rljob_per_version:
+            device = self._rljob_allocate(device)
         self.rljob_subscriber = WeightSubscriber(host, port, bucket_mb)
         return device_report([device]).decode()
+
+    def _rljob_allocate(self, device: torch.device) -> torch.device:
+        """Staging tensors on `device`, or on the host when the GPU ran out (the engine took memory since it was
+        checked); where they are."""
+        self.rljob_staging = []  # the old copy goes first: a move between devices never holds both
+        try:
+            self.rljob_staging = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.rljob_shapes]
+        except torch.OutOfMemoryError:
+            device = CPU
+            self.rljob_staging = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.rljob_shapes]
+        return device
 
     def rljob_receive(self, key: str, actor_tag: str) -> None:
         """Join the round `key` names (the rollout has accepted it for every worker) at this worker's rank in
@@ -68,8 +96,14 @@ class WeightReceiver:
 
     def rljob_read_ipc(self, manifest: str) -> None:
         """Stage the version the collocated actor exported (`weightSync.method: ipc`): open its handles (CUDA IPC or
-        shared memory), copy, and drop them, so the actor's memory is free again once every worker returned."""
+        shared memory), copy (GPU to GPU when the staging copy fits on this worker's GPU now), and drop them, so the
+        actor's memory is free again once every worker returned."""
         tensors = open_weights(manifest)
+        if not (self.rljob_staging and self.rljob_staging[0].is_cuda):  # else a version not swapped in keeps it
+            worker = getattr(self, "device", None)
+            fits = gpu_room(worker, self.rljob_bytes + self.rljob_bucket_bytes)
+            if fits or not self.rljob_staging:
+                self._rljob_allocate(worker if fits and worker is not None else CPU)
         self._rljob_stage(tensors, manifest)
         del tensors
 
@@ -83,7 +117,8 @@ class WeightReceiver:
                 staged.copy_(tensors[name])
 
     def rljob_swap_in(self) -> None:
-        """Load the staged tensors into the running model in place.
+        """Load the staged tensors into the running model in place; an `ipc` job's copy on the GPU is then
+        given back (`rljob_release_staging`).
 
         `model.load_weights` fails on the CPU backend once the model has started (its linear weights are
         repacked); `reload_weights` goes through vLLM's layer-wise reload, which handles that (NOTES.md)."""
@@ -92,3 +127,17 @@ class WeightReceiver:
         with set_current_vllm_config(self.vllm_config):
             weights = zip(self.rljob_names, self.rljob_staging, strict=True)
             self.model_runner.reload_weights(weights_iterator=iter(weights))
+        self.rljob_release_staging()
+
+    def rljob_release_staging(self) -> None:
+        """Give an `ipc` job's staging copy on the GPU back to the device once loaded: the actor trains in it."""
+        if self.rljob_per_version and self.rljob_staging and self.rljob_staging[0].is_cuda:
+            self.rljob_staging = []
+            torch.cuda.empty_cache()  # the caching allocator would keep the blocks for this process
+
+    def rljob_offload_staging(self) -> None:
+        """Before the engine sleeps: move a version staged on the GPU and not swapped in yet to the host, so the
+        sleeping rollout holds no GPU memory while the actor trains (it is swapped in from there)."""
+        if self.rljob_per_version and self.rljob_staging and self.rljob_staging[0].is_cuda:
+            self.rljob_staging = [t.cpu() for t in self.rljob_staging]
+            torch.cuda.empty_cache()
