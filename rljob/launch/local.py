@@ -41,6 +41,7 @@ from rljob.launch.local_scaling import MEMBERS_FILE, RolloutScaler
 from rljob.launch.ports import pick_ports
 from rljob.launch.supervisor import Child, LaunchError, LogSink, RunResult, Supervisor
 from rljob.runtime.identity import (
+    COLLOCATED_ROLLOUT_HEALTH_ENV,
     DATA_PORT,
     MASTER_PORT,
     SYNC_PORT,
@@ -313,6 +314,22 @@ class LocalChild(Child):
     reader: threading.Thread | None = None
 
 
+def beside_collocated_rollouts(identities: list[RoleIdentity], hosts: HostLayout | None) -> list[RoleIdentity]:
+    """A collocated job's actor replicas, told where the rollout beside each answers `/healthz`, as the process of
+    an actor pod tells its ranks (COLLOCATED_ROLLOUT_HEALTH_ENV): an actor on a GPU takes GPU memory only once its
+    rollout's engine holds its own, and is ready only while that rollout is."""
+    rollouts = {i.replica: i for i in identities if i.role == "rollout"}
+    beside = []
+    for identity in identities:
+        rollout = rollouts.get(identity.replica) if identity.role == "actor" else None
+        if rollout is not None:
+            host = "127.0.0.1" if hosts is None else hosts("rollout", rollout.replica).address
+            url = f"http://{host}:{rollout.metrics_port}/healthz"
+            identity = replace(identity, extra={**identity.extra, COLLOCATED_ROLLOUT_HEALTH_ENV: url})
+        beside.append(identity)
+    return beside
+
+
 class LocalRun(Supervisor):
     """Starts, supervises and stops the processes of one job on this machine."""
 
@@ -358,6 +375,8 @@ class LocalRun(Supervisor):
             else i
             for i in identities
         ]
+        if job.spec.roles.rollout.collocated:
+            identities = beside_collocated_rollouts(identities, hosts)
         self.scaler: RolloutScaler | None = None
         if autoscale is not None:
             members = str(run_dir / MEMBERS_FILE)

@@ -170,3 +170,39 @@ def test_rollout_restarts_are_a_gauge_where_no_metrics_file_is_written():
     with RoleHTTPServer(0, role_metrics.registry, host="127.0.0.1") as server:
         body = get(server.port, "/metrics")[2]
     assert "\nrljob_rollout_restarts 2.0\n" in body
+
+
+def test_a_collocated_actor_on_a_gpu_waits_for_the_rollouts_engine_before_it_takes_gpu_memory(monkeypatch):
+    """vLLM sizes its share from the free memory it measures while it starts: the actor loads after, not during."""
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from rljob.api import load_job_file
+    from rljob.runtime.identity import COLLOCATED_ROLLOUT_HEALTH_ENV, pod_identity
+    from rljob.runtime.roles.common import RoleContext
+    from rljob.runtime.roles.health import wait_for_collocated_rollout
+    from tests.conftest import REPO
+
+    identity = pod_identity("co", "ns", "actor", 0, {"actor": 1, "rollout": 1}, 0, collocated_rollout=True)
+    job = load_job_file(str(REPO / "examples" / "grpo-tiny-arithmetic.yaml"))
+    context = RoleContext(identity=identity, job=job, log=logging.getLogger("test"))
+    monkeypatch.delenv(COLLOCATED_ROLLOUT_HEALTH_ENV, raising=False)
+    wait_for_collocated_rollout(context)  # no rollout beside it: nothing to wait for
+
+    rollout = RoleHTTPServer(0, CollectorRegistry(), host="127.0.0.1").start()
+    monkeypatch.setenv(COLLOCATED_ROLLOUT_HEALTH_ENV, f"http://127.0.0.1:{rollout.port}/healthz")
+    try:
+        waiting = threading.Thread(target=wait_for_collocated_rollout, args=(context, 0.05))
+        waiting.start()
+        waiting.join(timeout=0.5)
+        assert waiting.is_alive()  # its engine is still starting
+        rollout.mark_ready()
+        waiting.join(timeout=10)
+        assert not waiting.is_alive()
+    finally:
+        rollout.stop()
+
+    context.stop.set()  # told to stop while the rollout is down (it may never start): no wait for ever
+    with pytest.raises(InterruptedError, match="waiting for the collocated rollout"):
+        wait_for_collocated_rollout(context, 0.05)

@@ -66,6 +66,7 @@ from rljob.runtime.metrics import (
 from rljob.runtime.ranks import join_actor_group
 from rljob.runtime.role_http import ProgressTracker
 from rljob.runtime.roles.common import FatalConfigError, RoleContext
+from rljob.runtime.roles.health import wait_for_collocated_rollout
 from rljob.runtime.transport import process_tag
 from rljob.runtime.weight_ipc import IpcWeightPublisher
 from rljob.runtime.weight_sync import FileWeightPublisher, WeightPublisher
@@ -338,6 +339,23 @@ def run_actor(context: RoleContext) -> int:
             dist.destroy_process_group()
 
 
+def collocated_oom(engine: str, device: torch.device) -> str:
+    """What to change when a collocated actor's model did not fit on the GPU beside its rollout's engine."""
+    free, total = torch.cuda.mem_get_info(device)
+    held = f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB of {device} was free"
+    if engine == "vllm":
+        return (
+            "spec.rollout.vllm.gpuMemoryUtilization: the actor's model did not fit on the GPU beside the collocated "
+            f"rollout's vLLM engine, which took its share first ({held}); lower it, leaving room for the actor's "
+            "weights, gradients and optimizer states, or give the actor more GPUs (spec.roles.actor.gpusPerReplica)"
+        )
+    return (
+        "spec.roles.actor.gpusPerReplica: the actor's model did not fit on the GPU beside the collocated rollout's "
+        f"engine ({held}); give the actor more GPUs, or run the rollout on GPUs of its own "
+        "(spec.roles.rollout.collocated: false)"
+    )
+
+
 def _train(context: RoleContext, health: Any, rank: int, world: int, device: torch.device) -> int:
     spec = context.job.spec
     identity = context.identity
@@ -345,7 +363,15 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     assert task is not None
     all_rows = job_rows(context)
     torch.manual_seed(spec.trainer.seed)
-    model, tokenizer = load_job_policy(context, device, all_rows)
+    collocated = spec.roles.rollout.collocated and device.type == "cuda"
+    if collocated:
+        wait_for_collocated_rollout(context)
+    try:
+        model, tokenizer = load_job_policy(context, device, all_rows)
+    except torch.OutOfMemoryError:
+        if not collocated:
+            raise
+        raise FatalConfigError(collocated_oom(spec.rollout.engine, device)) from None
     if spec.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     evaluation = spec.evaluation

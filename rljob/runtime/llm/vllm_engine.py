@@ -152,7 +152,6 @@ class VLLMEngine:
         memory: dict[str, Any] = {"gpu_memory_utilization": settings.gpu_memory_utilization}
         if on_cpu and settings.gpu_memory_utilization == VLLMSpec.model_fields["gpu_memory_utilization"].default:
             memory = {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
-        self.field_for_memory = "spec.rollout.vllm.gpuMemoryUtilization"
         self.owned_dir = owned_dir
         self.lock = threading.Lock()
         """`LLM` is not thread-safe: generate, receive and swap take turns."""
@@ -283,13 +282,13 @@ def start_vllm_engine(context: RoleContext, sync: WeightSyncSettings) -> VLLMEng
     on_cpu = rollout_gpus(spec) == 0 or not torch.cuda.is_available()
     model_dir, layout, owned = engine_model(context, dtype, on_cpu)
     seed = spec.trainer.seed * 1000 + context.identity.replica
+    sleep_mode = spec.roles.rollout.collocated and not on_cpu
     try:
-        sleep_mode = spec.roles.rollout.collocated and not on_cpu
         return VLLMEngine(model_dir, layout, spec.rollout, max_len, dtype, sync, seed, on_cpu, owned, sleep_mode)
     except Exception as exc:
         if owned is not None:
             shutil.rmtree(owned, ignore_errors=True)
-        raise FatalConfigError(startup_failure(str(exc))) from None
+        raise FatalConfigError(startup_failure(str(exc), sleep_mode)) from None
 
 
 def engine_model(context: RoleContext, dtype: torch.dtype, on_cpu: bool) -> tuple[str, TensorLayout, Path | None]:
@@ -328,13 +327,25 @@ def engine_model(context: RoleContext, dtype: torch.dtype, on_cpu: bool) -> tupl
     return str(owned / "model"), weights_layout(model, dtype), owned
 
 
-def startup_failure(message: str) -> str:
-    """What to change when vLLM refused to start, from its error (the root cause is in the role's log)."""
+def startup_failure(message: str, collocated_on_gpu: bool = False) -> str:
+    """What to change when vLLM refused to start, from its error. vLLM's workers log the root cause (the role's log
+    shows it); the error raised here often only says that the engine core failed, so the fix names both ways."""
     text = message.lower()
     if "max_model_len" in text or "max model len" in text:
         field = "spec.rollout.vllm.maxModelLen"
         fix = "lower it to fit the model's context and the KV cache, or unset it"
+    elif collocated_on_gpu:
+        field = "spec.rollout.vllm.gpuMemoryUtilization"
+        fix = (
+            "the actor beside this collocated rollout holds its weights and optimizer states on the same GPU: if the "
+            "log above says the GPU had less free memory than this share, lower it; if no memory was left for the "
+            "KV cache, lower spec.rollout.vllm.maxModelLen, or give the actor more GPUs"
+        )
     else:
         field = "spec.rollout.vllm.gpuMemoryUtilization"
-        fix = "raise it (more memory for the KV cache), lower spec.rollout.vllm.maxModelLen, or free memory"
+        fix = (
+            "if the log above says no memory was left for the KV cache, raise it or lower "
+            "spec.rollout.vllm.maxModelLen; if it says the GPU had less free memory than this share (another process "
+            "holds part of it), lower it or free that memory"
+        )
     return f"{field}: the vllm engine did not start ({message.strip().splitlines()[-1][:300]}); {fix}"

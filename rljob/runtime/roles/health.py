@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -45,3 +46,29 @@ class RoleHealth:
 
     def close(self) -> None:
         self.server.stop()
+
+
+def wait_for_collocated_rollout(context: RoleContext, poll_s: float = 1.0, say_every_s: float = 60.0) -> None:
+    """Before a collocated actor puts its model on the GPU: wait until the rollout beside it answers ready, which it
+    does once its engine holds its memory (COLLOCATED_ROLLOUT_HEALTH_ENV names it; nothing to wait for without).
+
+    vLLM sizes its share of the GPU from the free memory it measures while it starts: an actor loading at the same
+    time makes that measure, and which of the two runs out of memory, a matter of timing. Started one after the
+    other, the engine takes `rollout.vllm.gpuMemoryUtilization` of the GPU and the actor what is left.
+    InterruptedError when the role is told to stop meanwhile (the rollout may never start)."""
+    url = os.environ.get(COLLOCATED_ROLLOUT_HEALTH_ENV)
+    if not url:
+        return
+    started = said = time.monotonic()
+    while not answers_ready(url):
+        if said == started or time.monotonic() - said >= say_every_s:
+            waited = time.monotonic() - started
+            context.log.info(
+                "collocated: waiting for the rollout beside this actor to start its engine before taking GPU memory "
+                "(%s, %.0fs so far)",
+                url,
+                waited,
+            )
+            said = time.monotonic()
+        if context.stop.wait(poll_s):
+            raise InterruptedError("stopped while waiting for the collocated rollout to start")

@@ -320,3 +320,15 @@ def test_a_new_actor_finds_the_rollout_its_predecessor_put_to_sleep_awake_for_it
     pair.pool.sync(1, model)  # a new actor syncs and generates first: it wakes the rollout only after training
     assert {r.version for r in run_step(pair.pool, [tokenizer("3+4=")["input_ids"]], 1).values()} == {1}
     assert pair.engine.events == ["sleep", "wake", "generate", "generated"]
+
+
+@pytest.mark.parametrize(
+    ("engine", "field"), [("vllm", "spec.rollout.vllm.gpuMemoryUtilization"), ("hf", "spec.roles.actor.gpusPerReplica")]
+)
+def test_a_collocated_actor_whose_model_does_not_fit_beside_the_engine_names_the_field(monkeypatch, engine, field):
+    from rljob.runtime.llm.actor import collocated_oom
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (3 * 2**30, 80 * 2**30))
+    message = collocated_oom(engine, torch.device("cuda", 0))
+    assert message.startswith(f"{field}: the actor's model did not fit on the GPU beside the collocated rollout")
+    assert "3.0 of 80.0 GiB of cuda:0 was free" in message

@@ -301,3 +301,19 @@ def test_tensor_parallel_workers_each_join_the_broadcast_and_load_their_shard(po
     finally:
         publisher.close()
         engine.close()
+
+
+def test_a_failed_start_names_the_field_and_which_way_to_move_it():
+    """vLLM's front end often only says its engine core failed (the workers log why): the fix says both ways, and
+    beside a collocated actor on a GPU, that the actor holds part of the GPU."""
+    from rljob.runtime.llm.vllm_engine import startup_failure
+
+    core = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+    alone = startup_failure(core)
+    assert alone.startswith("spec.rollout.vllm.gpuMemoryUtilization: the vllm engine did not start (RuntimeError")
+    assert "raise it" in alone and "lower it" in alone
+    collocated = startup_failure(core, collocated_on_gpu=True)
+    assert "the actor beside this collocated rollout holds its weights and optimizer states" in collocated
+    assert "lower it" in collocated and "raise it" not in collocated
+    long_context = startup_failure("ValueError: max_model_len (40000) is greater than ...", collocated_on_gpu=True)
+    assert long_context.startswith("spec.rollout.vllm.maxModelLen: the vllm engine did not start")
