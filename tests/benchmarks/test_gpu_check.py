@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.gpu.check import MACHINE_ONLY, NEEDS, PREFLIGHT, preflight_verdicts
+from benchmarks.gpu.check import MACHINE_ONLY, NEEDS, PREFLIGHT, Check, preflight_verdicts
 
 REPO = Path(__file__).resolve().parents[2]
 EVERY_MODULE = {m for modules in NEEDS.values() for m in modules}
@@ -130,3 +130,26 @@ def test_a_part_with_many_problems_names_the_first_three_and_counts_the_rest():
     assert absent_alone["grpo_vs_trl"] == (
         "trl 1.16.0 needs transformers>=4.56.2, not found (the GPU machine's python must have it itself)"
     )
+
+
+def test_a_blocked_part_is_recorded_failed_with_its_reason_and_not_run(tmp_path):
+    check = Check(tmp_path, env={})
+    check.blocked = {"cartpole": "zmq: no module zmq: add pyzmq", "grpo_tiny": None}
+    assert check.runs("grpo_tiny") and "grpo_tiny" not in check.parts
+    assert not check.runs("cartpole")
+    assert check.parts["cartpole"] == {"ok": False, "seconds": 0.0, "not_run": "zmq: no module zmq: add pyzmq"}
+    assert "== cartpole: not run: zmq: no module zmq: add pyzmq" in (tmp_path / "check.log").read_text()
+
+
+def test_an_unmet_requirement_two_wheels_down_stops_every_part_that_reaches_it():
+    core = {
+        "version": "2.50.5",
+        "requires": [requirement("typing-extensions", "typing-extensions>=4.16.0", "4.12.2", False)],
+    }
+    pydantic = {"version": "2.14.4", "requires": [requirement("pydantic-core", "pydantic-core==2.50.5", "2.50.5")]}
+    verdicts = preflight_verdicts(all_imported(), {"pydantic": pydantic, "pydantic-core": core})
+    reason = (
+        "pydantic-core 2.50.5 needs typing-extensions>=4.16.0, found 4.12.2 "
+        "(pin a matching typing-extensions in constraints/gpu-wheels.txt)"
+    )
+    assert verdicts == dict.fromkeys(NEEDS, reason)
