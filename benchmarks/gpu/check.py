@@ -6,6 +6,10 @@ with registry access, writes them to build/gpu-wheels), which this script unpack
 PYTHONPATH together with the repository. Then, each bounded in time (under 10 minutes in all):
 
 1. the machine: torch, CUDA, the device;
+   then a preflight: every module a part imports is imported once with the wheels on the path, and the wheels'
+   own requirements are checked against what the machine has; a part that would fail on a missing or broken
+   module or an unmet requirement is recorded as failed with that one-line reason (and which wheel to add or
+   which version the machine lacks) and is not run;
 2. the `cuda`-marked tests (tests/gpu: the actor's update on CUDA against the CPU's, bf16, a CUDA actor's weight
    broadcast; the weight sync between CUDA tensors on one GPU, which goes by gloo: NCCL refuses two ranks on one
    GPU, so its NCCL rounds need a second GPU and skip here, saying so);
@@ -46,6 +50,61 @@ TOTAL_LIMIT_S = 570.0
 """The whole check's budget: a part gets its own limit or what is left of this, whichever is less."""
 COLLOCATED = ["spec.roles.rollout.collocated=true", "spec.rollout.weightSync.method=ipc"]
 
+ROLE_MODULES = ("torch", "numpy", "pydantic", "yaml", "typer", "rich", "prometheus_client", "psutil", "zmq", "msgspec")
+"""What every rljob role process imports (rljob.cli, rljob.runtime)."""
+NEEDS: dict[str, tuple[str, ...]] = {
+    "cuda_tests": (*ROLE_MODULES, "pytest", "gymnasium", "transformers"),
+    "cartpole": (*ROLE_MODULES, "gymnasium"),
+    "grpo_tiny": (*ROLE_MODULES, "transformers", "safetensors"),
+    "grpo_tiny_collocated": (*ROLE_MODULES, "transformers", "safetensors"),
+    "grpo_vs_trl": (*ROLE_MODULES, "transformers", "safetensors", "matplotlib", "datasets", "trl"),
+}
+"""The modules each part imports, in the order of the parts."""
+MACHINE_ONLY = frozenset(
+    {"torch", "numpy", "transformers", "tokenizers", "safetensors", "huggingface-hub", "pyarrow", "accelerate"}
+)
+"""Distributions the GPU machine's python must have itself: CUDA builds, or what its torch and transformers were
+installed with (a wheel of ours first on PYTHONPATH would replace theirs), so never brought as wheels."""
+SHOWN = 3
+"""A blocked part's reason names this many problems; the preflight part lists them all."""
+WHEEL_OF = {"zmq": "pyzmq", "yaml": "pyyaml", "prometheus_client": "prometheus-client", "_pytest": "pytest"}
+"""Distribution names where they differ from the module's."""
+
+PREFLIGHT = """
+import importlib, json, re, sys
+from importlib import metadata
+site, modules = sys.argv[1], sys.argv[2:]
+imports = {}
+for module in modules:
+    try:
+        importlib.import_module(module)
+        imports[module] = None
+    except Exception as exc:  # a wheel for another python or a machine package too old fails in many ways
+        first = (str(exc).splitlines() or [""])[0]
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        imports[module] = {"error": f"{type(exc).__name__}: {first}"[:300], "missing": missing}
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # transformers needs packaging: without it the import check above has already failed
+    Requirement = None
+canon = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+wheels = {}
+for dist in metadata.distributions(path=[site]) if site and Requirement else []:
+    requires = []
+    for text in dist.requires or []:
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            have = metadata.version(req.name)  # the first on sys.path: ours where we bring it
+        except metadata.PackageNotFoundError:
+            have = None
+        ok = have is not None and req.specifier.contains(have, prereleases=True)
+        requires.append({"name": canon(req.name), "spec": f"{req.name}{req.specifier}", "have": have, "ok": ok})
+    wheels[canon(dist.metadata["Name"])] = {"version": dist.version, "requires": requires}
+print(json.dumps({"imports": imports, "wheels": wheels}))
+"""
+
 PROBE = """
 import json, torch, transformers
 cuda = torch.cuda.is_available()
@@ -74,6 +133,65 @@ def unpack_wheels(wheels: Path, site: Path) -> list[str]:
     return names
 
 
+def dist_of(module: str) -> str:
+    """The distribution (wheel) name that provides a top-level module."""
+    return WHEEL_OF.get(module, module.replace("_", "-"))
+
+
+def import_reason(module: str, problem: dict[str, Any]) -> str:
+    """One line for a module that did not import: what is missing and where it must come from."""
+    missing = problem.get("missing")
+    if missing and "." not in missing:
+        dist = dist_of(missing)
+        if dist in MACHINE_ONLY:
+            return f"{module}: no module {missing}: the GPU machine's python must have {dist} itself"
+        return f"{module}: no module {missing}: add {dist} to constraints/gpu-wheels.txt and rerun make gpu-wheels"
+    # A submodule missing from a present package is a broken install, e.g. a compiled wheel for another python.
+    return f"{module}: {problem['error']} (a wheel for another python than GPU_PYTHON, or a machine package too old?)"
+
+
+def unmet_reason(dist: str, version: str, requirement: dict[str, Any]) -> str:
+    """One line for a requirement of a wheel we bring that the machine (with our wheels) does not meet."""
+    have = f"found {requirement['have']}" if requirement["have"] else "not found"
+    if requirement["name"] in MACHINE_ONLY and not requirement["have"]:
+        fix = "the GPU machine's python must have it itself"
+    elif requirement["name"] in MACHINE_ONLY:
+        fix = f"the machine's own: upgrade it there, or pin an older {dist} in constraints/gpu-wheels.txt"
+    elif requirement["have"]:
+        fix = f"pin a matching {requirement['name']} in constraints/gpu-wheels.txt"
+    else:
+        fix = f"add {requirement['name']} to constraints/gpu-wheels.txt"
+    return f"{dist} {version} needs {requirement['spec']}, {have} ({fix})"
+
+
+def preflight_verdicts(
+    imports: dict[str, dict[str, Any] | None], wheels: dict[str, dict[str, Any]]
+) -> dict[str, str | None]:
+    """Per part: None when it can run, else why not in one line.
+
+    `imports` maps each module to None (imported) or its problem ({"error", "missing"}); `wheels` maps each
+    distribution we bring to its version and requirements ({"name", "spec", "have", "ok"}). A part is blocked by
+    its own modules' import problems and by the unmet requirements of every wheel it reaches from them.
+    """
+    verdicts: dict[str, str | None] = {}
+    for part, modules in NEEDS.items():
+        reasons = [import_reason(m, imports[m]) for m in modules if imports.get(m)]
+        todo, seen = [dist_of(m) for m in modules], set()
+        while todo:  # the wheels this part's modules reach through the wheels' own requirements
+            dist = todo.pop()
+            if dist in seen or dist not in wheels:
+                continue
+            seen.add(dist)
+            for requirement in wheels[dist]["requires"]:
+                todo.append(requirement["name"])
+                if not requirement["ok"]:
+                    reasons.append(unmet_reason(dist, wheels[dist]["version"], requirement))
+        reasons = list(dict.fromkeys(reasons))
+        more = f"; and {len(reasons) - SHOWN} more (check.json: parts.preflight)" if len(reasons) > SHOWN else ""
+        verdicts[part] = "; ".join(reasons[:SHOWN]) + more if reasons else None
+    return verdicts
+
+
 class Check:
     """Runs the parts, each in a child process with a time limit, and keeps every line and figure."""
 
@@ -83,6 +201,7 @@ class Check:
         self.deadline = time.monotonic() + budget_s
         self.log = (out / "check.log").open("w")
         self.parts: dict[str, dict[str, Any]] = {}
+        self.blocked: dict[str, str | None] = {}
 
     def say(self, line: str) -> None:
         print(line, flush=True)
@@ -93,7 +212,8 @@ class Check:
         """Run `command` from the repository root; (exit 0 within the limit, its output, seconds)."""
         started = time.monotonic()
         limit_s = max(1.0, min(limit_s, self.deadline - started))  # every part within the whole check's budget
-        self.say(f"== {part}: {' '.join(command)}")
+        shown = ["<script>" if before == "-c" else arg for before, arg in zip(["", *command], command, strict=False)]
+        self.say(f"== {part}: {' '.join(shown)}")
         try:
             done = subprocess.run(
                 command, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=limit_s, check=False
@@ -111,6 +231,37 @@ class Check:
 
     def record(self, part: str, ok: bool, seconds: float, **figures: Any) -> None:
         self.parts[part] = {"ok": ok, "seconds": round(seconds, 1), **figures}
+
+    def runs(self, part: str) -> bool:
+        """Whether `part` passed the preflight; if not, it is recorded as failed with the reason and not run."""
+        reason = self.blocked.get(part)
+        if reason:
+            self.say(f"== {part}: not run: {reason}")
+            self.record(part, False, 0.0, not_run=reason)
+        return not reason
+
+
+def preflight(check: Check, site: Path | None) -> None:
+    """The preflight part: import every part's modules and check our wheels' requirements, once, in a child."""
+    modules = list(dict.fromkeys(m for needs in NEEDS.values() for m in needs))
+    ok, output, seconds = check.run("preflight", [sys.executable, "-c", PREFLIGHT, str(site or ""), *modules], 180)
+    try:
+        found = json.loads(output.strip().splitlines()[-1]) if ok else None
+    except (IndexError, json.JSONDecodeError):
+        found = None
+    if found is None:
+        check.blocked = dict.fromkeys(NEEDS, "the preflight itself failed: see check.log")
+        check.record("preflight", False, seconds)
+        return
+    check.blocked = preflight_verdicts(found["imports"], found["wheels"])
+    problems = {m: import_reason(m, p) for m, p in found["imports"].items() if p}
+    unmet = [
+        unmet_reason(dist, wheel["version"], r)
+        for dist, wheel in found["wheels"].items()
+        for r in wheel["requires"]
+        if not r["ok"]
+    ]
+    check.record("preflight", not problems and not unmet, seconds, imports=problems, unmet=unmet)
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -198,38 +349,46 @@ def main(argv: list[str] | None = None) -> int:
     if not on_gpu and not args.allow_cpu:
         check.say("no CUDA device here: run `make gpu-check` on an NVIDIA GPU machine (--allow-cpu: parts on CPU)")
     if ok and (on_gpu or args.allow_cpu):
-        junit = args.out / "cuda-tests.xml"
-        tests = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "cuda", "-q", "-p", "no:cacheprovider"]
-        ok, _, seconds = check.run("cuda_tests", [*tests, f"--junitxml={junit}"], 240)
-        suite = ET.parse(junit).getroot().find("testsuite") if junit.exists() else None
-        keys = ("tests", "failures", "errors", "skipped")
-        counts = {k: int(suite.get(k, 0)) for k in keys} if suite is not None else {}
-        check.record("cuda_tests", ok and bool(counts), seconds, **counts)
+        preflight(check, args.site if wheels else None)
+        if check.runs("cuda_tests"):
+            junit = args.out / "cuda-tests.xml"
+            tests = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "cuda", "-q", "-p", "no:cacheprovider"]
+            ok, _, seconds = check.run("cuda_tests", [*tests, f"--junitxml={junit}"], 240)
+            suite = ET.parse(junit).getroot().find("testsuite") if junit.exists() else None
+            keys = ("tests", "failures", "errors", "skipped")
+            counts = {k: int(suite.get(k, 0)) for k in keys} if suite is not None else {}
+            check.record("cuda_tests", ok and bool(counts), seconds, **counts)
 
         gpus = 1 if on_gpu else 0
-        records = rljob_run(check, "cartpole", "cartpole-ppo.yaml", gpus, 200, [])
-        check.parts["cartpole"].update(return_last10=mean_of(records[-10:], "return_mean"))
+        if check.runs("cartpole"):
+            records = rljob_run(check, "cartpole", "cartpole-ppo.yaml", gpus, 200, [])
+            check.parts["cartpole"].update(return_last10=mean_of(records[-10:], "return_mean"))
 
-        records = rljob_run(check, "grpo_tiny", "grpo-tiny-arithmetic.yaml", gpus, 240, [])
-        evals = [r["eval_accuracy"] for r in records if r.get("eval_accuracy") is not None]
-        check.parts["grpo_tiny"].update(
-            accuracy_first10=mean_of(records[:10], "accuracy"),
-            accuracy_last10=mean_of(records[-10:], "accuracy"),
-            eval_accuracy_last=evals[-1] if evals else None,
-            step_s_median={k: median_of(records, f"time_{k}_s") for k in ("generate", "reward", "train", "sync")},
-        )
+        if check.runs("grpo_tiny"):
+            records = rljob_run(check, "grpo_tiny", "grpo-tiny-arithmetic.yaml", gpus, 240, [])
+            evals = [r["eval_accuracy"] for r in records if r.get("eval_accuracy") is not None]
+            check.parts["grpo_tiny"].update(
+                accuracy_first10=mean_of(records[:10], "accuracy"),
+                accuracy_last10=mean_of(records[-10:], "accuracy"),
+                eval_accuracy_last=evals[-1] if evals else None,
+                step_s_median={k: median_of(records, f"time_{k}_s") for k in ("generate", "reward", "train", "sync")},
+            )
 
-        records = rljob_run(check, "grpo_tiny_collocated", "grpo-tiny-arithmetic.yaml", gpus, 240, COLLOCATED)
-        check.parts["grpo_tiny_collocated"].update(
-            accuracy_first10=mean_of(records[:10], "accuracy"),
-            accuracy_last10=mean_of(records[-10:], "accuracy"),
-            mismatch_max_gap_max=max((r["mismatch_max_gap"] for r in records), default=None),
-            step_s_median={k: median_of(records, f"time_{k}_s") for k in ("generate", "reward", "train", "sync")},
-        )
+        if check.runs("grpo_tiny_collocated"):
+            records = rljob_run(check, "grpo_tiny_collocated", "grpo-tiny-arithmetic.yaml", gpus, 240, COLLOCATED)
+            check.parts["grpo_tiny_collocated"].update(
+                accuracy_first10=mean_of(records[:10], "accuracy"),
+                accuracy_last10=mean_of(records[-10:], "accuracy"),
+                mismatch_max_gap_max=max((r["mismatch_max_gap"] for r in records), default=None),
+                step_s_median={k: median_of(records, f"time_{k}_s") for k in ("generate", "reward", "train", "sync")},
+            )
 
-        grpo_vs_trl(check, on_gpu)
+        if check.runs("grpo_vs_trl"):
+            grpo_vs_trl(check, on_gpu)
 
-    passed = on_gpu and all(part["ok"] for part in check.parts.values()) and len(check.parts) == 6
+    every_part = {"machine", "preflight", *NEEDS}
+    all_passed = set(check.parts) == every_part and all(part["ok"] for part in check.parts.values())
+    passed = on_gpu and all_passed
     summary = {
         "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%dT%H:%M:%SZ}",
         "passed": passed,
@@ -239,8 +398,9 @@ def main(argv: list[str] | None = None) -> int:
         "parts": check.parts,
     }
     (args.out / "check.json").write_text(json.dumps(summary, indent=1) + "\n")
-    check.say(f"{'PASSED' if passed else 'NOT PASSED'}: {args.out / 'check.json'} ({summary['seconds']:.0f}s)")
-    return 0 if passed or (args.allow_cpu and all(p["ok"] for p in check.parts.values())) else 1
+    verdict = "PASSED" if passed else "every part passed, on the CPU (not a GPU pass)" if all_passed else "NOT PASSED"
+    check.say(f"{verdict}: {args.out / 'check.json'} ({summary['seconds']:.0f}s)")
+    return 0 if passed or (args.allow_cpu and all_passed) else 1
 
 
 if __name__ == "__main__":
