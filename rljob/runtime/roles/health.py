@@ -52,9 +52,10 @@ def wait_for_collocated_rollout(context: RoleContext, poll_s: float = 1.0, say_e
     """Before a collocated actor puts its model on the GPU: wait until the rollout beside it answers ready, which it
     does once its engine holds its memory (COLLOCATED_ROLLOUT_HEALTH_ENV names it; nothing to wait for without).
 
-    vLLM sizes its share of the GPU from the free memory it measures while it starts: an actor loading at the same
-    time makes that measure, and which of the two runs out of memory, a matter of timing. Started one after the
-    other, the engine takes `rollout.vllm.gpuMemoryUtilization` of the GPU and the actor what is left.
+    vLLM takes `rollout.vllm.gpuMemoryUtilization` of the GPU's memory when it starts, refuses to start when less
+    than that is free, and profiles its own use assuming no other process changes its use meanwhile: an actor
+    loading at the same time makes which of the two fails a matter of timing. Started one after the other, the
+    engine takes its share and the actor what is left.
     InterruptedError when the role is told to stop meanwhile (the rollout may never start)."""
     url = os.environ.get(COLLOCATED_ROLLOUT_HEALTH_ENV)
     if not url:

@@ -332,3 +332,22 @@ def test_a_collocated_actor_whose_model_does_not_fit_beside_the_engine_names_the
     message = collocated_oom(engine, torch.device("cuda", 0))
     assert message.startswith(f"{field}: the actor's model did not fit on the GPU beside the collocated rollout")
     assert "3.0 of 80.0 GiB of cuda:0 was free" in message
+
+
+def test_running_out_of_gpu_memory_beside_the_rollout_is_a_setting_to_change_not_a_crash(monkeypatch):
+    from rljob.runtime.llm.actor import fits_beside_rollout
+    from rljob.runtime.roles.common import FatalConfigError
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2**30, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    gpu = torch.device("cuda", 0)
+    field = r"spec\.rollout\.vllm\.gpuMemoryUtilization: the actor's model"
+    with pytest.raises(FatalConfigError, match=field), fits_beside_rollout(True, "vllm", gpu):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    # No rollout beside it: nothing to change there.
+    with pytest.raises(torch.OutOfMemoryError), fits_beside_rollout(False, "vllm", gpu):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    with pytest.raises(ValueError, match="not memory"), fits_beside_rollout(True, "vllm", gpu):
+        raise ValueError("not memory")
+    with fits_beside_rollout(True, "vllm", gpu):
+        pass

@@ -314,6 +314,7 @@ def test_a_failed_start_names_the_field_and_which_way_to_move_it():
     assert "raise it" in alone and "lower it" in alone
     collocated = startup_failure(core, collocated_on_gpu=True)
     assert "the actor beside this collocated rollout holds its weights and optimizer states" in collocated
-    assert "lower it" in collocated and "raise it" not in collocated
+    assert "less free memory than this share, lower it" in collocated
+    assert "raise it where the actor leaves room, or give the actor more GPUs" in collocated
     long_context = startup_failure("ValueError: max_model_len (40000) is greater than ...", collocated_on_gpu=True)
     assert long_context.startswith("spec.rollout.vllm.maxModelLen: the vllm engine did not start")

