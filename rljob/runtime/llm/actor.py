@@ -40,7 +40,7 @@ from rljob.runtime.checkpoint import (
     restore_rng_state,
 )
 from rljob.runtime.divergence import Diverged, diverged_exit
-from rljob.runtime.llm.data import PromptStream, Row, render_prompt, split_off
+from rljob.runtime.llm.data import PromptStream, Row, encode_prompt, split_off
 from rljob.runtime.llm.engine import Sampling, chunk_size
 from rljob.runtime.llm.learner import LLMLearner, Sample
 from rljob.runtime.llm.membership import RolloutMembership
@@ -148,8 +148,7 @@ class Controller:
     def encode(self, row: int) -> list[int] | None:
         """Prompt token ids of a row, or None when longer than maxPromptLength (skipped, counted)."""
         if row not in self._encoded:
-            text = render_prompt(self.task, self.rows[row], self.tokenizer)
-            ids = self.tokenizer(text)["input_ids"]
+            ids = encode_prompt(self.task, self.rows[row], self.tokenizer)
             self._encoded[row] = ids if len(ids) <= self.task.max_prompt_length else None
         return self._encoded[row]
 
@@ -699,8 +698,7 @@ def _evaluate(controller: Controller, rows: list[Row], step: int) -> dict[str, A
     ).to_wire()
     prompts: list[tuple[int, list[int]]] = []
     for i, row in enumerate(rows):
-        text = render_prompt(controller.task, row, controller.tokenizer)
-        ids = controller.tokenizer(text)["input_ids"]
+        ids = encode_prompt(controller.task, row, controller.tokenizer)
         if len(ids) <= controller.task.max_prompt_length:
             prompts.append((i, ids))
     replicas = max(1, len(controller.rollouts.links))
