@@ -101,7 +101,8 @@ def overlong_buffer(max_response_length: int) -> int:
 def resolve_algorithm(algorithm: AlgorithmSpec, max_response_length: int | None = None) -> AlgorithmSpec:
     """`algorithm` with every unset preset field filled from its paper; fields already set are kept.
 
-    `max_response_length` (task.llm.maxResponseLength; None for gym tasks) sizes the overlong buffer: without
+    `max_response_length` (the longest response: task.llm.maxResponseLength, or a shorter rollout.maxTokens of a
+    single-turn task; None for gym tasks) sizes the overlong buffer: without
     it, or when the budget is too short for a buffer, the overlong preset stays off.
     """
     preset = PRESETS[algorithm.name]

@@ -26,6 +26,18 @@ class _BlankFields(dict[str, str]):
         return ""
 
 
+def response_budget(spec: RLJobSpec) -> int | None:
+    """Tokens a sample's response can hold, what the overlong penalty counts down to (None for gym tasks): with a
+    text environment the whole episode's `task.llm.maxResponseLength` (`rollout.maxTokens` caps each turn of it),
+    else one call's `rollout.maxTokens` (`maxResponseLength` when unset)."""
+    llm = spec.task.llm
+    if llm is None:
+        return None
+    if llm.env is not None:
+        return llm.max_response_length
+    return spec.rollout.max_tokens or llm.max_response_length
+
+
 def resolve_defaults(job: RLJob) -> RLJob:
     """Fill the defaults that depend on the task type, so the resolved job says everything."""
     job = job.model_copy(deep=True)
@@ -45,8 +57,12 @@ def resolve_defaults(job: RLJob) -> RLJob:
     if spec.roles.reward.replicas is None:
         spec.roles.reward.replicas = 0 if gym else 1
     # Before the task defaults: the task does not change presets, and the checks below read resolved values.
-    llm = spec.task.llm
-    spec.algorithm = resolve_algorithm(spec.algorithm, llm.max_response_length if llm is not None else None)
+    # DAPO's buffer is a fifth of the longest response (which maxTokens may make shorter than maxResponseLength),
+    # and below maxResponseLength (the CRD checks that).
+    llm, budget = spec.task.llm, response_budget(spec)
+    spec.algorithm = resolve_algorithm(
+        spec.algorithm, None if llm is None or budget is None else min(budget, llm.max_response_length)
+    )
     if spec.rollout.vllm.tensor_parallel_size is None:
         # One engine per rollout pod spans all of the pod's GPUs (a collocated one, the actor's).
         rollout = spec.roles.rollout
@@ -309,6 +325,14 @@ def _check_algorithm(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
             "algorithm.overlong.buffer",
             f"must be below task.llm.maxResponseLength {llm.max_response_length}: the penalty ramps up over "
             f"the last buffer tokens of a response (got {algo.overlong.buffer})",
+        )
+    budget = response_budget(spec)
+    shorter = budget is not None and llm is not None and budget < llm.max_response_length  # maxTokens cuts first
+    if shorter and buffer is not None and buffer >= budget:
+        yield (
+            "algorithm.overlong.buffer",
+            f"must be below rollout.maxTokens {budget}, the longest response a rollout generates: the penalty "
+            f"ramps up over the last buffer tokens of it (got {buffer}); lower it or raise rollout.maxTokens",
         )
     if algo.off_policy.low >= algo.off_policy.high:
         yield (

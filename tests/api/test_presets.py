@@ -109,6 +109,31 @@ def test_dapo_overlong_buffer_is_a_fifth_of_the_response_budget():
     assert overlong is not None and (overlong.buffer, overlong.penalty) == (200, 1.0)
 
 
+def test_dapo_overlong_buffer_is_a_fifth_of_the_response_a_shorter_max_tokens_allows():
+    """rollout.maxTokens below maxResponseLength: the buffer is a fifth of what a rollout generates (a fifth of
+    maxResponseLength would be over maxTokens, where the penalty cannot ramp); with a text environment it is the
+    whole episode's maxResponseLength, which maxTokens caps per turn."""
+    manifest = llm_manifest("dapo")
+    manifest["spec"]["rollout"]["maxTokens"] = 100
+    overlong = validate_job(manifest).spec.algorithm.overlong
+    assert overlong is not None and overlong.buffer == 20
+    calculator = yaml.safe_load((REPO / "examples" / "grpo-tiny-calculator.yaml").read_text())
+    calculator["spec"]["algorithm"] = {"name": "dapo", "groupSize": 4}
+    overlong = validate_job(calculator).spec.algorithm.overlong
+    assert overlong is not None and overlong.buffer == 6  # a fifth of maxResponseLength 32, not of maxTokens 16
+
+
+def test_an_overlong_buffer_that_a_shorter_max_tokens_never_reaches_is_refused_naming_both_fields():
+    from rljob.api.problems import InvalidRLJob
+
+    manifest = llm_manifest("grpo", overlong={"buffer": 150})
+    manifest["spec"]["rollout"]["maxTokens"] = 100
+    with pytest.raises(InvalidRLJob) as refused:
+        validate_job(manifest)
+    assert [p.path for p in refused.value.problems] == ["spec.algorithm.overlong.buffer"]
+    assert "must be below rollout.maxTokens 100" in str(refused.value)
+
+
 @pytest.mark.parametrize(
     ("name", "explicit", "field"),
     [

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from rljob.algorithms import group_advantages, informative_groups, overlong_penalty
+from rljob.api.rules import response_budget
 from rljob.api.spec import AlgorithmSpec
 from rljob.runtime.checkpoint import (
     CheckpointError,
@@ -40,7 +41,7 @@ from rljob.runtime.checkpoint import (
     restore_rng_state,
 )
 from rljob.runtime.divergence import Diverged, diverged_exit
-from rljob.runtime.llm.data import PromptStream, Row, render_prompt, split_off
+from rljob.runtime.llm.data import PromptStream, Row, encode_prompt, split_off
 from rljob.runtime.llm.engine import Sampling, chunk_size
 from rljob.runtime.llm.learner import LLMLearner, Sample
 from rljob.runtime.llm.membership import RolloutMembership
@@ -148,8 +149,7 @@ class Controller:
     def encode(self, row: int) -> list[int] | None:
         """Prompt token ids of a row, or None when longer than maxPromptLength (skipped, counted)."""
         if row not in self._encoded:
-            text = render_prompt(self.task, self.rows[row], self.tokenizer)
-            ids = self.tokenizer(text)["input_ids"]
+            ids = encode_prompt(self.task, self.rows[row], self.tokenizer)
             self._encoded[row] = ids if len(ids) <= self.task.max_prompt_length else None
         return self._encoded[row]
 
@@ -229,10 +229,7 @@ class Controller:
         rewards, terms, errors = self.rewards.score(samples)
         if self.text_env:
             rewards = rewards + np.array([c["env_reward"] for g in groups for c in g.completions], dtype=np.float64)
-        overlong = self.spec.algorithm.overlong
-        if overlong is not None and overlong.enabled and overlong.buffer is not None:
-            lengths = torch.tensor([s["response_tokens"] for s in samples], dtype=torch.float64)
-            rewards = rewards + overlong_penalty(lengths, self.max_tokens, overlong.buffer, overlong.penalty).numpy()
+        rewards = rewards + overlong_shaping(self.spec, [s["response_tokens"] for s in samples])
         start = 0
         for g in groups:  # evaluation groups hold evaluation.samplesPerPrompt completions, not groupSize
             part = slice(start, start + len(g.completions))
@@ -251,6 +248,19 @@ class Controller:
     def take_room_back(self) -> float:
         """After training, before weights and generation: the collocated rollout takes its memory back; seconds."""
         return self.rollouts.wake() if self.collocated else 0.0
+
+
+def overlong_shaping(spec: Any, lengths: list[int]) -> np.ndarray:
+    """`algorithm.overlong`'s penalty for responses of `lengths` tokens (zeros when off), ramping up to the job's
+    longest response (`response_budget`): with a text environment the whole episode's maxResponseLength, not the
+    maxTokens that caps each of its turns."""
+    overlong = spec.algorithm.overlong
+    if overlong is None or not overlong.enabled or overlong.buffer is None:
+        return np.zeros(len(lengths))
+    budget = response_budget(spec)
+    assert budget is not None
+    tokens = torch.tensor(lengths, dtype=torch.float64)
+    return overlong_penalty(tokens, budget, overlong.buffer, overlong.penalty).numpy()
 
 
 def sync_ranks_per_replica(spec: Any) -> int:
@@ -699,8 +709,7 @@ def _evaluate(controller: Controller, rows: list[Row], step: int) -> dict[str, A
     ).to_wire()
     prompts: list[tuple[int, list[int]]] = []
     for i, row in enumerate(rows):
-        text = render_prompt(controller.task, row, controller.tokenizer)
-        ids = controller.tokenizer(text)["input_ids"]
+        ids = encode_prompt(controller.task, row, controller.tokenizer)
         if len(ids) <= controller.task.max_prompt_length:
             prompts.append((i, ids))
     replicas = max(1, len(controller.rollouts.links))

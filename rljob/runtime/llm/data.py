@@ -172,6 +172,15 @@ def render_prompt(task: LLMTask, row: Row, tokenizer: Any) -> str:
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
+def encode_prompt(task: LLMTask, row: Row, tokenizer: Any) -> list[int]:
+    """The prompt's token ids: `render_prompt`'s text with the special tokens the tokenizer adds, but for a
+    beginning-of-sequence token the text already starts with. Llama-3's, Gemma's and Mistral's chat templates write
+    it themselves and their tokenizers add another: the model would read two, which it never saw in training."""
+    text = render_prompt(task, row, tokenizer)
+    bos = getattr(tokenizer, "bos_token", None)
+    return tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
+
+
 # --- order --------------------------------------------------------------------------------------
 
 

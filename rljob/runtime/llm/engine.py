@@ -183,6 +183,32 @@ def job_cache_len(spec: Any) -> int:
     return llm.max_prompt_length + (spec.rollout.max_tokens or llm.max_response_length)
 
 
+KEPT_GENERATION_SETTINGS = (
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "cache_implementation",
+    "cache_config",
+    "compile_config",
+    "disable_compile",
+)
+"""What the hf engine keeps of a model's own generation config: its special tokens, its cache and how its decode
+is compiled; nothing that changes which token is drawn."""
+
+
+def token_settings(config: Any) -> Any:
+    """`config` (a model's `generation_config`) without its sampling defaults.
+
+    transformers fills every setting a `generate` call leaves unset from the model's generation config, and
+    instruct checkpoints ship sampling defaults there (Qwen2.5-Instruct: `repetition_penalty` 1.05): the engine
+    would sample with a penalty the job never asked for, vLLM does not apply (it takes only the end-of-sequence
+    ids from that file), and the reported log-probs (`sampling_logprobs`) and the trainer's leave out. The job's
+    `spec.rollout` settings are the only sampling settings."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(**{key: getattr(config, key, None) for key in KEPT_GENERATION_SETTINGS})
+
+
 class _EndPaddingRows:
     """A logits processor that ends the padding rows (from row `first` on) at their first token, an end of
     sequence: they never keep the decode loop running after the real rows are done."""
@@ -229,6 +255,8 @@ class HFEngine:
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = {tokenizer.eos_token_id}
         generation_config = getattr(model, "generation_config", None)
+        if generation_config is not None:
+            self.model.generation_config = generation_config = token_settings(generation_config)
         extra_eos = getattr(generation_config, "eos_token_id", None)
         if extra_eos is not None:
             self.eos_ids |= set(extra_eos if isinstance(extra_eos, list) else [extra_eos])

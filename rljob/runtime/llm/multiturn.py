@@ -23,8 +23,9 @@ that only serves tools (the calculator) leaves scoring to them.
 
 Environment messages become text as the model reads them: without `task.llm.applyChatTemplate`, their
 `content` strings concatenated; with it, what the tokenizer's chat template adds for those messages after an
-assistant turn, generation prompt included. The builtin tokenizer covers printable ASCII when a text env is
-configured (`rljob.runtime.llm.policy`); characters it lacks are dropped from what the model reads.
+assistant turn, generation prompt included, and first the rest of that turn's closing (`render_env_messages`).
+The builtin tokenizer covers printable ASCII when a text env is configured (`rljob.runtime.llm.policy`);
+characters it lacks are dropped from what the model reads.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from rljob.runtime.transport import RequestClient, TransportError
 ENV_TIMEOUT_S = 30.0
 ENV_RETRY_S = 10.0
 """A replica that failed a request gets no new work for this long (it is being replaced, or is gone)."""
-_CHAT_PROBE: list[Message] = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+_PROBE_TURN = "rljob-probe-turn"
+_CHAT_PROBE: list[Message] = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _PROBE_TURN}]
 
 
 class TextEnvUnavailable(RuntimeError):
@@ -136,17 +138,30 @@ class TextEnvClient:
         return results
 
 
-def render_env_messages(messages: list[Message], tokenizer: Any, chat: bool) -> str:
-    """The text the model reads for the environment's messages (see the module docstring)."""
+def render_env_messages(messages: list[Message], tokenizer: Any, chat: bool, turn_ended: bool | None = None) -> str:
+    """The text the model reads for the environment's messages (see the module docstring).
+
+    With the chat template, after a model turn (`turn_ended` not None) the text starts with the rest of what the
+    template writes after an assistant message: the model wrote the turn's end-of-sequence token itself
+    (`turn_ended`), not what the template puts after it (ChatML's line break after `<|im_end|>`, Qwen's); a turn
+    cut short (maxTokens, a stop string) gets the whole closing, end token included."""
     if not messages:
         return ""
     if not chat:
         return "".join(m["content"] for m in messages)
     before = tokenizer.apply_chat_template(_CHAT_PROBE, tokenize=False)
     after = tokenizer.apply_chat_template(_CHAT_PROBE + messages, add_generation_prompt=True, tokenize=False)
-    if not after.startswith(before):  # a template that rewrites earlier turns: render the messages alone
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return after[len(before) :]
+    closing = ""
+    if turn_ended is not None and _PROBE_TURN in before:
+        closing = before[before.rindex(_PROBE_TURN) + len(_PROBE_TURN) :]
+        eos = tokenizer.eos_token
+        if turn_ended and eos and closing.startswith(eos):
+            closing = closing[len(eos) :]
+    if not after.startswith(before):
+        # A template that renders earlier turns otherwise (Qwen3 drops the last turn's empty <think> block once a
+        # message follows it): the messages alone.
+        return closing + tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return closing + after[len(before) :]
 
 
 @dataclass
@@ -219,8 +234,10 @@ class EpisodeRunner:
     def close(self) -> None:
         self.env.close()
 
-    def encode(self, messages: list[Message]) -> list[int]:
-        text = render_env_messages(messages, self.tokenizer, self.chat)
+    def encode(self, messages: list[Message], turn_ended: bool | None = None) -> list[int]:
+        """Token ids of the environment's messages: an opening, or (`turn_ended` not None) a reply to a model turn
+        that ended with the end-of-sequence token or was cut (`render_env_messages`)."""
+        text = render_env_messages(messages, self.tokenizer, self.chat, turn_ended)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
     def run(self, prompts: list[list[int]], rows: list[Row], sampling: Sampling) -> list[list[dict[str, Any]]]:
@@ -331,7 +348,8 @@ class EpisodeRunner:
                 continue
             replies = [dict(m) for m in result["messages"]]
             episode.messages = [*episode.messages, *replies]
-            if not episode.add(self.encode(replies), None) or episode.budget <= 0:
+            ended = bool(episode.token_ids) and episode.token_ids[-1] == self.tokenizer.eos_token_id
+            if not episode.add(self.encode(replies, ended), None) or episode.budget <= 0:
                 episode.done, episode.finish_reason = True, "length"  # no room left for another turn
 
 

@@ -35,7 +35,7 @@ import torch
 
 from rljob.api.spec import RLJobSpec, SFTSpec
 from rljob.runtime.divergence import check_update
-from rljob.runtime.llm.data import PromptStream, Row, render_prompt
+from rljob.runtime.llm.data import PromptStream, Row, encode_prompt
 from rljob.runtime.llm.learner import LLMLearner, MicroBatch, token_logprobs
 from rljob.runtime.llm.multiturn import EpisodeRunner
 from rljob.runtime.llm.sharding import gradient_norm
@@ -190,7 +190,7 @@ class Warmup:
         ready: list[tuple[int, list[int], list[list[int]]]] = []
         for index in todo:
             row = self.rows[index]
-            prompt = self.tokenizer(render_prompt(self.task, row, self.tokenizer))["input_ids"]
+            prompt = encode_prompt(self.task, row, self.tokenizer)
             turns = [
                 [*self.tokenizer(text, add_special_tokens=False)["input_ids"], *eos]
                 for text in demonstration_turns(self.sft, row)

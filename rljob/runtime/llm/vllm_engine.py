@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rljob.api.spec import RLJobSpec, RolloutSpec, VLLMSpec
-from rljob.runtime.llm.engine import Completion, Sampling, WeightSyncSettings, WeightUpdate
+from rljob.runtime.llm.engine import Completion, Sampling, WeightSyncSettings, WeightUpdate, job_cache_len
 from rljob.runtime.llm.vllm_worker import TensorLayout
 from rljob.runtime.roles.common import FatalConfigError
 from rljob.runtime.weight_ipc import manifest_of, mark_loaded
@@ -77,10 +77,12 @@ def max_model_len(spec: RLJobSpec) -> int:
     """Tokens per sequence the engine must hold: `rollout.vllm.maxModelLen`, else what the job can need.
 
     Unset, vLLM would size for the model's whole context (32k and more for hub models), and the KV cache
-    must hold at least one such sequence: the job never needs more than its longest prompt plus response."""
+    must hold at least one such sequence: the job never needs more than its longest prompt plus response
+    (`job_cache_len`: with a text environment a later turn's prompt carries the earlier turns, and vLLM refuses a
+    prompt longer than this)."""
     task = spec.task.llm
     assert task is not None
-    needed = task.max_prompt_length + (spec.rollout.max_tokens or task.max_response_length)
+    needed = job_cache_len(spec)
     configured = spec.rollout.vllm.max_model_len
     if configured is None:
         return needed

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rljob.api.loading import load_job_file
 from rljob.api.presets import resolve_algorithm
-from rljob.api.spec import AlgorithmSpec
-from rljob.runtime.llm.actor import Group, build_samples
+from rljob.api.spec import AlgorithmSpec, OverlongShaping
+from rljob.runtime.llm.actor import Group, build_samples, overlong_shaping
 
 
 def group(rewards: list[float], lengths: list[int], loss_masks: list[list[int]] | None = None) -> Group:
@@ -39,3 +40,17 @@ def test_normalize_advantages_false_gives_grpo_the_centred_rewards():
     )
     assert [s["advantage"] for s in scaled] == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
     assert [s["advantage"] for s in centred] == pytest.approx([0.75, -0.25, -0.25, -0.25])
+
+
+def test_a_multi_turn_episode_is_penalised_for_its_length_against_the_episode_s_budget_not_one_turn_s():
+    """The calculator: maxTokens 16 caps each turn, maxResponseLength 32 the episode. An episode of 20 tokens
+    (two turns and a reply) is well inside it; the penalty ramps over the buffer's last 6 tokens before 32."""
+    from pathlib import Path
+
+    spec = load_job_file(Path(__file__).parents[3] / "examples" / "grpo-tiny-calculator.yaml").spec
+    spec.algorithm.overlong = OverlongShaping(buffer=6)
+    assert overlong_shaping(spec, [10, 20, 26, 29, 32]) == pytest.approx([0.0, 0.0, 0.0, -0.5, -1.0])
+    spec.task.llm.env = None  # single turn: a response is at most one call's maxTokens
+    assert overlong_shaping(spec, [10, 13, 16]) == pytest.approx([0.0, -0.5, -1.0])
+    spec.algorithm.overlong = None
+    assert overlong_shaping(spec, [16]) == pytest.approx([0.0])

@@ -14,11 +14,12 @@ from rljob.runtime.llm.data import (
     DatasetError,
     PromptStream,
     arithmetic_rows,
+    encode_prompt,
     load_rows,
     render_prompt,
     split_off,
 )
-from rljob.runtime.llm.policy import build_char_tokenizer
+from rljob.runtime.llm.policy import CHAT_TEMPLATE, build_char_tokenizer
 
 ROWS = [{"question": f"{a}*{a}?", "solution": str(a * a), "topic": "squares"} for a in range(6)]
 
@@ -153,6 +154,23 @@ def test_render_applies_the_tokenizers_chat_template():
     assert text == "system: be brief\nuser: Q 1+2=\nassistant: "
     without_system = LLMTask(dataset=DatasetSpec(builtin="arithmetic"), apply_chat_template=True)
     assert render_prompt(without_system, {"prompt": "1+2="}, tokenizer) == "user: 1+2=\nassistant: "
+
+
+def test_a_chat_template_that_writes_the_bos_itself_gets_no_second_one():
+    """Llama-3's, Gemma's and Mistral's templates start with `{{ bos_token }}` and their tokenizers add one too."""
+    tokenizer = build_char_tokenizer(["system: user: assistant: \n", "be brief", "1+2="])
+    tokenizer.chat_template = "{{ bos_token }}" + CHAT_TEMPLATE
+    bos = tokenizer.bos_token_id
+    row = {"prompt": "1+2=", "answer": "3"}
+    chat = LLMTask(dataset=DatasetSpec(builtin="arithmetic"), system_prompt="be brief", apply_chat_template=True)
+    ids = encode_prompt(chat, row, tokenizer)
+    assert ids[0] == bos and ids.count(bos) == 1
+    assert tokenizer.decode(ids[1:]) == "system: be brief\nuser: 1+2=\nassistant: "
+    # A template without it, and no template (a base model), keep the BOS the tokenizer adds.
+    tokenizer.chat_template = CHAT_TEMPLATE
+    for task in (chat, LLMTask(dataset=DatasetSpec(builtin="arithmetic"))):
+        ids = encode_prompt(task, row, tokenizer)
+        assert ids[0] == bos and ids.count(bos) == 1
 
 
 # --- order --------------------------------------------------------------------------------------

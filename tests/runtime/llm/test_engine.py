@@ -416,3 +416,29 @@ def test_calls_of_one_bucket_reuse_the_compiled_decode_and_another_batch_compile
     before = counters["stats"]["unique_graphs"]
     plain.generate(prompts[:4], sampling)
     assert counters["stats"]["unique_graphs"] > before
+
+
+@pytest.mark.parametrize("shipped", [{"repetition_penalty": 3.0}, {"no_repeat_ngram_size": 2}])
+def test_a_models_own_sampling_defaults_never_change_what_the_engine_generates(policy, prompts, shipped):
+    """Instruct checkpoints ship sampling defaults in generation_config.json (Qwen2.5-Instruct: repetition_penalty
+    1.05), which transformers applies to every setting a `generate` call leaves unset. vLLM ignores them, and the
+    reported log-probs leave them out: the job's rollout settings are the engine's only ones."""
+    model, tokenizer = policy
+    checkpoint = copy.deepcopy(model)
+    for key, value in shipped.items():
+        setattr(checkpoint.generation_config, key, value)
+    engine = HFEngine(checkpoint, tokenizer, CPU)
+    out = engine.generate(prompts, Sampling(n=1, greedy=True, max_tokens=12))
+    for prompt, group in zip(prompts, out, strict=True):
+        assert group[0].token_ids == greedy_reference(model, prompt, tokenizer.eos_token_id, 12)
+
+
+def test_every_end_of_sequence_id_of_the_model_s_generation_config_ends_a_completion(policy, prompts):
+    """Qwen2.5/Qwen3 instruct: the tokenizer's eos is <|im_end|>, generation_config.eos_token_id also lists
+    <|endoftext|> (the pad token). The engine keeps them when it drops the sampling defaults of that config."""
+    model, tokenizer = policy
+    first = greedy_reference(model, prompts[0], tokenizer.eos_token_id, 1)[0]  # made an end-of-sequence id here
+    checkpoint = copy.deepcopy(model)
+    checkpoint.generation_config.eos_token_id = [tokenizer.eos_token_id, first]
+    out = HFEngine(checkpoint, tokenizer, CPU).generate(prompts[:1], Sampling(n=2, greedy=True, max_tokens=8))
+    assert [(c.token_ids, c.finish_reason) for c in out[0]] == [([first], "stop")] * 2

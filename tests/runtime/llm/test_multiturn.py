@@ -12,8 +12,8 @@ from rljob.launch.local import free_ports
 from rljob.runtime.llm.data import arithmetic_rows
 from rljob.runtime.llm.engine import HFEngine, Sampling
 from rljob.runtime.llm.learner import collate, token_logprobs
-from rljob.runtime.llm.multiturn import EpisodeRunner, TextEnvClient, episode_metrics
-from rljob.runtime.llm.policy import load_policy
+from rljob.runtime.llm.multiturn import EpisodeRunner, TextEnvClient, episode_metrics, render_env_messages
+from rljob.runtime.llm.policy import build_char_tokenizer, load_policy
 from rljob.runtime.llm.textenv import TextEnv
 from rljob.runtime.roles.textenv import TextEnvService
 from rljob.runtime.transport import RequestServer
@@ -217,3 +217,66 @@ def test_a_silent_env_replica_is_skipped_for_another(policy, serve):
     groups = episodes.run([tokenizer(r["prompt"])["input_ids"] for r in ROWS], ROWS, Sampling(n=1, max_tokens=4))
     episodes.close()
     assert [c["turns"] for g in groups for c in g] == [2, 2]
+
+
+# --- the environment's messages in the chat template ---------------------------------------------------
+
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+"""Qwen2/Qwen2.5/Qwen3's ChatML: a line break after each turn's <|im_end|>, the end-of-sequence token."""
+LLAMA3 = (
+    "{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' + m['content'] + "
+    "'<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    "{% endif %}"
+)
+"""Llama-3's: nothing after a turn's <|eot_id|>."""
+QWEN3 = CHATML.replace(
+    "'<|im_start|>' + m['role'] + '\n' + m['content']",
+    "'<|im_start|>' + m['role'] + '\n' + ('<think>\n\n</think>\n\n' if m['role'] == 'assistant' and loop.last "
+    "else '') + m['content']",
+)
+"""ChatML as Qwen3 renders it: the last assistant turn (only) opens with an empty <think> block."""
+
+
+def chat_tokenizer(template: str, end: str):
+    """The builtin tokenizer over printable text with a real chat template's special tokens."""
+    import string
+
+    from transformers import AddedToken
+
+    tokenizer = build_char_tokenizer([string.printable])
+    specials = ["<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": [AddedToken(t, special=True) for t in specials]})
+    tokenizer.eos_token, tokenizer.chat_template = end, template
+    return tokenizer
+
+
+@pytest.mark.parametrize(
+    ("template", "end"), [(CHATML, "<|im_end|>"), (LLAMA3, "<|eot_id|>")], ids=["chatml", "llama3"]
+)
+def test_a_reply_after_a_model_turn_reads_as_the_chat_template_renders_the_conversation(template, end):
+    """The model writes its turn and the end-of-sequence token; the reply then carries the rest of the template's
+    closing (ChatML's line break), so the model reads the conversation as the template renders it, as in its
+    training. A turn cut short gets the whole closing."""
+    tokenizer = chat_tokenizer(template, end)
+    prompt = [{"role": "user", "content": "What is 12*7?"}]
+    turn, reply = "calc(12*7)", [{"role": "user", "content": "84"}]
+    whole = tokenizer.apply_chat_template(
+        [*prompt, {"role": "assistant", "content": turn}, *reply], add_generation_prompt=True, tokenize=False
+    )
+    read = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False) + turn + end
+    assert read + render_env_messages(reply, tokenizer, chat=True, turn_ended=True) == whole
+    cut = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False) + turn
+    assert cut + render_env_messages(reply, tokenizer, chat=True, turn_ended=False) == whole
+
+
+def test_a_template_that_renders_earlier_turns_otherwise_still_gets_the_turn_closing():
+    """Qwen3: the conversation so far is not a prefix of it with the reply added (the <think> block moves), so the
+    reply is rendered alone, after the line break that ends the model's turn."""
+    tokenizer = chat_tokenizer(QWEN3, "<|im_end|>")
+    reply = [{"role": "user", "content": "84"}]
+    expected = "\n<|im_start|>user\n84<|im_end|>\n<|im_start|>assistant\n"
+    assert render_env_messages(reply, tokenizer, chat=True, turn_ended=True) == expected
+    assert render_env_messages(reply, tokenizer, chat=True) == expected[1:]  # an opening: no turn before it

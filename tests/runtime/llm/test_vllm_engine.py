@@ -19,7 +19,7 @@ from rljob.runtime.llm.data import arithmetic_rows
 from rljob.runtime.llm.engine import Sampling, WeightSyncSettings, WeightUpdate
 from rljob.runtime.llm.learner import collate, token_logprobs
 from rljob.runtime.llm.policy import export_hf, load_policy
-from rljob.runtime.llm.vllm_engine import VLLMEngine, logprobs_mode, vllm_installed, weights_layout
+from rljob.runtime.llm.vllm_engine import VLLMEngine, logprobs_mode, max_model_len, vllm_installed, weights_layout
 from rljob.runtime.weight_ipc import IpcWeightPublisher
 from rljob.runtime.weight_sync import WeightPublisher, write_weights_file
 from tests.runtime.llm.test_engine import assert_well_formed
@@ -228,6 +228,21 @@ def _copy(model: torch.nn.Module) -> torch.nn.Module:
     import copy
 
     return copy.deepcopy(model)
+
+
+def test_a_multi_turn_job_s_engine_holds_its_later_turns_prompts():
+    """A later turn's prompt carries the earlier turns (up to maxPromptLength + maxResponseLength): vLLM refuses a
+    prompt longer than its maxModelLen, so the derived one covers it even where rollout.maxTokens caps each turn."""
+    from pathlib import Path
+
+    from rljob.api.loading import load_job_file
+
+    spec = load_job_file(Path(__file__).parents[3] / "examples" / "grpo-tiny-calculator.yaml").spec
+    llm = spec.task.llm
+    assert spec.rollout.max_tokens < llm.max_response_length  # 16 per turn, 32 for the episode
+    assert max_model_len(spec) == llm.max_prompt_length + llm.max_response_length
+    spec.task.llm.env = None  # single turn: one call's prompt and response at most
+    assert max_model_len(spec) == llm.max_prompt_length + spec.rollout.max_tokens
 
 
 @pytest.mark.parametrize(
