@@ -241,21 +241,22 @@ class OffPolicyCorrection(SpecModel):
 
 
 class OverlongShaping(SpecModel):
-    """DAPO overlong reward shaping over the last `buffer` tokens before maxResponseLength.
+    """DAPO overlong reward shaping over the last `buffer` tokens before the longest response a rollout gives:
+    task.llm.maxResponseLength, or a shorter rollout.maxTokens of a single-turn task (a multi-turn episode's
+    budget is maxResponseLength, whatever maxTokens caps each turn at).
 
-    A response's reward gets 0 up to maxResponseLength - buffer tokens, then a penalty growing
-    linearly to -`penalty` at maxResponseLength (DAPO eq. 13), so the policy learns to finish
-    before the cut rather than being truncated. On by default for dapo and cispo; `enabled: false`
-    turns it off.
+    A response's reward gets 0 up to that length - buffer tokens, then a penalty growing linearly to
+    -`penalty` at that length (DAPO eq. 13), so the policy learns to finish before the cut rather than
+    being truncated. On by default for dapo and cispo; `enabled: false` turns it off.
     """
 
     enabled: bool = True
     """False turns the shaping off (also for dapo and cispo, whose presets turn it on)."""
     buffer: int | None = Field(default=None, ge=1)
-    """Tokens before task.llm.maxResponseLength over which the penalty ramps up. Default: a fifth of
-    maxResponseLength (DAPO: 4096 of 20480)."""
+    """Tokens before the longest response (maxResponseLength, or a shorter single-turn rollout.maxTokens) over
+    which the penalty ramps up; must be below it. Default: a fifth of it (DAPO: 4096 of 20480)."""
     penalty: float = Field(default=1.0, ge=0.0)
-    """Penalty of a response that reaches maxResponseLength."""
+    """Penalty of a response that reaches the longest response's length."""
 
 
 class AlgorithmSpec(SpecModel):

@@ -128,8 +128,8 @@ class Controller:
         self.skipped_too_long = 0
         self.answer_key = self.task.dataset.answer_key
         self._encoded: dict[int, array[int] | None] = {}
-        """Each row's prompt ids once encoded, 4 bytes a token (a list of fresh Python ints takes ~36: tens of GB over an
-        epoch of a dataset of a million long prompts)."""
+        """Each row's prompt ids once encoded, 4 bytes a token (a list of fresh Python ints takes ~36: tens of GB
+        over an epoch of a dataset of a million long prompts)."""
         self.groups: list[Group] = []
         self.outstanding = 0
         self.generation_s = 0.0
@@ -425,7 +425,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         spec.trainer,
         pad_id=tokenizer.pad_token_id,
         temperature=spec.rollout.temperature,
-        max_response_tokens=spec.rollout.max_tokens or task.max_response_length,
+        max_response_tokens=response_budget(spec) or task.max_response_length,  # Dr. GRPO: an episode's budget
         reference=reference,
         rank=rank,
         world_size=world,

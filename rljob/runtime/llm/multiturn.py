@@ -138,13 +138,14 @@ class TextEnvClient:
         return results
 
 
-def render_env_messages(messages: list[Message], tokenizer: Any, chat: bool, turn_ended: bool | None = None) -> str:
+def render_env_messages(messages: list[Message], tokenizer: Any, chat: bool, turn_end: str | None = None) -> str:
     """The text the model reads for the environment's messages (see the module docstring).
 
-    With the chat template, after a model turn (`turn_ended` not None) the text starts with the rest of what the
-    template writes after an assistant message: the model wrote the turn's end-of-sequence token itself
-    (`turn_ended`), not what the template puts after it (ChatML's line break after `<|im_end|>`, Qwen's); a turn
-    cut short (maxTokens, a stop string) gets the whole closing, end token included."""
+    With the chat template, after a model turn (`turn_end` not None) the text starts with the rest of what the
+    template writes after an assistant message. `turn_end` is the special token the model ended its turn with (an
+    end-of-sequence id of the tokenizer or of the model's generation config: Gemma's `<end_of_turn>`, Llama-3's
+    `<|eot_id|>`), which the model wrote itself, so only what the template puts after it follows (ChatML's line
+    break after `<|im_end|>`); a turn cut short (maxTokens, a stop string: `turn_end` "") gets the whole closing."""
     if not messages:
         return ""
     if not chat:
@@ -152,16 +153,25 @@ def render_env_messages(messages: list[Message], tokenizer: Any, chat: bool, tur
     before = tokenizer.apply_chat_template(_CHAT_PROBE, tokenize=False)
     after = tokenizer.apply_chat_template(_CHAT_PROBE + messages, add_generation_prompt=True, tokenize=False)
     closing = ""
-    if turn_ended is not None and _PROBE_TURN in before:
+    if turn_end is not None and _PROBE_TURN in before:
         closing = before[before.rindex(_PROBE_TURN) + len(_PROBE_TURN) :]
-        eos = tokenizer.eos_token
-        if turn_ended and eos and closing.startswith(eos):
-            closing = closing[len(eos) :]
+        if turn_end and closing.startswith(turn_end):
+            closing = closing[len(turn_end) :]
     if not after.startswith(before):
         # A template that renders earlier turns otherwise (Qwen3 drops the last turn's empty <think> block once a
         # message follows it): the messages alone.
-        return closing + tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        alone = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        bos = getattr(tokenizer, "bos_token", None)
+        if bos and alone.startswith(bos):  # the template's start of a conversation, not of this reply
+            alone = alone[len(bos) :]
+        return closing + alone
     return closing + after[len(before) :]
+
+
+def special_token(tokenizer: Any, token_id: int) -> str:
+    """The text of `token_id` when it is a special token (what ends a model's turn), else ""."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}).get(token_id)
+    return str(added.content) if added is not None and added.special else ""
 
 
 @dataclass
@@ -234,10 +244,10 @@ class EpisodeRunner:
     def close(self) -> None:
         self.env.close()
 
-    def encode(self, messages: list[Message], turn_ended: bool | None = None) -> list[int]:
-        """Token ids of the environment's messages: an opening, or (`turn_ended` not None) a reply to a model turn
-        that ended with the end-of-sequence token or was cut (`render_env_messages`)."""
-        text = render_env_messages(messages, self.tokenizer, self.chat, turn_ended)
+    def encode(self, messages: list[Message], turn_end: str | None = None) -> list[int]:
+        """Token ids of the environment's messages: an opening, or (`turn_end` not None) a reply to a model turn
+        that ended with that special token, or was cut ("") (`render_env_messages`)."""
+        text = render_env_messages(messages, self.tokenizer, self.chat, turn_end)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
     def run(self, prompts: list[list[int]], rows: list[Row], sampling: Sampling) -> list[list[dict[str, Any]]]:
@@ -348,8 +358,8 @@ class EpisodeRunner:
                 continue
             replies = [dict(m) for m in result["messages"]]
             episode.messages = [*episode.messages, *replies]
-            ended = bool(episode.token_ids) and episode.token_ids[-1] == self.tokenizer.eos_token_id
-            if not episode.add(self.encode(replies, ended), None) or episode.budget <= 0:
+            turn_end = special_token(self.tokenizer, episode.token_ids[-1]) if episode.token_ids else ""
+            if not episode.add(self.encode(replies, turn_end), None) or episode.budget <= 0:
                 episode.done, episode.finish_reason = True, "length"  # no room left for another turn
 
 

@@ -296,7 +296,8 @@ def start_vllm_engine(context: RoleContext, sync: WeightSyncSettings) -> VLLMEng
     except Exception as exc:
         if owned is not None:
             shutil.rmtree(owned, ignore_errors=True)
-        raise FatalConfigError(startup_failure(str(exc), sleep_mode)) from None
+        configured = spec.rollout.vllm.max_model_len is not None
+        raise FatalConfigError(startup_failure(str(exc), sleep_mode, configured)) from None
 
 
 def engine_model(context: RoleContext, dtype: torch.dtype, on_cpu: bool) -> tuple[str, TensorLayout, Path | None]:
@@ -335,11 +336,18 @@ def engine_model(context: RoleContext, dtype: torch.dtype, on_cpu: bool) -> tupl
     return str(owned / "model"), weights_layout(model, dtype), owned
 
 
-def startup_failure(message: str, collocated_on_gpu: bool = False) -> str:
+def startup_failure(message: str, collocated_on_gpu: bool = False, max_model_len_set: bool = True) -> str:
     """What to change when vLLM refused to start, from its error. vLLM's workers log the root cause (the role's log
     shows it); the error raised here often only says that the engine core failed, so the fix names both ways."""
     text = message.lower()
-    if "max_model_len" in text or "max model len" in text:
+    if ("max_model_len" in text or "max model len" in text) and not max_model_len_set:
+        field = "spec.task.llm.maxPromptLength"
+        fix = (
+            "the engine's context is derived (`max_model_len`): maxPromptLength plus rollout.maxTokens, or plus "
+            "maxResponseLength with a text environment; lower them to fit the model's context and the KV cache, or "
+            "set spec.rollout.vllm.maxModelLen"
+        )
+    elif "max_model_len" in text or "max model len" in text:
         field = "spec.rollout.vllm.maxModelLen"
         fix = "lower it to fit the model's context and the KV cache, or unset it"
     elif collocated_on_gpu:

@@ -12,7 +12,13 @@ from rljob.launch.local import free_ports
 from rljob.runtime.llm.data import arithmetic_rows
 from rljob.runtime.llm.engine import HFEngine, Sampling
 from rljob.runtime.llm.learner import collate, token_logprobs
-from rljob.runtime.llm.multiturn import EpisodeRunner, TextEnvClient, episode_metrics, render_env_messages
+from rljob.runtime.llm.multiturn import (
+    EpisodeRunner,
+    TextEnvClient,
+    episode_metrics,
+    render_env_messages,
+    special_token,
+)
 from rljob.runtime.llm.policy import build_char_tokenizer, load_policy
 from rljob.runtime.llm.textenv import TextEnv
 from rljob.runtime.roles.textenv import TextEnvService
@@ -232,6 +238,12 @@ LLAMA3 = (
     "{% endif %}"
 )
 """Llama-3's: nothing after a turn's <|eot_id|>."""
+GEMMA = (
+    "{% for m in messages %}{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' + "
+    "m['content'] + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}"
+    "{% endif %}"
+)
+"""Gemma's: a turn ends with <end_of_turn> (an end id of the model's generation config), not the tokenizer's <eos>."""
 QWEN3 = CHATML.replace(
     "'<|im_start|>' + m['role'] + '\n' + m['content']",
     "'<|im_start|>' + m['role'] + '\n' + ('<think>\n\n</think>\n\n' if m['role'] == 'assistant' and loop.last "
@@ -240,36 +252,42 @@ QWEN3 = CHATML.replace(
 """ChatML as Qwen3 renders it: the last assistant turn (only) opens with an empty <think> block."""
 
 
-def chat_tokenizer(template: str, end: str):
-    """The builtin tokenizer over printable text with a real chat template's special tokens."""
+def chat_tokenizer(template: str, eos: str):
+    """The builtin tokenizer over printable text with real chat templates' special tokens, `eos` its end of sequence."""
     import string
 
     from transformers import AddedToken
 
     tokenizer = build_char_tokenizer([string.printable])
     specials = ["<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    specials += ["<start_of_turn>", "<end_of_turn>", "<eos>", "<|begin_of_text|>"]
     tokenizer.add_special_tokens({"additional_special_tokens": [AddedToken(t, special=True) for t in specials]})
-    tokenizer.eos_token, tokenizer.chat_template = end, template
+    tokenizer.eos_token, tokenizer.chat_template = eos, template
     return tokenizer
 
 
 @pytest.mark.parametrize(
-    ("template", "end"), [(CHATML, "<|im_end|>"), (LLAMA3, "<|eot_id|>")], ids=["chatml", "llama3"]
+    ("template", "end", "eos"),
+    [(CHATML, "<|im_end|>", "<|im_end|>"), (LLAMA3, "<|eot_id|>", "<|eot_id|>"), (GEMMA, "<end_of_turn>", "<eos>")],
+    ids=["chatml", "llama3", "gemma"],
 )
-def test_a_reply_after_a_model_turn_reads_as_the_chat_template_renders_the_conversation(template, end):
-    """The model writes its turn and the end-of-sequence token; the reply then carries the rest of the template's
-    closing (ChatML's line break), so the model reads the conversation as the template renders it, as in its
-    training. A turn cut short gets the whole closing."""
-    tokenizer = chat_tokenizer(template, end)
+def test_a_reply_after_a_model_turn_reads_as_the_chat_template_renders_the_conversation(template, end, eos):
+    """The model writes its turn and the special token that ends it (the tokenizer's end of sequence, or one of the
+    generation config's: Gemma's <end_of_turn>); the reply then carries the rest of the template's closing
+    (ChatML's line break), so the model reads the conversation as the template renders it, as in its training. A
+    turn cut short gets the whole closing."""
+    tokenizer = chat_tokenizer(template, eos)
     prompt = [{"role": "user", "content": "What is 12*7?"}]
     turn, reply = "calc(12*7)", [{"role": "user", "content": "84"}]
     whole = tokenizer.apply_chat_template(
         [*prompt, {"role": "assistant", "content": turn}, *reply], add_generation_prompt=True, tokenize=False
     )
-    read = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False) + turn + end
-    assert read + render_env_messages(reply, tokenizer, chat=True, turn_ended=True) == whole
-    cut = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False) + turn
-    assert cut + render_env_messages(reply, tokenizer, chat=True, turn_ended=False) == whole
+    opening = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    ended = special_token(tokenizer, tokenizer.convert_tokens_to_ids(end))  # what the runner finds as the last id
+    assert opening + turn + end + render_env_messages(reply, tokenizer, chat=True, turn_end=ended) == whole
+    cut = special_token(tokenizer, tokenizer(turn, add_special_tokens=False)["input_ids"][-1])
+    assert cut == ""
+    assert opening + turn + render_env_messages(reply, tokenizer, chat=True, turn_end=cut) == whole
 
 
 def test_a_template_that_renders_earlier_turns_otherwise_still_gets_the_turn_closing():
@@ -278,5 +296,8 @@ def test_a_template_that_renders_earlier_turns_otherwise_still_gets_the_turn_clo
     tokenizer = chat_tokenizer(QWEN3, "<|im_end|>")
     reply = [{"role": "user", "content": "84"}]
     expected = "\n<|im_start|>user\n84<|im_end|>\n<|im_start|>assistant\n"
-    assert render_env_messages(reply, tokenizer, chat=True, turn_ended=True) == expected
+    assert render_env_messages(reply, tokenizer, chat=True, turn_end="<|im_end|>") == expected
     assert render_env_messages(reply, tokenizer, chat=True) == expected[1:]  # an opening: no turn before it
+    # A template that also writes the conversation's BOS: not again in the middle of it.
+    tokenizer.chat_template, tokenizer.bos_token = "{{ bos_token }}" + QWEN3, "<|begin_of_text|>"
+    assert render_env_messages(reply, tokenizer, chat=True, turn_end="<|im_end|>") == expected

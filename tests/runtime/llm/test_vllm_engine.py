@@ -333,3 +333,6 @@ def test_a_failed_start_names_the_field_and_which_way_to_move_it():
     assert "raise it where the actor leaves room, or give the actor more GPUs" in collocated
     long_context = startup_failure("ValueError: max_model_len (40000) is greater than ...", collocated_on_gpu=True)
     assert long_context.startswith("spec.rollout.vllm.maxModelLen: the vllm engine did not start")
+    derived = startup_failure("ValueError: max_model_len (40000) is greater than ...", max_model_len_set=False)
+    assert derived.startswith("spec.task.llm.maxPromptLength: the vllm engine did not start")
+    assert "or set spec.rollout.vllm.maxModelLen" in derived
