@@ -84,7 +84,10 @@ class Run:
 
     def role(self, role: str, replica: int = 0) -> psutil.Process:
         for process in self.roles():
-            env = process.environ()
+            try:
+                env = process.environ()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue  # exited since `roles` found it (a killed replica, say)
             if env.get("RLJOB_ROLE") == role and env.get("RLJOB_REPLICA") == str(replica):
                 return process
         raise LookupError(f"no live {role}-{replica} process")
