@@ -2,7 +2,7 @@
 
 There is no Grafana here, so this is the honest stand-in for a screenshot: the dashboard's own panels (titles,
 layout, units, the metrics each query reads) drawn with matplotlib from the records of a real `rljob run`. A role
-gauge maps back to the record key it is set from (`_GAUGES` in rljob/runtime/metrics.py); a panel whose metrics
+gauge maps back to the record key it is set from (`_GAUGES` in rljob/runtime/records/metrics.py); a panel whose metrics
 only exist on a cluster (the operator's) or in no record of the run says so instead of showing a line.
 
     rljob run examples/grpo-tiny-arithmetic.yaml --out runs/grpo
@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from rljob.runtime.metrics import _GAUGES, PHASES, STEP, phase_key, read_metrics
+from rljob.runtime.records.metrics import _GAUGES, PHASES, STEP, phase_key, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "charts" / "rljob-operator" / "dashboards" / "rljob.json"

@@ -151,7 +151,7 @@ def trl_reward_functions(spec: Any) -> tuple[list[Callable[..., list[float]]], l
     Each calls rljob's builtin with the entry's args on TRL's decoded completions and the row's columns,
     so the weighted sum is the reward rljob's reward role computes.
     """
-    from rljob.runtime.llm.rewards import BUILTINS
+    from rljob.runtime.llm.episodes.rewards import BUILTINS
 
     answer_key = spec.task.llm.dataset.answer_key
     functions, weights, seen = [], [], {}
@@ -186,7 +186,7 @@ def _reward_function(name: str, builtin: Callable[..., float], kwargs: dict[str,
 
 def job_data(spec: Any) -> tuple[list[dict], list[dict]]:
     """(training rows, held-out rows) exactly as rljob's actor splits them."""
-    from rljob.runtime.llm.data import load_rows, split_off
+    from rljob.runtime.llm.data.rows import load_rows, split_off
 
     rows = load_rows(spec.task.llm, seed=spec.trainer.seed)
     evaluation = spec.evaluation
@@ -197,7 +197,7 @@ def job_data(spec: Any) -> tuple[list[dict], list[dict]]:
 
 def prompt_schedule(spec: Any, train_rows: list[dict], tokenizer: Any) -> list[dict[str, str]]:
     """Every prompt rljob's actor takes, in order (`trainer.steps` x `trainer.batchSize`), rendered as text."""
-    from rljob.runtime.llm.data import PromptStream, render_prompt
+    from rljob.runtime.llm.data.rows import PromptStream, render_prompt
 
     task = spec.task.llm
     stream = PromptStream(len(train_rows), spec.trainer.seed)
@@ -216,8 +216,8 @@ def export_initial_policy(spec: Any, directory: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rljob.runtime.llm.data import load_rows
-    from rljob.runtime.llm.policy import export_hf, load_policy
+    from rljob.runtime.llm.data.rows import load_rows
+    from rljob.runtime.llm.models.policy import export_hf, load_policy
 
     rows = load_rows(spec.task.llm, seed=spec.trainer.seed)
     model, tokenizer = load_policy(spec.model, spec.task.llm, rows, spec.trainer.seed, torch.device("cpu"))
@@ -317,8 +317,8 @@ def greedy_accuracy(model_dir: Path, spec: Any, rows: list[dict]) -> dict[str, A
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rljob.runtime.llm.data import render_prompt
-    from rljob.runtime.llm.rewards import exact_match
+    from rljob.runtime.llm.data.rows import render_prompt
+    from rljob.runtime.llm.episodes.rewards import exact_match
 
     task = spec.task.llm
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -51,8 +51,8 @@ def build_policy(hidden: int, layers: int, heads: int) -> tuple[Any, Any]:
     import torch
 
     from rljob.api.spec import BuiltinNetwork, DatasetSpec, LLMTask, ModelSpec
-    from rljob.runtime.llm.data import arithmetic_rows
-    from rljob.runtime.llm.policy import load_policy
+    from rljob.runtime.llm.data.rows import arithmetic_rows
+    from rljob.runtime.llm.models.policy import load_policy
 
     spec = ModelSpec(
         source="builtin",
@@ -83,7 +83,7 @@ def raw_receiver(rank: int, world: int, port: int, numel: int, rounds: int, barr
 
 
 def rljob_receiver(port: int, hidden: int, layers: int, heads: int, bucket_mb: int, tickets: Any, barrier: Any) -> None:
-    from rljob.runtime.weight_sync import WeightSubscriber
+    from rljob.runtime.weights.sync import WeightSubscriber
 
     model, _ = build_policy(hidden, layers, heads)
     subscriber = WeightSubscriber("127.0.0.1", port, bucket_mb)
@@ -103,7 +103,7 @@ def run_pair(replicas: int, numel: int, args: argparse.Namespace) -> tuple[list[
     import torch
     import torch.distributed as dist
 
-    from rljob.runtime.weight_sync import WeightPublisher
+    from rljob.runtime.weights.sync import WeightPublisher
 
     ctx = mp.get_context("spawn")
     raw_port, world = free_port(), replicas + 1
@@ -185,10 +185,10 @@ def run_vllm(args: argparse.Namespace, directory: Path) -> dict[str, list[float]
     import torch
 
     from rljob.api.spec import RolloutSpec
-    from rljob.runtime.llm.engine import WeightSyncSettings, WeightUpdate
-    from rljob.runtime.llm.policy import export_hf
-    from rljob.runtime.llm.vllm_engine import VLLMEngine, weights_layout
-    from rljob.runtime.weight_sync import WeightPublisher
+    from rljob.runtime.llm.engines.base import WeightSyncSettings, WeightUpdate
+    from rljob.runtime.llm.engines.vllm import VLLMEngine, weights_layout
+    from rljob.runtime.llm.models.policy import export_hf
+    from rljob.runtime.weights.sync import WeightPublisher
 
     model, tokenizer = build_policy(args.hidden, args.layers, args.heads)
     path = export_hf(model, tokenizer, directory / "model")

@@ -12,7 +12,7 @@ import typer
 from rljob.api import InvalidRLJob
 
 if TYPE_CHECKING:
-    from rljob.runtime.identity import RoleIdentity
+    from rljob.runtime.wire.identity import RoleIdentity
 
 ROLES = ("actor", "rollout", "env", "reward")
 
@@ -21,13 +21,13 @@ def role(
     name: Annotated[str, typer.Argument(help="actor, rollout, env or reward", metavar="ROLE")],
 ) -> None:
     """Run one role process. Identity and peers come from RLJOB_* variables (set by `rljob run` or the operator)."""
-    from rljob.runtime.parent_death import die_with_launcher
+    from rljob.runtime.process.parent_death import die_with_launcher
 
     die_with_launcher()  # first: a local launcher SIGKILLed from here on still takes this process with it
     if name not in ROLES:
         typer.secho(f"unknown role {name!r}: choose one of {', '.join(ROLES)}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2)
-    from rljob.runtime.identity import (
+    from rljob.runtime.wire.identity import (
         COLLOCATED_ROLLOUT_HEALTH_ENV,
         EXIT_FATAL_CONFIG,
         IdentityError,
@@ -45,7 +45,7 @@ def role(
     collocated = None
     if identity.collocated_rollout_metrics_port:
         # A collocated job's actor pod: this process runs the rollout replica beside the actor, whatever it trains.
-        from rljob.runtime.collocated import collocated_rollout
+        from rljob.runtime.roles.collocated import collocated_rollout
 
         try:
             collocated = collocated_rollout(identity).start()
@@ -61,7 +61,7 @@ def role(
         if collocated is not None:
             collocated.stop()
     if collocated is not None:
-        from rljob.runtime.collocated import pod_exit_code
+        from rljob.runtime.roles.collocated import pod_exit_code
 
         code = pod_exit_code(code, collocated.gave_up)
     if identity.starts_ranks:
@@ -73,11 +73,11 @@ def _run_role(identity: RoleIdentity, name: str) -> int:
     """The role's program in this process (or, for a replica with several ranks, its ranks); its exit code."""
     if identity.starts_ranks:
         # An actor replica with several ranks (one per GPU): this process starts them and answers for them.
-        from rljob.runtime.ranks import run_rank_group
+        from rljob.runtime.wire.ranks import run_rank_group
 
         return run_rank_group(identity)
-    from rljob.runtime.identity import EXIT_FATAL_CONFIG
-    from rljob.runtime.roles.common import FatalConfigError, start_role
+    from rljob.runtime.wire.context import FatalConfigError, start_role
+    from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG
 
     try:
         context = start_role(identity)

@@ -57,7 +57,7 @@ def last_episodes_mean(metrics_path: Path, episodes: int = 20) -> float | None:
     """Mean return of the last `episodes` finished episodes recorded in metrics.jsonl."""
     if not metrics_path.exists():
         return None
-    from rljob.runtime.metrics import read_metrics
+    from rljob.runtime.records.metrics import read_metrics
 
     returns: list[float] = []
     for record in read_metrics(metrics_path):
@@ -70,7 +70,7 @@ def accuracy_summary(metrics_path: Path, window: int = 10) -> str | None:
     """llm jobs: mean accuracy of the first and last `window` steps, and the last held-out accuracy."""
     if not metrics_path.exists():
         return None
-    from rljob.runtime.metrics import read_metrics
+    from rljob.runtime.records.metrics import read_metrics
 
     records = read_metrics(metrics_path)
     values = [r["accuracy"] for r in records if r.get("accuracy") is not None]
@@ -127,7 +127,7 @@ def run(
     from rljob.launch.local import LaunchError, LocalRun, read_progress
     from rljob.launch.stall import STALLED, StallWatch
     from rljob.launch.supervisor import GiveUp
-    from rljob.runtime.metrics import read_metrics
+    from rljob.runtime.records.metrics import read_metrics
 
     job = _load(file, set_ or [])
     run_dir = out or Path("runs") / f"{job.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"

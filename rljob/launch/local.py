@@ -13,7 +13,7 @@ the loop keeps supervising the others meanwhile), and the job fails when a repli
 the job at once with its message. The job succeeds when actor replica 0 exits 0.
 
 An actor replica with `gpusPerReplica: N` runs N ranks, one per GPU, exactly as in its pod: the launcher
-starts one `rljob role actor` per replica, which starts its N ranks (`rljob.runtime.ranks`). Before anything
+starts one `rljob role actor` per replica, which starts its N ranks (`rljob.runtime.wire.ranks`). Before anything
 starts, the GPUs the job asks for are checked against the GPUs torch sees (`assign_local_gpus`), and each
 replica that asks for GPUs gets its own through CUDA_VISIBLE_DEVICES, as the device plugin gives a pod its own.
 """
@@ -40,7 +40,8 @@ from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
 from rljob.launch.local_scaling import MEMBERS_FILE, RolloutScaler
 from rljob.launch.ports import pick_ports
 from rljob.launch.supervisor import Child, LaunchError, LogSink, RunResult, Supervisor
-from rljob.runtime.identity import (
+from rljob.runtime.process.parent_death import LAUNCHER_PID_ENV
+from rljob.runtime.wire.identity import (
     COLLOCATED_ROLLOUT_HEALTH_ENV,
     DATA_PORT,
     MASTER_PORT,
@@ -52,7 +53,6 @@ from rljob.runtime.identity import (
     placed_identities,
     ports_needed,
 )
-from rljob.runtime.parent_death import LAUNCHER_PID_ENV
 
 __all__ = ["Child", "HostLayout", "LaunchError", "LocalChild", "LocalRun", "LogSink", "ReplicaHost", "RunResult"]
 
@@ -84,10 +84,10 @@ def check_local(job: RLJob) -> None:
 def check_llm(job: RLJob) -> None:
     """Read the dataset, find the model, load the reward functions, fill the warm-up's demonstrations and
     build the text environment (if any) before any process starts."""
-    from rljob.runtime.llm.data import DatasetError, load_rows
-    from rljob.runtime.llm.policy import ModelSourceError, check_model_source
-    from rljob.runtime.llm.rewards import check_reward_columns, check_reward_spec
-    from rljob.runtime.llm.sft import check_sft_rows
+    from rljob.runtime.llm.data.rows import DatasetError, load_rows
+    from rljob.runtime.llm.episodes.rewards import check_reward_columns, check_reward_spec
+    from rljob.runtime.llm.models.policy import ModelSourceError, check_model_source
+    from rljob.runtime.llm.training.sft import check_sft_rows
 
     spec = job.spec
     assert spec.task.llm is not None
@@ -95,7 +95,7 @@ def check_llm(job: RLJob) -> None:
         if not spec.roles.get(role).replicas:
             raise LaunchError(f"spec.roles.{role}.replicas: llm jobs need at least one {role} replica")
     if spec.rollout.engine == "vllm":
-        from rljob.runtime.llm.vllm_engine import NOT_INSTALLED, vllm_installed
+        from rljob.runtime.llm.engines.vllm import NOT_INSTALLED, vllm_installed
 
         if not vllm_installed():  # what the rollout role would exit 78 with, said before anything starts
             raise LaunchError(NOT_INSTALLED)
@@ -110,7 +110,7 @@ def check_llm(job: RLJob) -> None:
         + check_sft_rows(spec.sft, rows)
     )
     if spec.task.llm.env is not None:
-        from rljob.runtime.llm.textenv import check_text_env
+        from rljob.runtime.llm.episodes.textenv import check_text_env
 
         problems += check_text_env(spec.task.llm.env, Path.cwd())
     if problems:
@@ -279,7 +279,7 @@ class ReplicaHost:
     """A host of its own for one replica, as a pod is: its own network stack, name and address.
 
     Peers dial the replica by `name` (which every host resolves, as a pod's DNS name is resolved), on the fixed
-    pod ports (rljob/runtime/identity.py); this launcher reaches its health endpoint at `address`. The replica's
+    pod ports (rljob/runtime/wire/identity.py); this launcher reaches its health endpoint at `address`. The replica's
     process is started as `command_prefix + [python, -m, rljob.cli.main, role, ROLE]`: the prefix enters that
     host (a network namespace, say) and must exec the rest, so the process it starts is the replica itself.
     """

@@ -18,7 +18,7 @@ from typing import Any
 
 from rljob.api.spec import AutoscaleSpec
 from rljob.launch.autoscale import Sample, decide, record, rewind
-from rljob.runtime.llm.membership import members_document
+from rljob.runtime.llm.replicas.membership import members_document
 
 MEMBERS_FILE = "rollouts.json"
 """The membership file's name in the run directory."""

@@ -59,8 +59,8 @@ from rljob.launch.ray_placement import (
     waiting_for,
 )
 from rljob.launch.supervisor import Child, LaunchError, LogSink, RunResult, Supervisor
-from rljob.runtime.identity import ReplicaAddress, placed_identities
-from rljob.runtime.parent_death import LAUNCHER_PID_ENV
+from rljob.runtime.process.parent_death import LAUNCHER_PID_ENV
+from rljob.runtime.wire.identity import ReplicaAddress, placed_identities
 
 STOP_GRACE_S = 10.0
 PLACEMENT_TIMEOUT_S = 120.0

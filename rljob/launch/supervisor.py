@@ -29,7 +29,7 @@ import yaml
 
 from rljob.api import RLJob
 from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
-from rljob.runtime.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, RoleIdentity
+from rljob.runtime.wire.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, RoleIdentity
 
 LOG_TAIL = 30
 STOP_ORDER = {"actor": 0, "rollout": 1, "reward": 2, "env": 3}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import posixpath
 
 from rljob.api import API_VERSION, KIND, RLJob, RoleName
-from rljob.runtime.identity import CONFIG_PATH_IN_POD, pod_hostname
+from rljob.runtime.wire.identity import CONFIG_PATH_IN_POD, pod_hostname
 
 LABEL_JOB = "rljob.io/job"
 LABEL_ROLE = "rljob.io/role"

@@ -35,7 +35,7 @@ Failure policy (spec.failurePolicy, applied through `rljob.launch.failure_policy
   writes it to the membership ConfigMap (rljob/operator/manifests/members.py). A gym job's rollout count is
   part of its config hash: a new count is a controlled restart, as above.
 - a collocated job (`roles.rollout.collocated`) has no rollout pods: its rollout runs in the actor pod, whose
-  process restarts it (rljob/runtime/collocated.py); the pod's failure is an actor failure as above, and the
+  process restarts it (rljob/runtime/roles/collocated.py); the pod's failure is an actor failure as above, and the
   rollout counts as ready with its actor pod. No membership is kept. An actor pod that ends with
   EXIT_ROLLOUT_GAVE_UP says its rollout could not be kept running (FailJob, or past maxReplacements): the
   job fails (PodFailed, BackoffLimitExceeded) as for a rollout pod of its own, with no group restart.
@@ -83,7 +83,7 @@ from rljob.operator.status import (
     scheduling_problems,
     set_condition,
 )
-from rljob.runtime.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP
+from rljob.runtime.wire.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP
 
 Manifest = dict[str, Any]
 EventType = Literal["Normal", "Warning"]

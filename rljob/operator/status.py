@@ -98,7 +98,7 @@ def role_counts(
 
     `collocated`: the rollout replicas run in the actor pods (one each), so they count as those pods do: desired
     and ready with them. The operator sees no rollout process; the actor pod's process restarts a failed one
-    (rljob/runtime/collocated.py), and the actor's steps show it generates."""
+    (rljob/runtime/roles/collocated.py), and the actor's steps show it generates."""
     live = [p for p in pods if not p.terminating]
     for role in ROLE_NAMES:
         counts: RoleCounts = getattr(status.roles, role)

@@ -8,7 +8,7 @@ import json
 import yaml
 
 from benchmarks.dashboard_picture import DASHBOARD, main, panel_lines
-from rljob.runtime.metrics import RunMetrics
+from rljob.runtime.records.metrics import RunMetrics
 
 RECORDS = [
     {"reward_mean": 0.1 * s, "accuracy": 0.05 * s, "tokens_per_s": 900.0 + s, "time_generate_s": 0.2,

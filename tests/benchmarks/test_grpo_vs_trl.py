@@ -17,7 +17,7 @@ from benchmarks.grpo_vs_trl import (
     trl_settings,
     update_roofline,
 )
-from rljob.runtime.llm.rewards import RewardScorer
+from rljob.runtime.llm.episodes.rewards import RewardScorer
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "grpo-tiny-arithmetic.yaml"

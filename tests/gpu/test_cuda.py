@@ -13,9 +13,9 @@ import torch
 
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
 from rljob.runtime.gym.models import MLPActorCritic
-from rljob.runtime.llm.learner import LLMLearner
-from rljob.runtime.llm.policy import policy_dtype
-from rljob.runtime.weight_sync import WeightPublisher, WeightSubscriber
+from rljob.runtime.llm.models.policy import policy_dtype
+from rljob.runtime.llm.training.learner import LLMLearner
+from rljob.runtime.weights.sync import WeightPublisher, WeightSubscriber
 from tests.runtime.llm.test_learner import MAX_RESPONSE, TINY, TOKENIZER, make_model, make_samples
 from tests.runtime.test_weight_sync import free_port, perturb, sync_round
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rljob.runtime.weight_ipc import IpcWeightPublisher, manifest_of
+from rljob.runtime.weights.ipc import IpcWeightPublisher, manifest_of
 from tests.runtime.test_weight_ipc import assert_received, model, sync_to_a_process
 
 pytestmark = pytest.mark.cuda

@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rljob.runtime.llm.data import arithmetic_rows
-from rljob.runtime.llm.engine import HFEngine, Sampling
-from rljob.runtime.llm.policy import load_policy
+from rljob.runtime.llm.data.rows import arithmetic_rows
+from rljob.runtime.llm.engines.base import Sampling
+from rljob.runtime.llm.engines.hf import HFEngine
+from rljob.runtime.llm.models.policy import load_policy
 from tests.runtime.llm.test_engine import TASK, TINY
 
 pytestmark = pytest.mark.cuda

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rljob.api.spec import AlgorithmSpec, BuiltinNetwork, ModelSpec, TrainerSpec
-from rljob.runtime.llm.learner import LLMLearner
-from rljob.runtime.llm.policy import build_tiny_qwen2, policy_dtype
+from rljob.runtime.llm.models.policy import build_tiny_qwen2, policy_dtype
+from rljob.runtime.llm.training.learner import LLMLearner
 from tests.gpu.test_cuda import params
 from tests.runtime.llm.test_learner import MAX_RESPONSE, TOKENIZER, make_groups
 

@@ -14,7 +14,7 @@ import weakref
 import pytest
 import torch
 
-from rljob.runtime.weight_ipc import IpcWeightPublisher, manifest_of, mark_loaded
+from rljob.runtime.weights.ipc import IpcWeightPublisher, manifest_of, mark_loaded
 from tests.runtime.llm.test_vllm_worker import Worker, layout_of
 from tests.runtime.test_weight_ipc import model
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from rljob.runtime.gym.models import MLPActorCritic
-from rljob.runtime.llm.sharding import CommandChannel, ShardedWeights
-from rljob.runtime.weight_sync import WeightPublisher, WeightSubscriber, choose_backend, device_report, gpu_uuid
+from rljob.runtime.llm.training.sharding import CommandChannel, ShardedWeights
+from rljob.runtime.weights.sync import WeightPublisher, WeightSubscriber, choose_backend, device_report, gpu_uuid
 from tests.runtime.llm.test_learner import make_model
 from tests.runtime.test_weight_sync import free_port, perturb, sync_round
 

@@ -7,14 +7,14 @@ import re
 import pytest
 import yaml
 
-from rljob.runtime.checkpoint import CheckpointManager
+from rljob.runtime.records.checkpoint import CheckpointManager
 
 EXAMPLE = "examples/grpo-tiny-calculator.yaml"
 SHORT = ("--set=spec.trainer.batchSize=8", "--set=spec.logging.tensorboard=false", "--quiet")
 EPISODE_KEYS = ("turns_mean", "tool_call_rate", "tool_calls_mean", "env_reward_mean", "env_errors")
 
 ALWAYS_ANSWERS = '''
-from rljob.runtime.llm.textenv import TextEnv
+from rljob.runtime.llm.episodes.textenv import TextEnv
 
 
 class AlwaysAnswers(TextEnv):

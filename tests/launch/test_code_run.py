@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from rljob.runtime.identity import EXIT_FATAL_CONFIG
+from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG
 
 EXAMPLE = "examples/grpo-tiny-code.yaml"
 SHORT = ("--set=spec.trainer.batchSize=4", "--set=spec.logging.tensorboard=false", "--quiet")
@@ -47,7 +47,7 @@ def test_a_tests_column_missing_from_the_dataset_is_refused_before_any_role_star
 def test_reward_columns_are_checked_against_every_row_as_the_rollout_does_at_start():
     # The same check makes the rollout role exit EXIT_FATAL_CONFIG when a pod reads such a dataset.
     from rljob.api.spec import RewardSpec
-    from rljob.runtime.llm.rewards import check_reward_columns
+    from rljob.runtime.llm.episodes.rewards import check_reward_columns
 
     spec = RewardSpec.model_validate({"functions": [{"builtin": "exact_match"}, {"builtin": "code_exec"}]})
     rows = [{"prompt": "p", "answer": "1", "tests": "assert True"}, {"prompt": "p", "answer": "1", "tests": "x = 1"}]

@@ -43,7 +43,7 @@ def test_each_collocated_actor_is_told_where_the_rollout_beside_it_answers_healt
     """As in its pod: an actor on a GPU loads only once that rollout's engine holds its memory, and is ready only
     while the rollout is."""
     from rljob.launch.local import ReplicaHost, beside_collocated_rollouts, free_ports
-    from rljob.runtime.identity import COLLOCATED_ROLLOUT_HEALTH_ENV, local_identities, ports_needed
+    from rljob.runtime.wire.identity import COLLOCATED_ROLLOUT_HEALTH_ENV, local_identities, ports_needed
 
     replicas = {"actor": 1, "rollout": 1, "reward": 1}
     identities = local_identities("co", replicas, "job.yaml", free_ports(ports_needed(replicas)))

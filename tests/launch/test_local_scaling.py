@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rljob.api.spec import AutoscaleSpec
 from rljob.launch.local_scaling import RolloutScaler, initial_count
-from rljob.runtime.llm.membership import parse_members
+from rljob.runtime.llm.replicas.membership import parse_members
 
 SPEC = AutoscaleSpec(
     min_replicas=1, max_replicas=3, target_trainer_wait=0.2, scale_up_cooldown_seconds=0, scale_down_cooldown_seconds=0

@@ -12,9 +12,10 @@ import time
 import psutil
 import pytest
 
-from rljob.runtime.parent_death import LAUNCHER_PID_ENV
+from rljob.runtime.process.parent_death import LAUNCHER_PID_ENV
 
-ROLE = "from rljob.runtime.parent_death import die_with_launcher; die_with_launcher(); print('ready', flush=True); "
+ROLE = "from rljob.runtime.process.parent_death import die_with_launcher; die_with_launcher(); "
+ROLE += "print('ready', flush=True); "
 ROLE += "import time; time.sleep(600)"
 
 
@@ -68,7 +69,7 @@ def test_a_role_process_whose_launcher_died_before_it_asked_kills_itself():
 def test_outside_a_local_run_nothing_is_asked():
     """In a pod (no launcher variable) the process keeps running whatever its parent does."""
     env = {k: v for k, v in os.environ.items() if k != LAUNCHER_PID_ENV}
-    code = "from rljob.runtime.parent_death import die_with_launcher; die_with_launcher(); print('ready')"
+    code = "from rljob.runtime.process.parent_death import die_with_launcher; die_with_launcher(); print('ready')"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == "ready\n"
 

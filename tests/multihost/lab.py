@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Literal
 
 from rljob.launch.local import ReplicaHost
-from rljob.runtime.identity import pod_dns_name, pod_hostname
+from rljob.runtime.wire.identity import pod_dns_name, pod_hostname
 
 DnsMode = Literal["answering", "silent"]
 NETNS_ETC = Path("/etc/netns")

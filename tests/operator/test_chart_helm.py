@@ -25,8 +25,8 @@ from rljob.api.status import RLJobStatus
 from rljob.operator.manifests import build_children
 from rljob.operator.metrics import OperatorMetrics
 from rljob.operator.naming import LABEL_JOB, LABEL_REPLICA, LABEL_ROLE
-from rljob.runtime.identity import COLLOCATED_METRICS_PORT
-from rljob.runtime.metrics import RoleMetrics
+from rljob.runtime.records.metrics import RoleMetrics
+from rljob.runtime.wire.identity import COLLOCATED_METRICS_PORT
 from tests.operator.test_chart import CHART, ROOT, load_values, schema_validator
 
 MONITORING_API = "monitoring.coreos.com/v1"

@@ -20,8 +20,8 @@ from rljob.operator.manifests import (
 )
 from rljob.operator.manifests.members import build_rollout_members
 from rljob.operator.settings import OperatorSettings
-from rljob.runtime.identity import CONFIG_PATH_IN_POD, RoleIdentity, pod_dns_name, pod_identity
-from rljob.runtime.llm.membership import parse_members
+from rljob.runtime.llm.replicas.membership import parse_members
+from rljob.runtime.wire.identity import CONFIG_PATH_IN_POD, RoleIdentity, pod_dns_name, pod_identity
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
 

@@ -7,7 +7,7 @@ import pytest
 from rljob.api import InvalidRLJob
 from rljob.operator.manifests import build_children, build_pod_group, build_service, gang_size, role_image
 from rljob.operator.settings import OperatorSettings
-from rljob.runtime.identity import COLLOCATED_DATA_PORT, COLLOCATED_METRICS_PORT, CONFIG_PATH_IN_POD, RoleIdentity
+from rljob.runtime.wire.identity import COLLOCATED_DATA_PORT, COLLOCATED_METRICS_PORT, CONFIG_PATH_IN_POD, RoleIdentity
 
 COLLOCATED = {"spec__roles__rollout__collocated": True, "spec__rollout__weightSync__method": "ipc"}
 

@@ -19,7 +19,7 @@ from rljob.operator.podstate import PodState, observe_pod
 from rljob.operator.reconcile import Observation, plan
 from rljob.operator.settings import OperatorSettings
 from rljob.operator.status import rfc3339
-from rljob.runtime.identity import EXIT_FATAL_CONFIG
+from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cartpole-ppo.yaml"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rljob.api import validate_job
 from rljob.api.status import Progress, RLJobStatus
 from rljob.operator.reconcile import plan
-from rljob.runtime.identity import EXIT_DIVERGED
+from rljob.runtime.wire.identity import EXIT_DIVERGED
 from tests.operator.test_reconcile import ALL, job, observe, pod
 
 HEALTH = {"entropyFloor": 0.1, "windowSteps": 3, "mismatchKlThreshold": 0}

@@ -1,7 +1,7 @@
 """The sandbox's containment battery as a program, for platforms a test process cannot become itself.
 
 `python -m tests.runtime.sandbox_battery --isolation auto [--seccomp RULES] --tmp DIR` runs each bad program of
-tests/runtime/test_sandbox.py once through `rljob.runtime.sandbox.Sandbox` (beside a good one) and prints one
+tests/runtime/test_sandbox.py once through `rljob.runtime.sandbox.runner.Sandbox` (beside a good one) and prints one
 JSON object: per case what the run reported (error, passed/total, namespaced, uid) and which of its
 processes were still alive afterwards. With `--seccomp runtime-default` it first confines itself to the
 RuntimeDefault profile's namespace rules (tests/runtime/runtime_default_seccomp.py) and reports what the kernel then
@@ -128,7 +128,7 @@ def main() -> None:
     root = Path(args.tmp)
     tempfile.tempdir = str(root)  # the runs' working directories: leftovers are found by where they work
     os.environ["RLJOB_TEST_SECRET"] = SECRET
-    from rljob.runtime.sandbox import Sandbox, SandboxLimits, parse_tests
+    from rljob.runtime.sandbox.runner import Sandbox, SandboxLimits, parse_tests
 
     sandbox = Sandbox(SandboxLimits(timeout_seconds=1, memory_mb=256), max_concurrency=2, isolation=args.isolation)
     target = root / "escaped.txt"

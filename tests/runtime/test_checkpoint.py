@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from rljob.runtime.checkpoint import (
+from rljob.runtime.records.checkpoint import (
     CheckpointError,
     CheckpointManager,
     capture_rng_state,
@@ -49,7 +49,7 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint_valid(tmp_path):
     script = textwrap.dedent(
         f"""
         import os, signal, torch
-        from rljob.runtime.checkpoint import CheckpointManager
+        from rljob.runtime.records.checkpoint import CheckpointManager
 
         class DiesWhilePickled(torch.Tensor):
             def __reduce_ex__(self, protocol):
@@ -91,7 +91,7 @@ def test_a_damaged_checkpoint_is_skipped_with_a_warning(tmp_path, caplog, damage
         state_file.write_bytes(bytes(data))
     else:
         (newest / "manifest.json").unlink()
-    with caplog.at_level(logging.WARNING, logger="rljob.runtime.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="rljob.runtime.records.checkpoint"):
         step, state, _ = manager.latest_valid()
     assert step == 1 and state["data_position"] == 256
     warning = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
@@ -214,7 +214,7 @@ _KILL_AT_EACH_POINT = textwrap.dedent(
     """
     import json, os, sys
     import torch
-    from rljob.runtime.checkpoint import CheckpointManager
+    from rljob.runtime.records.checkpoint import CheckpointManager
     from tests.crash_points import kill_at_each_point
 
     base, keep, setup, damage, step, copy = sys.argv[1:7]
@@ -311,7 +311,7 @@ def resume_on_rank(rank: int, port: int, directory: str, resume: str, out: str) 
 
     import torch.distributed as dist
 
-    from rljob.runtime.checkpoint import resolve_resume_across_ranks, step_dir_name
+    from rljob.runtime.records.checkpoint import resolve_resume_across_ranks, step_dir_name
 
     dist.init_process_group(
         "gloo",

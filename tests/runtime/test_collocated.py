@@ -13,9 +13,9 @@ import time
 
 import yaml
 
-from rljob.runtime.collocated import CollocatedRollout, collocated_rollout
-from rljob.runtime.identity import EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP, pod_identity
-from rljob.runtime.retry import Backoff
+from rljob.runtime.process.retry import Backoff
+from rljob.runtime.roles.collocated import CollocatedRollout, collocated_rollout
+from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP, pod_identity
 from tests.conftest import REPO
 
 REPLICAS = {"actor": 1, "rollout": 1, "env": 0, "reward": 0}
@@ -219,11 +219,11 @@ def test_stopping_the_rollout_also_ends_the_processes_it_started():
 
 ACTOR = """
 import os, sys, time
-from rljob.runtime.collocated import CollocatedRollout, collocated_rollout
-from rljob.runtime.identity import pod_identity
+from rljob.runtime.roles.collocated import CollocatedRollout, collocated_rollout
+from rljob.runtime.wire.identity import pod_identity
 
 actor = pod_identity("job", "ns", "actor", 0, {"actor": 1, "rollout": 1}, 9090, collocated_rollout=True)
-body = "from rljob.runtime.parent_death import die_with_launcher\\n"
+body = "from rljob.runtime.process.parent_death import die_with_launcher\\n"
 body += "die_with_launcher(); print('armed', flush=True); import time; time.sleep(60)"
 command = [sys.executable, "-c", body]
 rollout = CollocatedRollout(
@@ -251,8 +251,8 @@ def test_the_rollout_in_its_own_session_still_dies_with_the_actors_process():
 
 STUCK_ACTOR = """
 import os, signal, sys, time
-from rljob.runtime.collocated import CollocatedRollout, collocated_rollout
-from rljob.runtime.identity import pod_identity
+from rljob.runtime.roles.collocated import CollocatedRollout, collocated_rollout
+from rljob.runtime.wire.identity import pod_identity
 
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # an actor that does not get out of its step
 actor = pod_identity("job", "ns", "actor", 0, {"actor": 1, "rollout": 1}, 9090, collocated_rollout=True)
@@ -318,7 +318,7 @@ def test_the_actor_pods_supervisor_reads_the_failure_policy_from_the_mounted_job
 
 
 def test_the_pod_ends_with_the_rollout_s_status_only_when_the_actor_stopped_for_it():
-    from rljob.runtime.collocated import pod_exit_code
+    from rljob.runtime.roles.collocated import pod_exit_code
 
     assert pod_exit_code(1, EXIT_ROLLOUT_GAVE_UP) == EXIT_ROLLOUT_GAVE_UP  # stopped because of the rollout
     assert pod_exit_code(1, EXIT_FATAL_CONFIG) == EXIT_FATAL_CONFIG
@@ -330,8 +330,8 @@ def test_the_pod_ends_with_the_rollout_s_status_only_when_the_actor_stopped_for_
 ADOPTING_ACTOR = """
 import ctypes, os, sys, time
 from pathlib import Path
-from rljob.runtime.collocated import CollocatedRollout
-from rljob.runtime.identity import pod_identity
+from rljob.runtime.roles.collocated import CollocatedRollout
+from rljob.runtime.wire.identity import pod_identity
 
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come to this process, as to PID 1 in a pod
 actor = pod_identity("job", "ns", "actor", 0, {"actor": 1, "rollout": 1}, 9090, collocated_rollout=True)

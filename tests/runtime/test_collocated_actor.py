@@ -21,8 +21,8 @@ from rljob.launch.overrides import apply_overrides
 from rljob.operator.manifests import build_children
 from rljob.operator.naming import CONFIG_KEY
 from rljob.operator.settings import OperatorSettings
-from rljob.runtime.collocated import TEST_ROLLOUT_COMMAND_ENV
-from rljob.runtime.identity import EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP
+from rljob.runtime.roles.collocated import TEST_ROLLOUT_COMMAND_ENV
+from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow

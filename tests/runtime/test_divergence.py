@@ -15,10 +15,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rljob.launch.local import free_ports
-from rljob.runtime.checkpoint import CheckpointManager
-from rljob.runtime.divergence import Diverged, check_update
-from rljob.runtime.identity import EXIT_DIVERGED
-from rljob.runtime.termination import write_termination_message
+from rljob.runtime.optim.divergence import Diverged, check_update
+from rljob.runtime.process.termination import write_termination_message
+from rljob.runtime.records.checkpoint import CheckpointManager
+from rljob.runtime.wire.identity import EXIT_DIVERGED
 
 JOB = """\
 apiVersion: rljob.io/v1alpha1

@@ -12,12 +12,12 @@ import torch
 
 from rljob.api.spec import AlgorithmSpec, BuiltinNetwork, TrainerSpec
 from rljob.launch.local import free_ports
-from rljob.runtime.checkpoint import CheckpointManager
 from rljob.runtime.gym.actor import restore_learner
 from rljob.runtime.gym.models import build_mlp_actor_critic
 from rljob.runtime.gym.ppo import PPOLearner
-from rljob.runtime.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
-from rljob.runtime.roles.common import FatalConfigError
+from rljob.runtime.records.checkpoint import CheckpointManager
+from rljob.runtime.wire.context import FatalConfigError
+from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
 
 JOB = """\
 apiVersion: rljob.io/v1alpha1

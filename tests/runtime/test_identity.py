@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rljob.runtime.identity import (
+from rljob.runtime.wire.identity import (
     COLLOCATED_DATA_PORT,
     COLLOCATED_METRICS_PORT,
     IdentityError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from rljob.runtime.log_limit import LimitedLog, reason_of
+from rljob.runtime.process.log_limit import LimitedLog, reason_of
 
 
 class Clock:

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from rljob.runtime import metrics
+from rljob.runtime.records import metrics
 
 DOC = Path(__file__).parents[2] / "docs" / "metrics.md"
 

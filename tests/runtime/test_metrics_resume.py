@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from rljob.runtime.metrics import keep_records_until, read_metrics
+from rljob.runtime.records.metrics import keep_records_until, read_metrics
 
 
 def ten_records(path: Path) -> str:
@@ -33,7 +33,7 @@ def test_a_rewrite_that_fails_midway_leaves_the_old_records(tmp_path):
     script = textwrap.dedent(
         """
         import resource, sys
-        from rljob.runtime.metrics import keep_records_until
+        from rljob.runtime.records.metrics import keep_records_until
         resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), resource.RLIM_INFINITY))
         keep_records_until(sys.argv[1], 8)
         """
@@ -49,7 +49,7 @@ def test_a_rewrite_that_fails_midway_leaves_the_old_records(tmp_path):
 _KILL_AT_EACH_POINT = textwrap.dedent(
     """
     import json, os, shutil, sys
-    from rljob.runtime.metrics import keep_records_until
+    from rljob.runtime.records.metrics import keep_records_until
     from tests.crash_points import kill_at_each_point
 
     source, base = sys.argv[1:3]

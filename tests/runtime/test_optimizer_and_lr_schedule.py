@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rljob.api.spec import TrainerSpec
-from rljob.runtime.optim import build_optimizer, learning_rate_at, lr_multiplier, set_learning_rate
+from rljob.runtime.optim.optimizer import build_optimizer, learning_rate_at, lr_multiplier, set_learning_rate
 
 
 def test_constant_schedule_with_warmup():

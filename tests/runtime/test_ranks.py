@@ -11,8 +11,8 @@ import textwrap
 import pytest
 import torch.distributed as dist
 
-from rljob.runtime.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
-from rljob.runtime.ranks import nccl_usage_problem, run_rank_group
+from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
+from rljob.runtime.wire.ranks import nccl_usage_problem, run_rank_group
 
 REPLICAS = {"actor": 2, "rollout": 1, "env": 1, "reward": 0}
 
@@ -84,8 +84,8 @@ def test_sigterm_to_the_replica_reaches_every_rank():
     script = textwrap.dedent(
         f"""
         import os, sys
-        from rljob.runtime.identity import local_identities, ports_needed
-        from rljob.runtime.ranks import run_rank_group
+        from rljob.runtime.wire.identity import local_identities, ports_needed
+        from rljob.runtime.wire.ranks import run_rank_group
         replicas = {REPLICAS!r}
         ports = list(range(41000, 41000 + ports_needed(replicas)))
         replica = [i for i in local_identities("job", replicas, "/tmp/job.yaml", ports, actor_ranks_per_replica=2)
@@ -155,7 +155,7 @@ def test_failures_a_restart_may_fix_are_not_configuration_errors(exc):
 
 
 def test_the_ranks_of_a_collocated_actor_replica_do_not_start_rollouts_of_their_own():
-    """The replica's process runs the collocated rollout (rljob/runtime/collocated.py): not each rank again."""
+    """The replica's process runs the collocated rollout (rljob/runtime/roles/collocated.py): not each rank again."""
     out = Output()
     base_env = {**os.environ, "RLJOB_COLLOCATED_ROLLOUT_METRICS_PORT": "29603"}
     body = "print(os.environ.get('RLJOB_COLLOCATED_ROLLOUT_METRICS_PORT', 'unset'))"

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from rljob.runtime.retry import Backoff, retry
-from rljob.runtime.transport import RemoteError, RequestTimeout
+from rljob.runtime.process.retry import Backoff, retry
+from rljob.runtime.wire.transport import RemoteError, RequestTimeout
 
 
 class FakeTime:

@@ -2,7 +2,7 @@
 
 from prometheus_client import generate_latest
 
-from rljob.runtime.metrics import RoleMetrics
+from rljob.runtime.records.metrics import RoleMetrics
 
 
 def test_an_llm_step_exports_tokens_per_second_and_its_own_phases():

@@ -7,8 +7,8 @@ import urllib.request
 import pytest
 import torch
 
-from rljob.runtime.metrics import RoleMetrics, RunMetrics, read_metrics
-from rljob.runtime.role_http import ProgressTracker, RoleHTTPServer
+from rljob.runtime.records.metrics import RoleMetrics, RunMetrics, read_metrics
+from rljob.runtime.wire.role_http import ProgressTracker, RoleHTTPServer
 
 
 def get(port: int, path: str) -> tuple[int, str, str]:
@@ -132,9 +132,9 @@ def test_a_collocated_actors_healthz_is_ready_only_while_the_rollout_beside_it_a
 
     from rljob.api import load_job_file
     from rljob.launch.local import free_ports
-    from rljob.runtime.identity import COLLOCATED_ROLLOUT_HEALTH_ENV, pod_identity
-    from rljob.runtime.roles.common import RoleContext
-    from rljob.runtime.roles.health import RoleHealth
+    from rljob.runtime.wire.context import RoleContext
+    from rljob.runtime.wire.health import RoleHealth
+    from rljob.runtime.wire.identity import COLLOCATED_ROLLOUT_HEALTH_ENV, pod_identity
     from tests.conftest import REPO
 
     rollout = RoleHTTPServer(0, CollectorRegistry(), host="127.0.0.1").start()
@@ -179,9 +179,9 @@ def test_a_collocated_actor_on_a_gpu_waits_for_the_rollouts_engine_before_it_tak
     from prometheus_client import CollectorRegistry
 
     from rljob.api import load_job_file
-    from rljob.runtime.identity import COLLOCATED_ROLLOUT_HEALTH_ENV, pod_identity
-    from rljob.runtime.roles.common import RoleContext
-    from rljob.runtime.roles.health import wait_for_collocated_rollout
+    from rljob.runtime.wire.context import RoleContext
+    from rljob.runtime.wire.health import wait_for_collocated_rollout
+    from rljob.runtime.wire.identity import COLLOCATED_ROLLOUT_HEALTH_ENV, pod_identity
     from tests.conftest import REPO
 
     identity = pod_identity("co", "ns", "actor", 0, {"actor": 1, "rollout": 1}, 0, collocated_rollout=True)

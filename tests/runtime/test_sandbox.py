@@ -11,9 +11,9 @@ import psutil
 import pytest
 
 from rljob.api.spec import RewardSpec
-from rljob.runtime.llm.rewards import RewardInput, RewardScorer, extract_code
-from rljob.runtime.sandbox import Sandbox, SandboxLimits, UnrunnableTestsError, parse_tests
-from rljob.runtime.sandbox_child import SANDBOX_UID_BASE
+from rljob.runtime.llm.episodes.rewards import RewardInput, RewardScorer, extract_code
+from rljob.runtime.sandbox.child import SANDBOX_UID_BASE
+from rljob.runtime.sandbox.runner import Sandbox, SandboxLimits, UnrunnableTestsError, parse_tests
 
 GOOD = "def f():\n    return 3\n"
 

@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 from rljob.api.spec import RewardSpec
-from rljob.runtime.llm.rewards import RewardConfigError, RewardInput, RewardScorer
-from rljob.runtime.sandbox_child import SANDBOX_UID_BASE
+from rljob.runtime.llm.episodes.rewards import RewardConfigError, RewardInput, RewardScorer
+from rljob.runtime.sandbox.child import SANDBOX_UID_BASE
 from tests.runtime.test_sandbox import READ_EVERY_ENVIRONMENT
 
 SECRET = "hunter2-in-the-reward-role"
@@ -210,7 +210,7 @@ def test_the_function_runs_as_its_own_uid_in_a_private_working_directory(make_sc
 SCORER_THAT_GETS_KILLED = """\
 import sys
 from rljob.api.spec import RewardSpec
-from rljob.runtime.llm.rewards import RewardScorer
+from rljob.runtime.llm.episodes.rewards import RewardScorer
 
 spec = RewardSpec.model_validate(
     {"functions": [{"module": sys.argv[1]}], "sandbox": {"timeoutSeconds": 600, "maxConcurrency": 1}}

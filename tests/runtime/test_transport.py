@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from rljob.runtime.transport import (
+from rljob.runtime.wire.transport import (
     RemoteError,
     RequestClient,
     RequestServer,
@@ -24,7 +24,7 @@ from rljob.runtime.transport import (
 SERVER = textwrap.dedent(
     """
     import os, sys
-    from rljob.runtime.transport import RequestServer
+    from rljob.runtime.wire.transport import RequestServer
     calls = 0
     def count(payload):
         global calls

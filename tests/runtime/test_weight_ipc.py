@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from rljob.runtime.weight_ipc import IpcWeightPublisher, manifest_of, mark_loaded, open_weights
-from rljob.runtime.weight_sync import SyncRefused
+from rljob.runtime.weights.ipc import IpcWeightPublisher, manifest_of, mark_loaded, open_weights
+from rljob.runtime.weights.sync import SyncRefused
 
 
 class Tied(nn.Module):

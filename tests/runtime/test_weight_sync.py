@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch.distributed import PrefixStore, TCPStore
 
-from rljob.runtime import weight_sync
 from rljob.runtime.gym.models import MLPActorCritic
-from rljob.runtime.weight_sync import (
+from rljob.runtime.weights import sync as weight_sync
+from rljob.runtime.weights.sync import (
     AcceptDeadlines,
     PackBuffer,
     SyncAborted,
@@ -212,7 +212,7 @@ def test_a_sync_nobody_accepts_is_refused_once_its_wait_is_over(short_first_acce
 
 
 def test_weight_files_are_written_whole_versioned_and_pruned(tmp_path):
-    from rljob.runtime.weight_sync import FileWeightPublisher, read_weights_file, write_weights_file
+    from rljob.runtime.weights.sync import FileWeightPublisher, read_weights_file, write_weights_file
 
     model = MLPActorCritic(4, gymnasium.make("CartPole-v1").action_space)
     write_weights_file(tmp_path, 1, "old-actor", model)
@@ -240,10 +240,11 @@ def test_weight_files_are_written_whole_versioned_and_pruned(tmp_path):
 
 def test_an_hf_engine_takes_a_weight_file_in_and_swaps_it_in_between_chunks(tmp_path):
     from rljob.api.spec import BuiltinNetwork, DatasetSpec, LLMTask, ModelSpec
-    from rljob.runtime.llm.data import arithmetic_rows
-    from rljob.runtime.llm.engine import HFEngine, WeightSyncSettings, WeightUpdate
-    from rljob.runtime.llm.policy import load_policy
-    from rljob.runtime.weight_sync import write_weights_file
+    from rljob.runtime.llm.data.rows import arithmetic_rows
+    from rljob.runtime.llm.engines.base import WeightSyncSettings, WeightUpdate
+    from rljob.runtime.llm.engines.hf import HFEngine
+    from rljob.runtime.llm.models.policy import load_policy
+    from rljob.runtime.weights.sync import write_weights_file
 
     task = LLMTask(dataset=DatasetSpec(builtin="arithmetic", size=8), max_prompt_length=8, max_response_length=2)
     spec = ModelSpec(source="builtin", builtin=BuiltinNetwork(hidden_size=16, num_layers=1, num_heads=2))
@@ -269,7 +270,7 @@ TWO_GPUS = pytest.mark.skipif(
 def test_big_tensors_travel_in_place_and_small_ones_packed_whatever_their_dtype_or_layout(backend):
     from torch.distributed import TCPStore
 
-    from rljob.runtime.weight_sync import IN_PLACE_MIN_BYTES, broadcast_state, make_group
+    from rljob.runtime.weights.sync import IN_PLACE_MIN_BYTES, broadcast_state, make_group
 
     def state(seed: int) -> list[torch.Tensor]:
         g = torch.Generator().manual_seed(seed)
@@ -359,7 +360,7 @@ def test_a_member_whose_first_connection_is_slow_still_gets_the_round():
 
 
 def test_the_round_goes_by_nccl_only_when_every_rank_holds_cuda_tensors_on_a_gpu_of_its_own():
-    from rljob.runtime.weight_sync import choose_backend, joint_report
+    from rljob.runtime.weights.sync import choose_backend, joint_report
 
     actor, rollout_a, rollout_b = b"cuda:GPU-0", b"cuda:GPU-1", b"cuda:GPU-2"
     assert choose_backend([actor, rollout_a, rollout_b]) == "nccl"
@@ -409,7 +410,7 @@ def test_members_say_where_they_receive_and_the_go_key_carries_the_backend_the_a
 
 def test_the_go_key_names_the_backend_and_a_fresh_group_for_each_formation():
     """nccl, then gloo, then nccl again within one epoch: each group meets in store keys of its own."""
-    from rljob.runtime.weight_sync import GoSignal, SyncTicket
+    from rljob.runtime.weights.sync import GoSignal, SyncTicket
 
     ticket = SyncTicket("actor-a/1", rank=1, world=2, round=7)
     go = GoSignal("nccl", 3)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from rljob.api import ROLE_NAMES, InvalidRLJob, Problem, RLJob
-from rljob.runtime.identity import (
+from rljob.runtime.wire.identity import (
     COLLOCATED_DATA_PORT,
     COLLOCATED_METRICS_PORT,
     CONFIG_PATH_IN_POD,
@@ -144,7 +144,7 @@ COLLOCATED_POD_FIELDS = ("env", "volumes", "volume_mounts", "resources", "placem
 
 
 def _collocated_problems(job: RLJob) -> Iterator[Problem]:
-    """A collocated rollout is a second process of the actor pod's container (rljob/runtime/collocated.py)."""
+    """A collocated rollout is a second process of the actor pod's container (rljob/runtime/roles/collocated.py)."""
     spec = job.spec
     port = spec.logging.prometheus_port
     if port in (COLLOCATED_DATA_PORT, COLLOCATED_METRICS_PORT):

@@ -2,7 +2,7 @@
 
 llm rollouts are interchangeable generation servers, so their count changes while training goes on
 (`kubectl scale rljob/NAME --replicas=N`). The operator keeps `<job>-rollouts` (key `rollouts.json`, the
-document of rljob/runtime/llm/membership.py) equal to the rollout pods that are Ready and wanted; the actor
+document of rljob/runtime/llm/replicas/membership.py) equal to the rollout pods that are Ready and wanted; the actor
 pods mount it as a directory, which the kubelet refreshes on its next sync of the pod (about a minute at
 most with default kubelet settings), and actor rank 0 looks at the file between polls. The volume is
 optional: an actor pod started before the ConfigMap exists (or applied from `rljob render` without the
@@ -10,7 +10,7 @@ operator) feeds the rollouts of its environment, as a local run does.
 
 gym jobs have no membership: each gym rollout steps a fixed share of the env replicas, so a new rollout
 count is a controlled restart (see `RESTART_FREE_FIELDS`). Nor do collocated jobs: their one rollout runs in
-the actor pod, kept by the actor's process (rljob/runtime/collocated.py), at a fixed endpoint.
+the actor pod, kept by the actor's process (rljob/runtime/roles/collocated.py), at a fixed endpoint.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 from rljob.api import RLJob
 from rljob.operator.manifests.checks import MEMBERS_DIR_IN_POD, MEMBERS_VOLUME
 from rljob.operator.naming import child_metadata, rollout_members_name
-from rljob.runtime.identity import DATA_PORT, pod_dns_name
-from rljob.runtime.llm.membership import MEMBERS_KEY, members_document
+from rljob.runtime.llm.replicas.membership import MEMBERS_KEY, members_document
+from rljob.runtime.wire.identity import DATA_PORT, pod_dns_name
 
 Manifest = dict[str, Any]
 
@@ -32,7 +32,7 @@ MEMBERS_FILE_IN_POD = posixpath.join(MEMBERS_DIR_IN_POD, MEMBERS_KEY)
 
 def elastic_rollouts(job: RLJob) -> bool:
     """Whether the job's rollout replicas come and go while it trains (llm jobs). Not a collocated rollout: it
-    has no pod of its own; the actor pod's process keeps it (rljob/runtime/collocated.py) at a fixed endpoint."""
+    has no pod of its own; the actor pod's process keeps it (rljob/runtime/roles/collocated.py) at a fixed endpoint."""
     return job.spec.task.type == "llm" and not job.spec.roles.rollout.collocated
 
 

@@ -2,10 +2,10 @@
 
 An actor pod with `gpusPerReplica: N` runs N torch.distributed ranks, one per GPU: its env says
 LOCAL_WORLD_SIZE=N and WORLD_SIZE=replicas x N without RANK/LOCAL_RANK, and its `rljob role actor` starts
-the N ranks itself (`rljob.runtime.ranks`), each with its RANK and LOCAL_RANK, on `cuda:LOCAL_RANK`.
+the N ranks itself (`rljob.runtime.wire.ranks`), each with its RANK and LOCAL_RANK, on `cuda:LOCAL_RANK`.
 
 A collocated job (`roles.rollout.collocated`) has no rollout pods: actor pod i's process also starts rollout
-replica i (`rljob.runtime.collocated`), in the same container (the device plugin gives a GPU to one container
+replica i (`rljob.runtime.roles.collocated`), in the same container (the device plugin gives a GPU to one container
 only; CUDA IPC needs the same GPUs and IPC namespace). That container serves the rollout's ports too
 (COLLOCATED_DATA_PORT, COLLOCATED_METRICS_PORT), mounts a memory-backed /dev/shm (weights pass by `ipc` through
 it), and runs an image that holds both roles (`role_image`).
@@ -43,7 +43,7 @@ from rljob.operator.naming import (
     service_name,
 )
 from rljob.operator.settings import OperatorSettings
-from rljob.runtime.identity import (
+from rljob.runtime.wire.identity import (
     COLLOCATED_DATA_PORT,
     COLLOCATED_METRICS_PORT,
     DATA_PORT,

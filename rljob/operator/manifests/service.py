@@ -8,7 +8,7 @@ from rljob.api import RLJob
 from rljob.operator.manifests.pods import COLLOCATED_PORT_NAMES
 from rljob.operator.naming import child_metadata, job_selector, service_name
 from rljob.operator.settings import OperatorSettings
-from rljob.runtime.identity import DATA_PORT, MASTER_PORT, SYNC_PORT
+from rljob.runtime.wire.identity import DATA_PORT, MASTER_PORT, SYNC_PORT
 
 
 def service_ports(job: RLJob) -> list[dict[str, Any]]:

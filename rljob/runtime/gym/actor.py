@@ -22,19 +22,20 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rljob.runtime.checkpoint import (
+from rljob.runtime.gym.envs import space_from_wire
+from rljob.runtime.gym.models import UnsupportedSpaceError, build_mlp_actor_critic
+from rljob.runtime.gym.ppo import BATCH_FIELDS, GymBatch, PPOLearner
+from rljob.runtime.optim.divergence import Diverged, diverged_exit
+from rljob.runtime.process.log_limit import LimitedLog, reason_of
+from rljob.runtime.process.retry import Backoff, retry
+from rljob.runtime.records.checkpoint import (
     CheckpointError,
     CheckpointManager,
     capture_rng_state,
     resolve_resume_across_ranks,
     restore_rng_state,
 )
-from rljob.runtime.divergence import Diverged, diverged_exit
-from rljob.runtime.gym.envs import space_from_wire
-from rljob.runtime.gym.models import UnsupportedSpaceError, build_mlp_actor_critic
-from rljob.runtime.gym.ppo import BATCH_FIELDS, GymBatch, PPOLearner
-from rljob.runtime.log_limit import LimitedLog, reason_of
-from rljob.runtime.metrics import (
+from rljob.runtime.records.metrics import (
     APPROX_KL,
     CLIP_FRACTION,
     ENTROPY,
@@ -53,12 +54,11 @@ from rljob.runtime.metrics import (
     keep_records_until,
     phase_key,
 )
-from rljob.runtime.ranks import join_actor_group, nccl_usage_problem
-from rljob.runtime.retry import Backoff, retry
-from rljob.runtime.role_http import ProgressTracker
-from rljob.runtime.roles.common import FatalConfigError, RoleContext
-from rljob.runtime.transport import RequestClient, RequestTimeout, TransportError, process_tag
-from rljob.runtime.weight_sync import SyncRefused, WeightPublisher
+from rljob.runtime.weights.sync import SyncRefused, WeightPublisher
+from rljob.runtime.wire.context import FatalConfigError, RoleContext
+from rljob.runtime.wire.ranks import join_actor_group, nccl_usage_problem
+from rljob.runtime.wire.role_http import ProgressTracker
+from rljob.runtime.wire.transport import RequestClient, RequestTimeout, TransportError, process_tag
 
 GROUP_TIMEOUT_MINUTES = 5
 ROLLOUT_WAIT_S = 300.0
@@ -351,7 +351,7 @@ def run_actor(context: RoleContext) -> int:
     torch.set_num_threads(1)
     torch.distributions.Distribution.set_default_validate_args(False)
     rank, world = identity.rank, identity.world_size
-    from rljob.runtime.roles.health import RoleHealth
+    from rljob.runtime.wire.health import RoleHealth
 
     # The replica's health and metrics endpoint (its pod's readiness probe) is served by its local rank 0.
     health = RoleHealth(context, counters={}) if identity.local_rank == 0 else None

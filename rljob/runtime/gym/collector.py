@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rljob.runtime.gym.numpy_policy import NumpyPolicy
-from rljob.runtime.retry import retry
-from rljob.runtime.transport import RemoteError, RequestClient, RequestTimeout, TransportError
+from rljob.runtime.process.retry import retry
+from rljob.runtime.wire.transport import RemoteError, RequestClient, RequestTimeout, TransportError
 
 log = logging.getLogger("rljob.rollout")
 

@@ -8,8 +8,8 @@ process answers `step` with `EnvNotReset` until the rollout resets it.
 from __future__ import annotations
 
 from rljob.runtime.gym.envs import GymConfigError, VectorGymEnv, env_share, space_to_wire
-from rljob.runtime.roles.common import FatalConfigError, RoleContext
-from rljob.runtime.transport import Payload, RequestServer, process_tag
+from rljob.runtime.wire.context import FatalConfigError, RoleContext
+from rljob.runtime.wire.transport import Payload, RequestServer, process_tag
 
 
 def run_env(context: RoleContext) -> int:
@@ -54,7 +54,7 @@ def run_env(context: RoleContext) -> int:
             "tag": tag,
         }
 
-    from rljob.runtime.roles.health import RoleHealth
+    from rljob.runtime.wire.health import RoleHealth
 
     health = RoleHealth(context, counters={"env_steps_total": lambda: steps})
     server = RequestServer(

@@ -26,9 +26,9 @@ from rljob.algorithms.losses import (
 )
 from rljob.api.presets import resolve_algorithm
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
-from rljob.runtime.divergence import check_update
 from rljob.runtime.gym.models import MLPActorCritic
-from rljob.runtime.optim import build_optimizer, learning_rate_at, set_learning_rate
+from rljob.runtime.optim.divergence import check_update
+from rljob.runtime.optim.optimizer import build_optimizer, learning_rate_at, set_learning_rate
 
 BATCH_FIELDS = ("obs", "actions", "logprobs", "values", "next_values", "rewards", "terminated", "truncated")
 

@@ -24,9 +24,9 @@ from rljob.runtime.gym.collector import TrajectoryCollector
 from rljob.runtime.gym.envs import space_from_wire
 from rljob.runtime.gym.models import MLPActorCritic, UnsupportedSpaceError, build_mlp_actor_critic
 from rljob.runtime.gym.numpy_policy import NumpyPolicy
-from rljob.runtime.roles.common import FatalConfigError, RoleContext
-from rljob.runtime.transport import Payload, RequestServer, process_tag
-from rljob.runtime.weight_sync import StagedWeights, WeightSubscriber
+from rljob.runtime.weights.sync import StagedWeights, WeightSubscriber
+from rljob.runtime.wire.context import FatalConfigError, RoleContext
+from rljob.runtime.wire.transport import Payload, RequestServer, process_tag
 
 COLLECT_WAIT_S = 0.5
 """How long a `collect` request waits for a batch before answering `ready: false` (the actor asks again),
@@ -177,7 +177,7 @@ def run_rollout(context: RoleContext) -> int:
     torch.set_num_threads(1)
     torch.distributions.Distribution.set_default_validate_args(False)
     torch.manual_seed(context.job.spec.trainer.seed * 1000 + 17 + context.identity.replica)
-    from rljob.runtime.roles.health import RoleHealth
+    from rljob.runtime.wire.health import RoleHealth
 
     identity = context.identity
     health = RoleHealth(context, counters={})

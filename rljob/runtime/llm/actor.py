@@ -8,10 +8,10 @@ checkpoints. With `rollout.async.maxStaleness` k >= 1 the next step's prompts ar
 trains, so generation overlaps training; every group is checked against k before the update.
 
 With a text environment (`task.llm.env`) the rows travel with the prompts and the rollouts return multi-turn
-episodes (`rljob.runtime.llm.multiturn`): the reward functions score the final model turn, the environment's
+episodes (`rljob.runtime.llm.episodes.multiturn`): the reward functions score the final model turn, the environment's
 step rewards are added, and the loss mask keeps the environment's tokens out of the update.
 
-With `spec.sft` every rank first runs the supervised warm-up (`rljob.runtime.llm.sft`) on the training rows;
+With `spec.sft` every rank first runs the supervised warm-up (`rljob.runtime.llm.training.sft`) on the training rows;
 its records go to metrics.jsonl as step 0 with `phase: sft`, and a resume from a checkpoint never repeats it.
 """
 
@@ -34,24 +34,16 @@ import torch.distributed as dist
 from rljob.algorithms import group_advantages, informative_groups, overlong_penalty
 from rljob.api.rules import response_budget
 from rljob.api.spec import AlgorithmSpec
-from rljob.runtime.checkpoint import (
-    CheckpointError,
-    CheckpointManager,
-    capture_rng_state,
-    resolve_resume_across_ranks,
-    restore_rng_state,
-)
-from rljob.runtime.divergence import Diverged, diverged_exit
-from rljob.runtime.llm.data import PromptStream, Row, encode_prompt, split_off
-from rljob.runtime.llm.engine import Sampling, chunk_size
-from rljob.runtime.llm.learner import LLMLearner, Sample
-from rljob.runtime.llm.membership import RolloutMembership
-from rljob.runtime.llm.multiturn import episode_metrics, episode_runner
-from rljob.runtime.llm.policy import ModelSourceError, enable_gradient_checkpointing, load_policy
-from rljob.runtime.llm.pool import ChunkResult, RewardPool, RolloutPool
+from rljob.runtime.llm.data.rows import PromptStream, Row, encode_prompt, split_off
+from rljob.runtime.llm.engines.base import Sampling, chunk_size
+from rljob.runtime.llm.episodes.multiturn import episode_metrics, episode_runner
+from rljob.runtime.llm.models.policy import ModelSourceError, enable_gradient_checkpointing, load_policy
+from rljob.runtime.llm.replicas.membership import RolloutMembership
+from rljob.runtime.llm.replicas.pool import ChunkResult, RewardPool, RolloutPool
 from rljob.runtime.llm.setup import job_rows, load_job_policy, role_device, weights_dir
-from rljob.runtime.llm.sft import Warmup
-from rljob.runtime.llm.sharding import (
+from rljob.runtime.llm.training.learner import LLMLearner, Sample
+from rljob.runtime.llm.training.sft import Warmup
+from rljob.runtime.llm.training.sharding import (
     CommandChannel,
     export_policy,
     follow,
@@ -59,7 +51,15 @@ from rljob.runtime.llm.sharding import (
     save_checkpoint,
     weight_source,
 )
-from rljob.runtime.metrics import (
+from rljob.runtime.optim.divergence import Diverged, diverged_exit
+from rljob.runtime.records.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    capture_rng_state,
+    resolve_resume_across_ranks,
+    restore_rng_state,
+)
+from rljob.runtime.records.metrics import (
     ROLLOUT_IDLE,
     ROLLOUT_RESTARTS,
     TRAINER_WAIT,
@@ -67,13 +67,13 @@ from rljob.runtime.metrics import (
     keep_records_until,
     phase_key,
 )
-from rljob.runtime.ranks import join_actor_group
-from rljob.runtime.role_http import ProgressTracker
-from rljob.runtime.roles.common import FatalConfigError, RoleContext
-from rljob.runtime.roles.health import wait_for_collocated_rollout
-from rljob.runtime.transport import process_tag
-from rljob.runtime.weight_ipc import IpcWeightPublisher
-from rljob.runtime.weight_sync import FileWeightPublisher, WeightPublisher
+from rljob.runtime.weights.ipc import IpcWeightPublisher
+from rljob.runtime.weights.sync import FileWeightPublisher, WeightPublisher
+from rljob.runtime.wire.context import FatalConfigError, RoleContext
+from rljob.runtime.wire.health import wait_for_collocated_rollout
+from rljob.runtime.wire.ranks import join_actor_group
+from rljob.runtime.wire.role_http import ProgressTracker
+from rljob.runtime.wire.transport import process_tag
 
 GROUP_TIMEOUT_MINUTES = 10
 ENV_WAIT_S = 600.0
@@ -337,7 +337,7 @@ def run_actor(context: RoleContext) -> int:
     device = role_device(spec.roles.actor.gpus_per_replica)
     if world > 1:
         join_actor_group(identity, device, GROUP_TIMEOUT_MINUTES)
-    from rljob.runtime.roles.health import RoleHealth
+    from rljob.runtime.wire.health import RoleHealth
 
     # The replica's health and metrics endpoint (its pod's readiness probe) is served by its local rank 0.
     health = RoleHealth(context, counters={}) if identity.local_rank == 0 else None

@@ -2,7 +2,7 @@
 
 Requests (any replica may answer any request):
 - `generate {id, prompts, sampling, min_version, actor_tag, rows?}` queues a chunk of prompts and returns at
-  once (with a text environment, `rows` are the prompts' dataset rows: `rljob.runtime.llm.multiturn` runs
+  once (with a text environment, `rows` are the prompts' dataset rows: `rljob.runtime.llm.episodes.multiturn` runs
   multi-turn episodes in place of single completions);
 - `results {actor_tag}` returns the chunks finished since the last call (waiting briefly for one);
 - `sync_weights {version, key, actor_tag, rollout_tag}` hands a new policy version to the receiving thread
@@ -32,12 +32,13 @@ from typing import Any
 
 import torch
 
-from rljob.runtime.llm.engine import Completion, GenerationEngine, Sampling, WeightUpdate, build_engine
-from rljob.runtime.llm.multiturn import EpisodeRunner, episode_runner
+from rljob.runtime.llm.engines.base import Completion, GenerationEngine, Sampling, WeightUpdate
+from rljob.runtime.llm.episodes.multiturn import EpisodeRunner, episode_runner
+from rljob.runtime.llm.rollout_engine import build_engine
 from rljob.runtime.llm.setup import role_device, rollout_gpus
-from rljob.runtime.roles.common import RoleContext
-from rljob.runtime.transport import Payload, RequestServer, process_tag
-from rljob.runtime.weight_sync import SyncAborted
+from rljob.runtime.weights.sync import SyncAborted
+from rljob.runtime.wire.context import RoleContext
+from rljob.runtime.wire.transport import Payload, RequestServer, process_tag
 
 RESULTS_WAIT_S = 0.2
 SLEEP_WAIT_S = 0.2
@@ -278,7 +279,7 @@ def run_rollout(context: RoleContext) -> int:
     torch.manual_seed(spec.trainer.seed * 1000 + context.identity.replica)
     device = role_device(rollout_gpus(spec))
     engine = build_engine(context, device)
-    from rljob.runtime.roles.health import RoleHealth
+    from rljob.runtime.wire.health import RoleHealth
 
     server = GenerationServer(context, engine, episode_runner(context, engine, engine.tokenizer))
     health = RoleHealth(

@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from rljob.runtime.llm.data import DatasetError, Row, load_rows
-from rljob.runtime.llm.policy import ModelSourceError, load_policy, policy_dtype
-from rljob.runtime.llm.rewards import check_reward_columns
-from rljob.runtime.llm.sft import check_sft_rows, demonstration_texts
-from rljob.runtime.roles.common import FatalConfigError, RoleContext
+from rljob.runtime.llm.data.rows import DatasetError, Row, load_rows
+from rljob.runtime.llm.episodes.rewards import check_reward_columns
+from rljob.runtime.llm.models.policy import ModelSourceError, load_policy, policy_dtype
+from rljob.runtime.llm.training.sft import check_sft_rows, demonstration_texts
+from rljob.runtime.wire.context import FatalConfigError, RoleContext
 
 
 def role_device(gpus_per_replica: int) -> torch.device:

@@ -1,7 +1,8 @@
-"""Role plumbing shared by every task family, and the table of which program each (task, role) runs.
+"""The program each (task type, role) runs, and the roles that are thin wrappers of their family's parts: the
+reward role, the text-env role and a collocated rollout supervised beside its actor.
 
-gym and llm jobs share context, transport, weight sync, checkpoints, metrics and health; their loops live
-side by side in `rljob.runtime.gym` and `rljob.runtime.llm`.
+The top of the runtime beside `preflight`: may import everything below it, never `preflight`. The loops of
+gym and llm jobs live side by side in `rljob.runtime.gym` and `rljob.runtime.llm`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from rljob.runtime.roles.common import RoleContext
+from rljob.runtime.wire.context import RoleContext
 
 RoleMain = Callable[[RoleContext], int]
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rljob.runtime.llm.rewards import RewardConfigError, RewardScorer
-from rljob.runtime.roles.common import FatalConfigError, RoleContext
-from rljob.runtime.transport import Payload, RequestServer, process_tag
+from rljob.runtime.llm.episodes.rewards import RewardConfigError, RewardScorer
+from rljob.runtime.wire.context import FatalConfigError, RoleContext
+from rljob.runtime.wire.transport import Payload, RequestServer, process_tag
 
 
 def run_reward(context: RoleContext) -> int:
@@ -52,7 +52,7 @@ def run_reward(context: RoleContext) -> int:
             "tag": tag,
         }
 
-    from rljob.runtime.roles.health import RoleHealth
+    from rljob.runtime.wire.health import RoleHealth
 
     health = RoleHealth(
         context,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rljob.runtime.llm.textenv import (
+from rljob.runtime.llm.episodes.textenv import (
     StepResult,
     TextEnv,
     TextEnvConfigError,
@@ -23,8 +23,8 @@ from rljob.runtime.llm.textenv import (
     load_text_env,
     wants_row,
 )
-from rljob.runtime.roles.common import FatalConfigError, RoleContext
-from rljob.runtime.transport import Payload, RequestServer, process_tag
+from rljob.runtime.wire.context import FatalConfigError, RoleContext
+from rljob.runtime.wire.transport import Payload, RequestServer, process_tag
 
 
 class TextEnvService:
@@ -87,7 +87,7 @@ def run_text_env(context: RoleContext) -> int:
         raise FatalConfigError(str(exc)) from None
     label = env_spec.builtin or env_spec.module or ""
     service = TextEnvService(env, label, context.log)
-    from rljob.runtime.roles.health import RoleHealth
+    from rljob.runtime.wire.health import RoleHealth
 
     health = RoleHealth(
         context,

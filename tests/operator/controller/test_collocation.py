@@ -91,7 +91,7 @@ async def test_a_failed_collocated_actor_pod_restarts_the_group_and_the_rest_kee
 async def test_a_collocated_rollout_stopped_on_its_configuration_fails_the_job_without_a_restart(
     kube: KubernetesApiEmulator, cluster: Cluster
 ) -> None:
-    """The actor pod ends with the rollout's EXIT_FATAL_CONFIG (rljob/runtime/collocated.py): InvalidConfig."""
+    """The actor pod ends with the rollout's EXIT_FATAL_CONFIG (rljob/runtime/roles/collocated.py): InvalidConfig."""
     async with operator_running(kube):
         await start_running(cluster)
         cluster.exit("co-actor-0", 78)
@@ -107,8 +107,8 @@ def failed_condition(cluster: Cluster) -> dict[str, Any]:
 async def test_a_collocated_rollout_past_max_replacements_fails_the_job_without_a_group_restart(
     kube: KubernetesApiEmulator, cluster: Cluster
 ) -> None:
-    """The actor pod ends with EXIT_ROLLOUT_GAVE_UP (rljob/runtime/collocated.py): as for a rollout pod of its own,
-    BackoffLimitExceeded, and no new actor pod that would count the rollout's failures from zero."""
+    """The actor pod ends with EXIT_ROLLOUT_GAVE_UP (rljob/runtime/roles/collocated.py): as for a rollout pod of its
+    own, BackoffLimitExceeded, and no new actor pod that would count the rollout's failures from zero."""
     async with operator_running(kube):
         uids = await start_running(cluster, maxReplacements=2)
         why = "rollout[0] exited with code 65: failed 3 times in a row; spec.failurePolicy.maxReplacements is 2"

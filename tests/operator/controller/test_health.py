@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rljob.api.crd import build_crd
-from rljob.runtime.identity import EXIT_DIVERGED
+from rljob.runtime.wire.identity import EXIT_DIVERGED
 from tests.operator.controller.conftest import (
     CARTPOLE_PODS,
     NS,

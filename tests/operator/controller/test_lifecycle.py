@@ -7,7 +7,7 @@ import kmock
 import yaml
 import yarl
 
-from rljob.runtime.llm.membership import parse_members
+from rljob.runtime.llm.replicas.membership import parse_members
 from tests.operator.controller.conftest import (
     CARTPOLE_PODS,
     CONFIGMAPS,

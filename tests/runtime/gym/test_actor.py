@@ -15,9 +15,9 @@ from rljob.launch.local import free_ports
 from rljob.runtime.gym.actor import Controller, StaleBatch
 from rljob.runtime.gym.models import build_mlp_actor_critic
 from rljob.runtime.gym.ppo import PPOLearner
-from rljob.runtime.identity import local_identities, ports_needed
-from rljob.runtime.roles.common import RoleContext
-from rljob.runtime.transport import RequestServer
+from rljob.runtime.wire.context import RoleContext
+from rljob.runtime.wire.identity import local_identities, ports_needed
+from rljob.runtime.wire.transport import RequestServer
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -21,7 +21,7 @@ from rljob.runtime.gym.envs import (
 )
 from rljob.runtime.gym.models import MLPActorCritic
 from rljob.runtime.gym.numpy_policy import NumpyPolicy
-from rljob.runtime.weight_sync import buckets
+from rljob.runtime.weights.sync import buckets
 
 
 def test_env_share_covers_every_environment_once():

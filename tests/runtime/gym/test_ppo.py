@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from rljob.api.spec import AlgorithmSpec, BuiltinNetwork, TrainerSpec
-from rljob.runtime.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from rljob.runtime.gym.models import build_mlp_actor_critic
 from rljob.runtime.gym.ppo import BatchShapeError, GymBatch, PPOLearner
-from rljob.runtime.optim import learning_rate_at
+from rljob.runtime.optim.optimizer import learning_rate_at
+from rljob.runtime.records.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 
 ALGORITHM = AlgorithmSpec(name="ppo", epochs=3, minibatches=2, gamma=0.98, gae_lambda=0.8, value_clip=0.5)
 TRAINER = TrainerSpec(steps=10, batch_size=64, learning_rate=1e-3, lr_schedule="linear", grad_clip=0.5, seed=3)

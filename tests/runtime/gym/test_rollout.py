@@ -16,10 +16,10 @@ from rljob.runtime.gym.env import run_env
 from rljob.runtime.gym.envs import space_from_wire
 from rljob.runtime.gym.models import build_mlp_actor_critic
 from rljob.runtime.gym.rollout import run_rollout
-from rljob.runtime.identity import local_identities, ports_needed
-from rljob.runtime.roles.common import RoleContext
-from rljob.runtime.transport import RequestClient
-from rljob.runtime.weight_sync import GoSignal, SyncTicket, broadcast_state, make_group, state_tensors
+from rljob.runtime.weights.sync import GoSignal, SyncTicket, broadcast_state, make_group, state_tensors
+from rljob.runtime.wire.context import RoleContext
+from rljob.runtime.wire.identity import local_identities, ports_needed
+from rljob.runtime.wire.transport import RequestClient
 
 JOB = """\
 apiVersion: rljob.io/v1alpha1

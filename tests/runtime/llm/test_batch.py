@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rljob.runtime.llm.batch import by_prompt, collate, collate_shared
+from rljob.runtime.llm.training.batch import by_prompt, collate, collate_shared
 
 PAD = 0
 

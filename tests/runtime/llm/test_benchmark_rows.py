@@ -12,9 +12,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from rljob.api.spec import LLMTask, RewardSpec
-from rljob.runtime.llm.benchmark_rows import RowFormatError, code_tests, gold_answer, last_boxed
-from rljob.runtime.llm.data import load_rows
-from rljob.runtime.llm.rewards import RewardInput, RewardScorer, check_reward_columns, check_reward_spec, math_verify
+from rljob.runtime.llm.data.benchmark_rows import RowFormatError, code_tests, gold_answer, last_boxed
+from rljob.runtime.llm.data.rows import load_rows
+from rljob.runtime.llm.episodes.rewards import (
+    RewardInput,
+    RewardScorer,
+    check_reward_columns,
+    check_reward_spec,
+    math_verify,
+)
 
 HUMANEVAL_PROMPT = 'def add(a: int, b: int) -> int:\n    """Add two numbers."""\n'
 HUMANEVAL_ROW = {

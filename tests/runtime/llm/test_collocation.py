@@ -19,12 +19,13 @@ import yaml
 
 from rljob.api import validate_job
 from rljob.launch.local import free_ports
-from rljob.runtime.identity import local_identities, ports_needed
-from rljob.runtime.llm import pool as pool_module
-from rljob.runtime.llm.engine import Completion, HFEngine, Sampling, WeightSyncSettings
-from rljob.runtime.llm.pool import RolloutAsleep, RolloutAwake, RolloutPool
-from rljob.runtime.transport import RequestClient
-from rljob.runtime.weight_ipc import IpcWeightPublisher
+from rljob.runtime.llm.engines.base import Completion, Sampling, WeightSyncSettings
+from rljob.runtime.llm.engines.hf import HFEngine
+from rljob.runtime.llm.replicas import pool as pool_module
+from rljob.runtime.llm.replicas.pool import RolloutAsleep, RolloutAwake, RolloutPool
+from rljob.runtime.weights.ipc import IpcWeightPublisher
+from rljob.runtime.wire.identity import local_identities, ports_needed
+from rljob.runtime.wire.transport import RequestClient
 from tests.runtime.llm.test_engine import CPU
 from tests.runtime.llm.test_membership import RolloutReplica, run_step, tiny_policy
 
@@ -336,7 +337,7 @@ def test_a_collocated_actor_whose_model_does_not_fit_beside_the_engine_names_the
 
 def test_running_out_of_gpu_memory_beside_the_rollout_is_a_setting_to_change_not_a_crash(monkeypatch):
     from rljob.runtime.llm.actor import fits_beside_rollout
-    from rljob.runtime.roles.common import FatalConfigError
+    from rljob.runtime.wire.context import FatalConfigError
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2**30, 80 * 2**30))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)

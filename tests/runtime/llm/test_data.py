@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rljob.api.spec import DatasetSpec, LLMTask
-from rljob.runtime.llm.data import (
+from rljob.runtime.llm.data.rows import (
     DatasetError,
     PromptStream,
     arithmetic_rows,
@@ -19,7 +19,7 @@ from rljob.runtime.llm.data import (
     render_prompt,
     split_off,
 )
-from rljob.runtime.llm.policy import CHAT_TEMPLATE, build_char_tokenizer
+from rljob.runtime.llm.models.policy import CHAT_TEMPLATE, build_char_tokenizer
 
 ROWS = [{"question": f"{a}*{a}?", "solution": str(a * a), "topic": "squares"} for a in range(6)]
 

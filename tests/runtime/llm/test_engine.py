@@ -10,20 +10,12 @@ import torch
 
 from rljob.api.loading import load_job_file
 from rljob.api.spec import BuiltinNetwork, DatasetSpec, LLMTask, ModelSpec
-from rljob.runtime.llm.data import arithmetic_rows
-from rljob.runtime.llm.engine import (
-    Completion,
-    HFEngine,
-    Sampling,
-    batch_bucket,
-    build_engine,
-    chunk_size,
-    compiles_decode,
-    generate_buckets,
-    job_cache_len,
-)
-from rljob.runtime.llm.learner import collate, token_logprobs
-from rljob.runtime.llm.policy import load_policy
+from rljob.runtime.llm.data.rows import arithmetic_rows
+from rljob.runtime.llm.engines.base import Completion, Sampling, chunk_size, job_cache_len
+from rljob.runtime.llm.engines.hf import HFEngine, batch_bucket, compiles_decode, generate_buckets
+from rljob.runtime.llm.models.policy import load_policy
+from rljob.runtime.llm.rollout_engine import build_engine
+from rljob.runtime.llm.training.learner import collate, token_logprobs
 from tests.runtime.llm.test_logprobs import qwen3_5
 
 TASK = LLMTask(dataset=DatasetSpec(builtin="arithmetic", size=40), max_prompt_length=16, max_response_length=12)
@@ -349,8 +341,8 @@ def test_a_rollout_on_the_cpu_builds_an_unbucketed_engine_that_shares_its_prefil
     import logging
 
     from rljob.launch.local import free_ports
-    from rljob.runtime.identity import local_identities, ports_needed
-    from rljob.runtime.roles.common import RoleContext
+    from rljob.runtime.wire.context import RoleContext
+    from rljob.runtime.wire.identity import local_identities, ports_needed
 
     job = load_job_file(EXAMPLE)
     job.spec.roles.rollout.collocated = collocated

@@ -15,10 +15,10 @@ import torch
 
 from rljob.algorithms.losses import AGGREGATIONS
 from rljob.api.spec import AlgorithmSpec, BuiltinNetwork, ModelSpec, OffPolicyCorrection, TrainerSpec
-from rljob.runtime.divergence import Diverged
-from rljob.runtime.llm.batch import collate_shared
-from rljob.runtime.llm.learner import BatchShapeError, LLMLearner, collate, token_logprobs
-from rljob.runtime.llm.policy import build_char_tokenizer, build_tiny_qwen2
+from rljob.runtime.llm.models.policy import build_char_tokenizer, build_tiny_qwen2
+from rljob.runtime.llm.training.batch import collate_shared
+from rljob.runtime.llm.training.learner import BatchShapeError, LLMLearner, collate, token_logprobs
+from rljob.runtime.optim.divergence import Diverged
 from tests.runtime.llm.test_logprobs import qwen3_5
 
 TOKENIZER = build_char_tokenizer(["0123456789+=-*/ abcdefgh"])

@@ -14,10 +14,10 @@ import pytest
 import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from rljob.runtime.llm.batch import collate_shared
-from rljob.runtime.llm.learner import MicroBatch, collate, token_logprobs
-from rljob.runtime.llm.logprobs import chunked_logprobs, full_logprobs, shares_prompts
-from rljob.runtime.llm.policy import enable_gradient_checkpointing
+from rljob.runtime.llm.models.policy import enable_gradient_checkpointing
+from rljob.runtime.llm.training.batch import collate_shared
+from rljob.runtime.llm.training.learner import MicroBatch, collate, token_logprobs
+from rljob.runtime.llm.training.logprobs import chunked_logprobs, full_logprobs, shares_prompts
 
 VOCAB = 53
 PAD = 0
@@ -251,7 +251,7 @@ PEAK_SCRIPT = textwrap.dedent(
     """
     import json, resource, sys, torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    from rljob.runtime.llm.learner import MicroBatch, token_logprobs
+    from rljob.runtime.llm.training.learner import MicroBatch, token_logprobs
 
     chunk, vocab, rows, prompt, response = (int(a) for a in sys.argv[1:])
     torch.set_num_threads(2)

@@ -19,14 +19,15 @@ import torch
 
 from rljob.api.loading import load_job_file
 from rljob.launch.local import free_ports
-from rljob.runtime.identity import RoleIdentity, local_identities, ports_needed
-from rljob.runtime.llm.engine import HFEngine, Sampling, WeightSyncSettings
-from rljob.runtime.llm.membership import MembershipError, RolloutMembership, members_document, parse_members
-from rljob.runtime.llm.pool import ChunkResult, RolloutPool
+from rljob.runtime.llm.engines.base import Sampling, WeightSyncSettings
+from rljob.runtime.llm.engines.hf import HFEngine
+from rljob.runtime.llm.replicas.membership import MembershipError, RolloutMembership, members_document, parse_members
+from rljob.runtime.llm.replicas.pool import ChunkResult, RolloutPool
 from rljob.runtime.llm.rollout import GenerationServer
-from rljob.runtime.roles.common import RoleContext
-from rljob.runtime.transport import RequestClient, RequestServer
-from rljob.runtime.weight_sync import WeightPublisher
+from rljob.runtime.weights.sync import WeightPublisher
+from rljob.runtime.wire.context import RoleContext
+from rljob.runtime.wire.identity import RoleIdentity, local_identities, ports_needed
+from rljob.runtime.wire.transport import RequestClient, RequestServer
 from tests.runtime.llm.test_engine import CPU, TASK, TINY
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "grpo-tiny-arithmetic.yaml"
@@ -160,8 +161,8 @@ class RolloutReplica:
 
 def tiny_policy():
     """The tiny policy every replica of these tests starts from, and its tokenizer."""
-    from rljob.runtime.llm.data import arithmetic_rows
-    from rljob.runtime.llm.policy import load_policy
+    from rljob.runtime.llm.data.rows import arithmetic_rows
+    from rljob.runtime.llm.models.policy import load_policy
 
     model, tokenizer = load_policy(TINY, TASK, arithmetic_rows(40, 0), seed=0, device=CPU)
     return model.eval(), tokenizer

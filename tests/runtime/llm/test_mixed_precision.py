@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rljob.runtime.llm.learner import mixed_precision
-from rljob.runtime.llm.policy import build_char_tokenizer
-from rljob.runtime.llm.sharding import CastWeights, export_policy, weight_source
-from rljob.runtime.weight_ipc import export_weights, open_weights
-from rljob.runtime.weight_sync import WeightPublisher, WeightSubscriber, state_tensors
+from rljob.runtime.llm.models.policy import build_char_tokenizer
+from rljob.runtime.llm.training.learner import mixed_precision
+from rljob.runtime.llm.training.sharding import CastWeights, export_policy, weight_source
+from rljob.runtime.weights.ipc import export_weights, open_weights
+from rljob.runtime.weights.sync import WeightPublisher, WeightSubscriber, state_tensors
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_learner import make_model

@@ -9,20 +9,21 @@ import torch
 
 from rljob.api.spec import BuiltinNetwork, DatasetSpec, LLMTask, ModelSpec, TextEnvSpec
 from rljob.launch.local import free_ports
-from rljob.runtime.llm.data import arithmetic_rows
-from rljob.runtime.llm.engine import HFEngine, Sampling
-from rljob.runtime.llm.learner import collate, token_logprobs
-from rljob.runtime.llm.multiturn import (
+from rljob.runtime.llm.data.rows import arithmetic_rows
+from rljob.runtime.llm.engines.base import Sampling
+from rljob.runtime.llm.engines.hf import HFEngine
+from rljob.runtime.llm.episodes.multiturn import (
     EpisodeRunner,
     TextEnvClient,
     episode_metrics,
     render_env_messages,
     special_token,
 )
-from rljob.runtime.llm.policy import build_char_tokenizer, load_policy
-from rljob.runtime.llm.textenv import TextEnv
+from rljob.runtime.llm.episodes.textenv import TextEnv
+from rljob.runtime.llm.models.policy import build_char_tokenizer, load_policy
+from rljob.runtime.llm.training.learner import collate, token_logprobs
 from rljob.runtime.roles.textenv import TextEnvService
-from rljob.runtime.transport import RequestServer
+from rljob.runtime.wire.transport import RequestServer
 
 # --- the sample: loss mask and logprobs over a hand-built two-turn response ----------------------------
 

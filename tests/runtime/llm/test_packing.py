@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rljob.runtime.llm.packing import pack_by_tokens, split_to_count
+from rljob.runtime.llm.training.packing import pack_by_tokens, split_to_count
 
 LENGTHS = [30, 5, 12, 30, 7, 7, 18, 3, 25, 9, 11, 4]
 

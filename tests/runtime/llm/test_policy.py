@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rljob.api.spec import BuiltinNetwork, DatasetSpec, LLMTask, ModelSpec, TrainerSpec
-from rljob.runtime.llm.data import arithmetic_rows
-from rljob.runtime.llm.policy import (
+from rljob.runtime.llm.data.rows import arithmetic_rows
+from rljob.runtime.llm.models.policy import (
     ModelSourceError,
     build_char_tokenizer,
     check_model_source,

@@ -17,8 +17,7 @@ import yaml
 
 from rljob.api.spec import RewardSpec
 from rljob.launch.local import free_ports
-from rljob.runtime.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
-from rljob.runtime.llm.rewards import (
+from rljob.runtime.llm.episodes.rewards import (
     RewardConfigError,
     RewardInput,
     RewardScorer,
@@ -30,7 +29,8 @@ from rljob.runtime.llm.rewards import (
     load_user_function,
     math_verify,
 )
-from rljob.runtime.transport import RequestClient
+from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
+from rljob.runtime.wire.transport import RequestClient
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -9,14 +9,15 @@ import torch
 
 from rljob.api import InvalidRLJob, validate_job
 from rljob.api.spec import BuiltinNetwork, ModelSpec
-from rljob.runtime.llm.calculator import Calculator
-from rljob.runtime.llm.data import arithmetic_rows
-from rljob.runtime.llm.engine import HFEngine, Sampling
-from rljob.runtime.llm.learner import LLMLearner, collate
-from rljob.runtime.llm.multiturn import EpisodeRunner, TextEnvClient
-from rljob.runtime.llm.policy import build_char_tokenizer, build_tiny_qwen2, load_policy
-from rljob.runtime.llm.sft import Warmup, check_sft_rows, demonstration_texts, demonstration_turns, sft_loss
-from rljob.runtime.roles.common import FatalConfigError
+from rljob.runtime.llm.data.rows import arithmetic_rows
+from rljob.runtime.llm.engines.base import Sampling
+from rljob.runtime.llm.engines.hf import HFEngine
+from rljob.runtime.llm.episodes.calculator import Calculator
+from rljob.runtime.llm.episodes.multiturn import EpisodeRunner, TextEnvClient
+from rljob.runtime.llm.models.policy import build_char_tokenizer, build_tiny_qwen2, load_policy
+from rljob.runtime.llm.training.learner import LLMLearner, collate
+from rljob.runtime.llm.training.sft import Warmup, check_sft_rows, demonstration_texts, demonstration_turns, sft_loss
+from rljob.runtime.wire.context import FatalConfigError
 from tests.runtime.llm.test_multiturn import EnvServer, encode
 
 TOKENIZER = build_char_tokenizer(["0123456789+=()calc"])

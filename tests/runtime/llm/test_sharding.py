@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
-from rljob.runtime.checkpoint import CheckpointManager
-from rljob.runtime.llm.learner import LLMLearner
-from rljob.runtime.llm.packing import pack_by_tokens
-from rljob.runtime.llm.sharding import CommandChannel, follow, load_checkpoint, save_checkpoint
+from rljob.runtime.llm.training.learner import LLMLearner
+from rljob.runtime.llm.training.packing import pack_by_tokens
+from rljob.runtime.llm.training.sharding import CommandChannel, follow, load_checkpoint, save_checkpoint
+from rljob.runtime.records.checkpoint import CheckpointManager
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_learner import MAX_RESPONSE, TOKENIZER, make_groups, make_model, make_samples
@@ -64,7 +64,7 @@ def make_learner(
 
 def full_params(learner: LLMLearner) -> dict[str, torch.Tensor]:
     """Every parameter whole, by name (gathered from the shards: every rank must call it)."""
-    from rljob.runtime.llm.sharding import full_tensor
+    from rljob.runtime.llm.training.sharding import full_tensor
 
     return {name: full_tensor(p.detach()).clone() for name, p in learner.model.named_parameters()}
 
@@ -102,11 +102,11 @@ def packed(rank: int, world: int, checkpoints: Path) -> dict:
 def grouped(rank: int, world: int, checkpoints: Path) -> dict:
     """Two fsdp2 updates on groups of responses to shared prompts: prefix and rows are two forwards of the
     sharded policy before one backward."""
-    import rljob.runtime.llm.learner
+    import rljob.runtime.llm.training.learner
 
     # Every saving counts here (these tiny prompts save less than fsdp2's default bar): what is checked is the
     # update a shared pass gives, not when to take one.
-    rljob.runtime.llm.learner.FSDP_MIN_SAVING = 0.0
+    rljob.runtime.llm.training.learner.FSDP_MIN_SAVING = 0.0
     learner = make_learner("fsdp2", "sgd", rank, world)
     shared: list[bool] = []
     cut = learner._micro
@@ -127,8 +127,8 @@ def weight_sync(rank: int, world: int, checkpoints: Path) -> dict:
     does: one gather per tensor, every rank joining, each bucket built as it is sent."""
     import threading
 
-    from rljob.runtime.llm.sharding import weight_source
-    from rljob.runtime.weight_sync import WeightPublisher, WeightSubscriber
+    from rljob.runtime.llm.training.sharding import weight_source
+    from rljob.runtime.weights.sync import WeightPublisher, WeightSubscriber
 
     learner = make_learner("fsdp2", "sgd", rank, world)
     learner.update(make_samples(0, SAMPLES))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rljob.api.spec import TextEnvSpec
-from rljob.runtime.llm.calculator import Calculator, CalculatorError, evaluate
-from rljob.runtime.llm.textenv import (
+from rljob.runtime.llm.episodes.calculator import Calculator, CalculatorError, evaluate
+from rljob.runtime.llm.episodes.textenv import (
     TextEnvConfigError,
     TextEnvOutputError,
     ToolCall,
@@ -100,7 +100,7 @@ def test_calculator_step_answers_each_call_and_ends_on_a_turn_without_one():
 # --- loading task.llm.env ---------------------------------------------------------------------------
 
 USER_ENV = """
-from rljob.runtime.llm.textenv import TextEnv
+from rljob.runtime.llm.episodes.textenv import TextEnv
 
 
 class Guess(TextEnv):

@@ -11,13 +11,13 @@ from pathlib import Path
 import yaml
 
 from rljob.launch.local import free_ports
-from rljob.runtime.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
-from rljob.runtime.transport import RequestClient
+from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
+from rljob.runtime.wire.transport import RequestClient
 
 REPO = Path(__file__).resolve().parents[3]
 
 FLAKY_TOOL = """
-from rljob.runtime.llm.textenv import TextEnv
+from rljob.runtime.llm.episodes.textenv import TextEnv
 
 
 class Flaky(TextEnv):

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from rljob.api.spec import BuiltinNetwork, DatasetSpec, LLMTask, ModelSpec, RolloutSpec
-from rljob.runtime.llm.data import arithmetic_rows
-from rljob.runtime.llm.engine import Sampling, WeightSyncSettings, WeightUpdate
-from rljob.runtime.llm.learner import collate, token_logprobs
-from rljob.runtime.llm.policy import export_hf, load_policy
-from rljob.runtime.llm.vllm_engine import VLLMEngine, logprobs_mode, max_model_len, vllm_installed, weights_layout
-from rljob.runtime.weight_ipc import IpcWeightPublisher
-from rljob.runtime.weight_sync import WeightPublisher, write_weights_file
+from rljob.runtime.llm.data.rows import arithmetic_rows
+from rljob.runtime.llm.engines.base import Sampling, WeightSyncSettings, WeightUpdate
+from rljob.runtime.llm.engines.vllm import VLLMEngine, logprobs_mode, max_model_len, vllm_installed, weights_layout
+from rljob.runtime.llm.models.policy import export_hf, load_policy
+from rljob.runtime.llm.training.learner import collate, token_logprobs
+from rljob.runtime.weights.ipc import IpcWeightPublisher
+from rljob.runtime.weights.sync import WeightPublisher, write_weights_file
 from tests.runtime.llm.test_engine import assert_well_formed
 
 pytestmark = [
@@ -263,7 +263,7 @@ def test_a_vllm_rollout_that_cannot_start_exits_78_naming_the_field(tmp_path, se
     import yaml
 
     from rljob.launch.local import free_ports
-    from rljob.runtime.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
+    from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
 
     job = yaml.safe_load((Path(__file__).parents[3] / "examples" / "grpo-tiny-arithmetic.yaml").read_text())
     job["spec"]["rollout"]["engine"] = "vllm"
@@ -321,7 +321,7 @@ def test_tensor_parallel_workers_each_join_the_broadcast_and_load_their_shard(po
 def test_a_failed_start_names_the_field_and_which_way_to_move_it():
     """vLLM's front end often only says its engine core failed (the workers log why): the fix says both ways, and
     beside a collocated actor on a GPU, that the actor holds part of the GPU."""
-    from rljob.runtime.llm.vllm_engine import startup_failure
+    from rljob.runtime.llm.engines.vllm import startup_failure
 
     core = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
     alone = startup_failure(core)

@@ -11,7 +11,7 @@ import sys
 import yaml
 
 from rljob.launch.local import free_ports
-from rljob.runtime.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
+from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
 from tests.conftest import REPO
 
 WITHOUT_VLLM = "import sys; sys.modules['vllm'] = None; from rljob.cli.main import main; sys.argv[0] = 'rljob'; main()"

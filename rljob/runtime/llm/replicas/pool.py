@@ -1,0 +1,413 @@
+"""Actor rank 0's view of the servers it feeds: rollout replicas (generation) and reward replicas (scoring).
+
+`RolloutPool` hands chunks of prompts to the least-loaded rollout replica, collects what they finished, and
+re-sends the chunks of a replica that died or restarted (noticed by its new incarnation tag) to the others:
+no chunk is lost and none is counted twice. Weights go to every replica whose version is behind.
+
+The replicas are those of a `RolloutMembership` (rljob/runtime/llm/replicas/membership.py), looked at between polls:
+a replica that joins gets the latest weights before any chunk is sent to it (chunks only go to replicas
+holding weights), and the chunks in flight on a replica that leaves are re-sent to the others.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from rljob.runtime.llm.replicas.membership import RolloutMembership
+from rljob.runtime.process.log_limit import LimitedLog, reason_of
+from rljob.runtime.weights.ipc import IpcWeightPublisher
+from rljob.runtime.weights.sync import FileWeightPublisher, SyncRefused, WeightPublisher
+from rljob.runtime.wire.transport import RequestClient, RequestTimeout, TransportError
+
+log = logging.getLogger("rljob.actor")
+limited = LimitedLog(log)
+SYNC_REPLY_TIMEOUT_S = 60.0
+REVIVE_INTERVAL_S = 1.0
+"""How often, while chunks wait for a replica, the replicas without weights are asked whether they are back."""
+SLEEP_TIMEOUT_S = 600.0
+"""How long the actor waits for a collocated rollout to free its GPU memory (it ends its chunk in progress first)."""
+SLEEP_NOTICE_S = 60.0
+"""How often the actor says, while it waits for a collocated rollout to sleep, what it waits for."""
+
+
+TURN_REPLY_TIMEOUT_S = 10.0
+"""A collocated rollout answers `sleep` and `wake` within a fraction of a second (its generating thread does the
+work): no answer in this long means it is gone, not busy."""
+
+
+class RolloutAwake(RuntimeError):
+    """A collocated rollout did not free its GPU memory in time: training beside its engine could run out of it."""
+
+
+class RolloutAsleep(RuntimeError):
+    """A collocated rollout did not take its GPU memory back in time: it cannot take weights in or generate."""
+
+
+@dataclass
+class Chunk:
+    """Prompts sent together to one replica; `meta` is the caller's (e.g. which rows and which group)."""
+
+    id: int
+    prompts: list[list[int]]
+    sampling: dict[str, Any]
+    min_version: int
+    meta: Any = None
+    rows: list[dict[str, Any]] | None = None
+    """The prompts' dataset rows, sent along for a text environment (multi-turn episodes); None otherwise."""
+
+
+@dataclass
+class ChunkResult:
+    chunk: Chunk
+    version: int
+    completions: list[list[dict[str, Any]]]
+    seconds: float
+    replica: int
+
+
+@dataclass
+class RolloutLink:
+    replica: int
+    endpoint: str
+    client: RequestClient
+    tag: str = ""
+    version: int = -1
+    restarts: int = 0
+    inflight: dict[int, Chunk] = field(default_factory=dict)
+
+
+class RolloutPool:
+    def __init__(
+        self,
+        membership: RolloutMembership | list[str],
+        publisher: WeightPublisher | FileWeightPublisher | IpcWeightPublisher,
+        actor_tag: str,
+    ) -> None:
+        self.membership = membership if isinstance(membership, RolloutMembership) else RolloutMembership(membership)
+        self.links: list[RolloutLink] = []
+        """The current members, by replica index."""
+        self.publisher = publisher
+        self.actor_tag = actor_tag
+        self._ids = itertools.count(1)
+        self.orphans: list[Chunk] = []
+        """Chunks of a replica that went away, waiting for a live one."""
+        self._weights: tuple[int, torch.nn.Module] | None = None
+        """The latest (version, model) synced: what a replica that comes back, or joins, gets."""
+        self._next_revive = 0.0
+        self._retired_restarts = 0
+        """Restarts of replicas that left the membership: `restarts` never goes down."""
+        self.issue = ""
+        """Why the last weight round left replicas without the weights; "" once every live replica has them."""
+        self.refresh()
+
+    def close(self) -> None:
+        self.publisher.close()
+        for link in self.links:
+            link.client.close()
+
+    @property
+    def restarts(self) -> int:
+        return self._retired_restarts + sum(link.restarts for link in self.links)
+
+    def refresh(self) -> None:
+        """Follow the membership: joiners get the latest weights now, leavers' chunks in flight are re-sent."""
+        members = self.membership.changed()
+        if members is None:
+            return
+        kept = []
+        for link in self.links:
+            if members.get(link.replica) == link.endpoint:
+                kept.append(link)
+            else:
+                self._retire(link)
+        known = {link.replica for link in kept}
+        joined = [
+            RolloutLink(replica, endpoint, RequestClient(endpoint, timeout=2.0, retries=1))
+            for replica, endpoint in sorted(members.items())
+            if replica not in known
+        ]
+        self.links = sorted(kept + joined, key=lambda link: link.replica)
+        if self._weights is None or not joined:
+            return  # before the first sync: the first `sync` reaches joiners like every other replica
+        for link in joined:
+            log.info(
+                "rollout %d (%s) joined: sending it weights version %d", link.replica, link.endpoint, self._weights[0]
+            )
+        self._sync_links([link for link in joined if self._check(link)], *self._weights)
+
+    def _retire(self, link: RolloutLink) -> None:
+        log.info("rollout %d (%s) left the rollout membership", link.replica, link.endpoint)
+        self._lose(link, "left")
+        self._retired_restarts += link.restarts
+        link.client.close()
+        self.publisher.forget(link.replica)
+
+    def _check(self, link: RolloutLink) -> bool:
+        """Refresh the replica's incarnation; False when it does not answer. A new one loses its chunks."""
+        try:
+            reply = link.client.call("status")
+        except TransportError:
+            self._lose(link, "not answering")
+            return False
+        if reply["tag"] != link.tag:
+            if link.tag:
+                link.restarts += 1
+                self._lose(link, "restarted")
+            link.tag, link.version = reply["tag"], -1
+            self.publisher.forget(link.replica)
+        return True
+
+    def _lose(self, link: RolloutLink, why: str) -> None:
+        if link.inflight:
+            log.warning("rollout %d %s: re-sending its %d chunk(s) elsewhere", link.replica, why, len(link.inflight))
+        self.orphans.extend(link.inflight.values())
+        link.inflight.clear()
+        link.version = -1
+
+    def sync(self, version: int, model: torch.nn.Module) -> float:
+        """Send weights `version` to every live replica that lacks them, in one broadcast; seconds spent."""
+        started = time.perf_counter()
+        self._weights = (version, model)
+        self.refresh()
+        behind = [
+            link
+            for link in self.links
+            if link.version != version
+            # A replica never reached, or lost, answers a status request first: a dead one costs no sync timeout.
+            and ((link.tag and link.version >= 0) or self._check(link))
+        ]
+        self._sync_links(behind, version, model)
+        return time.perf_counter() - started
+
+    def _sync_links(self, links: list[RolloutLink], version: int, model: torch.nn.Module) -> None:
+        """One round to all of `links`; when some never accept, one more round to the others."""
+        for _ in range(2):
+            if not links:
+                return
+            keys = self.publisher.plan([(link.replica, link.tag) for link in links], version, model)
+            requests = {}
+            for link in links:
+                request = {"version": version, "key": keys[link.replica], "actor_tag": self.actor_tag}
+                requests[link.replica] = link.client.send("sync_weights", request | {"rollout_tag": link.tag})
+            refused: frozenset[int] = frozenset()
+            failure: Exception | None = None
+            try:
+                self.publisher.publish(version, model)
+            except SyncRefused as exc:
+                refused = exc.replicas
+                self.issue = f"weights version {version}: {exc}"
+                limited.warning(f"refused:{reason_of(exc)}", "%s; syncing the others without them", exc)
+            except RuntimeError as exc:  # a member died mid-broadcast: check them all, sync later
+                failure = exc
+                self.issue = f"weights version {version}: {exc}"
+                replicas = [link.replica for link in links]
+                limited.warning(f"failed:{reason_of(exc)}", "weight sync to rollouts %s failed (%s)", replicas, exc)
+            for link in links:
+                try:
+                    link.client.receive(requests[link.replica], timeout=SYNC_REPLY_TIMEOUT_S, retries=0)
+                except TransportError as exc:  # gone, or restarted: check it, sync later
+                    reason = f"reply:{link.replica}:{reason_of(exc)}"
+                    limited.warning(reason, "weight sync to rollout %d failed (%s)", link.replica, exc)
+                    refused |= {link.replica}
+                    continue
+                if failure is None and link.replica not in refused:
+                    link.version = version
+            for link in links:
+                if link.replica in refused or failure is not None:
+                    self.publisher.forget(link.replica)
+                    self._check(link)
+            if failure is None and not refused:
+                self.issue = ""
+            if failure is not None or not refused:
+                return
+            links = [link for link in links if link.version != version and link.replica not in refused]
+
+    def sleep(self) -> float:
+        """Have every live replica free its GPU memory (collocated rollouts, before the actor trains); seconds.
+
+        A replica ends the chunk it is generating first (a leftover one, say): it answers at once whether it is
+        asleep and is asked again until it is, for `SLEEP_TIMEOUT_S` at most; then `RolloutAwake`."""
+        return self._take_turns("sleep", asleep=True)
+
+    def wake(self) -> float:
+        """Have every live replica take its GPU memory back (before weights and generation); seconds.
+
+        Asked as `sleep` is, until each says it is awake (`SLEEP_TIMEOUT_S` at most; then `RolloutAsleep`)."""
+        return self._take_turns("wake", asleep=False)
+
+    def _take_turns(self, method: str, asleep: bool) -> float:
+        """Ask every live replica to `method` until each says `asleep` is as wanted. A replica that does not
+        answer within TURN_REPLY_TIMEOUT_S is checked: one that answers its status (late, or restarted) is asked
+        again; one that does not is gone and left out (it is synced when it is back), so a dead rollout costs
+        seconds, not a reply timeout."""
+        started = time.perf_counter()
+        deadline = time.monotonic() + SLEEP_TIMEOUT_S
+        notice = time.monotonic() + SLEEP_NOTICE_S
+        waiting = [link for link in self.links if link.tag]
+        while waiting:
+            requests = [(link, link.client.send(method, {"actor_tag": self.actor_tag})) for link in waiting]
+            behind: list[tuple[RolloutLink, float]] = []
+            for link, request in requests:
+                try:
+                    reply = link.client.receive(request, timeout=TURN_REPLY_TIMEOUT_S, retries=0)
+                except TransportError as exc:
+                    reason = f"{method}:{link.replica}:{reason_of(exc)}"
+                    limited.warning(reason, "rollout %d: %s failed (%s)", link.replica, method, exc)
+                    if self._check(link):  # late, or a new incarnation (it starts awake): ask it again
+                        behind.append((link, 0.0))
+                    continue
+                if reply["asleep"] != asleep:
+                    behind.append((link, float(reply.get("generating_s", 0.0))))
+            waiting = [link for link, _ in behind]
+            if not behind:
+                break
+            now = time.monotonic()
+            if now >= deadline or now >= notice:
+                link, generating_s = behind[0]
+                if asleep:
+                    what = (
+                        f"it is still generating a chunk it started {generating_s:.0f}s ago"
+                        if generating_s
+                        else "it has not slept its engine yet"
+                    )
+                    if now >= deadline:
+                        raise RolloutAwake(
+                            f"rollout {link.replica} did not free its GPU memory within {SLEEP_TIMEOUT_S:g}s: "
+                            f"{what}; the actor does not train beside an awake engine on the GPUs they share"
+                        )
+                    log.warning("rollout %d: training waits for it to sleep: %s", link.replica, what)
+                else:
+                    if now >= deadline:
+                        raise RolloutAsleep(
+                            f"rollout {link.replica} did not take its GPU memory back within {SLEEP_TIMEOUT_S:g}s "
+                            "(its engine's wake has not returned): see its log"
+                        )
+                    log.warning("rollout %d: generation waits for its engine to wake", link.replica)
+                notice = now + SLEEP_NOTICE_S
+        return time.perf_counter() - started
+
+    def _revive(self) -> None:
+        """Give the latest weights to replicas that lost theirs (restarted, or gone and back) and answer now.
+
+        Chunks only go to replicas holding weights; without this, chunks orphaned mid-step by the only
+        replica would wait for the next `sync`, which comes after the step they belong to: never.
+        """
+        if self._weights is None or time.monotonic() < self._next_revive:
+            return
+        self._next_revive = time.monotonic() + REVIVE_INTERVAL_S
+        version, model = self._weights
+        self._sync_links([link for link in self.links if link.version < 0 and self._check(link)], version, model)
+
+    def submit(
+        self,
+        prompts: list[list[int]],
+        sampling: dict[str, Any],
+        min_version: int,
+        meta: Any,
+        rows: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self.orphans.append(Chunk(next(self._ids), prompts, sampling, min_version, meta, rows))
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self.orphans:
+            live = [link for link in self.links if link.tag and link.version >= 0]
+            if not live:
+                return
+            link = min(live, key=lambda x: (len(x.inflight), x.replica))
+            chunk = self.orphans.pop(0)
+            payload = {
+                "id": chunk.id,
+                "prompts": chunk.prompts,
+                "sampling": chunk.sampling,
+                "min_version": chunk.min_version,
+                "actor_tag": self.actor_tag,
+            }
+            if chunk.rows is not None:
+                payload["rows"] = chunk.rows
+            try:
+                reply = link.client.call("generate", payload)
+            except TransportError:
+                self.orphans.insert(0, chunk)
+                self._check(link)
+                continue
+            if reply["tag"] != link.tag or not reply["accepted"]:
+                self.orphans.insert(0, chunk)
+                self._check(link)
+                if link.version < 0:
+                    continue
+                return  # accepted nothing though current: try again on the next poll
+            link.inflight[chunk.id] = chunk
+
+    def poll(self) -> list[ChunkResult]:
+        """Finished chunks from every replica with work (waiting briefly); re-dispatches lost ones."""
+        self.refresh()
+        self._dispatch()
+        if self.orphans:  # no replica can take them: see whether one came back
+            self._revive()
+            self._dispatch()
+        busy = [link for link in self.links if link.inflight]
+        requests = []
+        for link in busy:
+            requests.append((link, link.client.send("results", {"actor_tag": self.actor_tag})))
+        finished: list[ChunkResult] = []
+        for link, request in requests:
+            try:
+                reply = link.client.receive(request)
+            except RequestTimeout:
+                self._check(link)
+                continue
+            if reply["tag"] != link.tag:
+                self._check(link)
+                continue
+            for result in reply["results"]:
+                chunk = link.inflight.pop(int(result["id"]), None)
+                if chunk is not None:
+                    finished.append(
+                        ChunkResult(
+                            chunk, int(result["version"]), result["completions"], result["seconds"], link.replica
+                        )
+                    )
+        if not busy:
+            time.sleep(0.05)
+        return finished
+
+    def pending(self) -> int:
+        return len(self.orphans) + sum(len(link.inflight) for link in self.links)
+
+
+class RewardPool:
+    """Scores samples on the reward replicas: the batch is split evenly and scored in parallel."""
+
+    def __init__(self, endpoints: list[str], timeout: float) -> None:
+        self.clients = [RequestClient(e, timeout=timeout, retries=2) for e in endpoints]
+
+    def score(self, samples: list[dict[str, Any]]) -> tuple[np.ndarray, dict[str, list[float]], dict[str, int]]:
+        parts = np.array_split(np.arange(len(samples)), len(self.clients))
+        started = [
+            (client, client.send("score", {"samples": [samples[i] for i in part]}))
+            for client, part in zip(self.clients, parts, strict=True)
+            if len(part)
+        ]
+        rewards: list[np.ndarray] = []
+        terms: dict[str, list[float]] = {}
+        errors: dict[str, int] = {}
+        for client, request in started:
+            reply = client.receive(request)
+            rewards.append(np.asarray(reply["rewards"], dtype=np.float64))
+            for name, values in reply["terms"].items():
+                terms.setdefault(name, []).extend(values)
+            for name, count in reply["errors"].items():
+                errors[name] = errors.get(name, 0) + int(count)
+        return np.concatenate(rewards) if rewards else np.zeros(0), terms, errors
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()

@@ -1,0 +1,56 @@
+"""What every role process does first: read its identity and the resolved job, set up logging and signals."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+
+from rljob.api import RLJob, load_job_file
+from rljob.runtime.wire.identity import RoleIdentity
+
+
+class FatalConfigError(RuntimeError):
+    """A configuration problem that no restart can fix; the message names the field and the fix.
+
+    `rljob role` prints it (no traceback) and exits with EXIT_FATAL_CONFIG."""
+
+
+@dataclass
+class RoleContext:
+    identity: RoleIdentity
+    job: RLJob
+    log: logging.Logger
+    stop: threading.Event = field(default_factory=threading.Event)
+    """Set by SIGTERM/SIGINT: finish the current unit of work and exit 0."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.identity.role}-{self.identity.replica}"
+
+
+def start_role(identity: RoleIdentity | None = None) -> RoleContext:
+    identity = identity or RoleIdentity.from_env()
+    job = load_job_file(identity.config_path)
+    level = getattr(logging, job.spec.logging.level.upper())
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=level,
+        format=f"%(asctime)s.%(msecs)03d %(levelname)s {identity.role}[{identity.replica}] %(message)s",
+        datefmt="%H:%M:%S",
+        force=True,
+    )
+    context = RoleContext(identity=identity, job=job, log=logging.getLogger(f"rljob.{identity.role}"))
+
+    def request_stop(signum: int, _frame: object) -> None:
+        context.log.info("received %s, stopping", signal.Signals(signum).name)
+        context.stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    # Several roles share few cores: one compute thread each unless the user says otherwise.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    return context
