@@ -24,6 +24,7 @@ from rljob.cli.operator import operator
 from rljob.operator.manifests import build_children
 from rljob.operator.manifests.checks import build_problems
 from rljob.operator.settings import OperatorSettings, SettingsError
+from rljob.runtime.preflight import preflight
 
 app = typer.Typer(
     name="rljob",
@@ -70,8 +71,17 @@ def _summary(job: RLJob) -> str:
 @app.command()
 def validate(
     files: Annotated[list[Path], typer.Argument(help="RLJob manifests (YAML); several documents per file are fine.")],
+    load: Annotated[
+        bool,
+        typer.Option(
+            "--load",
+            help="Also read the dataset, find the model, load the reward functions and text environment and build "
+            "one gym environment, as `rljob run` does before it starts (relative paths from the working directory).",
+        ),
+    ] = False,
 ) -> None:
-    """Check manifests: every problem is printed with its field path and how to fix it."""
+    """Check manifests as the operator and `rljob run` do: every problem is printed with its field path and how to
+    fix it."""
     failed = False
     for path, result in iter_job_files(files):
         if isinstance(result, InvalidRLJob):
@@ -80,8 +90,11 @@ def validate(
                 typer.secho(problem.render(result.source), fg=typer.colors.RED, err=True)
         else:
             for job in result:
-                # What only the pod builders can see (reserved ports, names, mounts), as the operator will.
+                # The preflight every launcher runs, and what only the pod builders can see (reserved ports,
+                # names, mounts), as the operator will; with --load, what `rljob run` reads and loads too.
                 problems = build_problems(job)
+                if load and not problems:
+                    problems = preflight(job, load=True)
                 if problems:
                     failed = True
                     for problem in problems:

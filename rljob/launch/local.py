@@ -35,11 +35,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rljob.api import ROLE_NAMES, RLJob
-from rljob.api.rules import check
 from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
 from rljob.launch.local_scaling import MEMBERS_FILE, RolloutScaler
 from rljob.launch.ports import pick_ports
 from rljob.launch.supervisor import Child, LaunchError, LogSink, RunResult, Supervisor
+from rljob.runtime.preflight import gpu_problems, gpus_asked, most_replicas, preflight, visible_gpus
 from rljob.runtime.process.parent_death import LAUNCHER_PID_ENV
 from rljob.runtime.wire.identity import (
     COLLOCATED_ROLLOUT_HEALTH_ENV,
@@ -65,73 +65,28 @@ TEST_RANKS_PER_REPLICA_ENV = "RLJOB_TEST_RANKS_PER_REPLICA"
 tests on a machine without GPUs run several CPU (gloo) ranks per replica through the path GPU ranks take."""
 
 
-def check_local(job: RLJob) -> None:
-    """Refuse what this runtime cannot run, before any process starts.
-
-    The job's own rules are the API's (`rljob.api.rules.check`), so `rljob validate`, `rljob render`, the
-    operator (InvalidSpec) and this launcher refuse the same jobs with the same words; only what is
-    particular to running here (an environment that builds, a dataset that reads) is checked below them.
-    """
-    problems = check(job)
+def check_local(
+    job: RLJob,
+    ranks_per_replica: int,
+    *,
+    local_gpus: bool = True,
+    visible: Sequence[str] | None = None,
+    cuda_visible_devices: str | None = None,
+) -> None:
+    """Refuse what cannot run, before any process starts: the one preflight (`rljob.runtime.preflight`) that
+    `rljob validate` and the operator share, with what the job reads and loads, its engine and, for a run on this
+    machine, its GPUs."""
+    problems = preflight(
+        job,
+        load=True,
+        engine=True,
+        local_gpus=local_gpus,
+        ranks_per_replica=ranks_per_replica,
+        visible_gpus=visible,
+        cuda_visible_devices=cuda_visible_devices,
+    )
     if problems:
         raise LaunchError("\n".join(problem.render() for problem in problems))
-    if job.spec.task.type == "llm":
-        check_llm(job)
-        return
-    check_environment(job)
-
-
-def check_llm(job: RLJob) -> None:
-    """Read the dataset, find the model, load the reward functions, fill the warm-up's demonstrations and
-    build the text environment (if any) before any process starts."""
-    from rljob.runtime.llm.data.rows import DatasetError, load_rows
-    from rljob.runtime.llm.episodes.rewards import check_reward_columns, check_reward_spec
-    from rljob.runtime.llm.models.policy import ModelSourceError, check_model_source
-    from rljob.runtime.llm.training.sft import check_sft_rows
-
-    spec = job.spec
-    assert spec.task.llm is not None
-    for role in ("rollout", "reward"):
-        if not spec.roles.get(role).replicas:
-            raise LaunchError(f"spec.roles.{role}.replicas: llm jobs need at least one {role} replica")
-    if spec.rollout.engine == "vllm":
-        from rljob.runtime.llm.engines.vllm import NOT_INSTALLED, vllm_installed
-
-        if not vllm_installed():  # what the rollout role would exit 78 with, said before anything starts
-            raise LaunchError(NOT_INSTALLED)
-    try:
-        rows = load_rows(spec.task.llm, seed=spec.trainer.seed)
-        check_model_source(spec.model)
-    except (DatasetError, ModelSourceError) as exc:
-        raise LaunchError(str(exc)) from None
-    problems = (
-        check_reward_spec(spec.reward, Path.cwd())
-        + check_reward_columns(spec.reward, rows)
-        + check_sft_rows(spec.sft, rows)
-    )
-    if spec.task.llm.env is not None:
-        from rljob.runtime.llm.episodes.textenv import check_text_env
-
-        problems += check_text_env(spec.task.llm.env, Path.cwd())
-    if problems:
-        raise LaunchError("\n".join(f"{field}: {message}" for field, message in problems))
-
-
-def check_environment(job: RLJob) -> None:
-    """Create one environment of the task and check its spaces before any process starts."""
-    from rljob.runtime.gym.envs import GymConfigError, check_task
-
-    assert job.spec.task.gym is not None
-    try:
-        check_task(job.spec.task.gym)
-    except GymConfigError as exc:
-        raise LaunchError(str(exc)) from None
-    except Exception as exc:  # not a configuration error (see make_env): the env role tries again, and is retried
-        print(
-            f"warning: could not create {job.spec.task.gym.env_id!r} to check it before starting "
-            f"({type(exc).__name__}: {exc}); the env role will try again",
-            file=sys.stderr,
-        )
 
 
 def local_actor_ranks(job: RLJob, env: Mapping[str, str] | None = None) -> int:
@@ -144,68 +99,6 @@ def local_actor_ranks(job: RLJob, env: Mapping[str, str] | None = None) -> int:
     return int(raw)
 
 
-def check_actor_ranks(job: RLJob, ranks_per_replica: int) -> None:
-    """With several ranks per actor replica, every minibatch must split evenly over all ranks."""
-    spec = job.spec
-    world = spec.roles.actor.replicas * ranks_per_replica
-    minibatch = spec.trainer.batch_size // spec.algorithm.minibatches
-    if ranks_per_replica > 1 and minibatch % world:
-        raise LaunchError(
-            f"spec.roles.actor.gpusPerReplica: spec.roles.actor.replicas ({spec.roles.actor.replicas}) x "
-            f"{ranks_per_replica} ranks per replica = {world} actor ranks, and each minibatch "
-            f"(spec.trainer.batchSize {spec.trainer.batch_size} / spec.algorithm.minibatches "
-            f"{spec.algorithm.minibatches} = {minibatch} transitions) must split evenly over them"
-        )
-
-
-def most_replicas(job: RLJob, role: str) -> tuple[int, str]:
-    """(the most replicas of `role` this run can have, the field that says so): an autoscaled rollout role can
-    grow to its maxReplicas, and each of those replicas needs GPUs of its own from the start."""
-    rs = job.spec.roles.get(role)
-    autoscale = job.spec.roles.rollout.autoscale if role == "rollout" else None
-    if autoscale is not None and autoscale.max_replicas > (rs.replicas or 0):
-        return autoscale.max_replicas, "spec.roles.rollout.autoscale.maxReplicas"
-    return rs.replicas or 0, f"spec.roles.{role}.replicas"
-
-
-def gpus_asked(job: RLJob) -> list[tuple[str, int, int]]:
-    """(role, gpusPerReplica, replicas) of every role that asks for GPUs, actors first."""
-    asked = []
-    for role in ROLE_NAMES:
-        gpus, (replicas, _) = job.spec.roles.get(role).gpus_per_replica, most_replicas(job, role)
-        if gpus > 0 and replicas > 0:
-            asked.append((role, gpus, replicas))
-    return asked
-
-
-def check_local_gpus(job: RLJob, device_count: int, cuda_visible_devices: str | None = None) -> None:
-    """The GPUs the job asks for on this machine must all exist: every rank needs a GPU of its own.
-
-    `device_count` is what `torch.cuda.device_count()` says (it honours CUDA_VISIBLE_DEVICES, whose value,
-    if set, is `cuda_visible_devices`).
-    """
-    asked = gpus_asked(job)
-    total = sum(gpus * replicas for _, gpus, replicas in asked)
-    if total <= device_count:
-        return
-    role = asked[0][0]
-    terms = " + ".join(
-        f"{most_replicas(job, r)[1]} ({replicas}) x spec.roles.{r}.gpusPerReplica ({gpus})"
-        for r, gpus, replicas in asked
-    )
-    visible = (
-        "CUDA_VISIBLE_DEVICES unset"
-        if cuda_visible_devices is None
-        else f"CUDA_VISIBLE_DEVICES={cuda_visible_devices!r}"
-    )
-    sees = f"torch sees {device_count} GPU{'s' if device_count != 1 else ''}" if device_count else "torch sees no GPU"
-    raise LaunchError(
-        f"spec.roles.{role}.gpusPerReplica: the job asks for {total} GPUs on this machine ({terms}) but "
-        f"{sees} ({visible}); every rank needs a GPU of its own: lower the replicas or gpusPerReplica "
-        f"(--set spec.roles.{role}.gpusPerReplica=0 runs on the CPU)"
-    )
-
-
 def assign_local_gpus(
     job: RLJob, visible: Sequence[str], cuda_visible_devices: str | None = None
 ) -> dict[tuple[str, int], str]:
@@ -215,7 +108,9 @@ def assign_local_gpus(
     collocated rollout (`roles.rollout.collocated`) sees the GPUs of the actor replica it runs beside, as the two
     processes of one pod do.
     """
-    check_local_gpus(job, len(visible), cuda_visible_devices)
+    problems = gpu_problems(job, visible, cuda_visible_devices)
+    if problems:
+        raise LaunchError("\n".join(problem.render() for problem in problems))
     free = iter(visible)
     assigned = {
         (role, replica): ",".join(next(free) for _ in range(gpus))
@@ -227,18 +122,6 @@ def assign_local_gpus(
             if role == "actor" and replica < (job.spec.roles.rollout.replicas or 0):
                 assigned[("rollout", replica)] = devices
     return assigned
-
-
-def visible_gpus() -> tuple[list[str], str | None]:
-    """(the GPUs torch sees, as CUDA_VISIBLE_DEVICES entries; the CUDA_VISIBLE_DEVICES value or None)."""
-    import torch
-
-    count = torch.cuda.device_count()
-    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if raw is None:
-        return [str(i) for i in range(count)], None
-    # torch counts the entries up to the first invalid one; those are the ones to hand out.
-    return [e.strip() for e in raw.split(",") if e.strip()][:count], raw
 
 
 def prepare_run_dir(run_dir: Path) -> None:
@@ -344,10 +227,10 @@ class LocalRun(Supervisor):
     ) -> None:
         """`hosts`: put each replica on a host of its own (a network namespace, as the multi-host tests do)
         instead of this machine's loopback, where every replica shares one network stack and hostname."""
-        check_local(job)
         actor_ranks = local_actor_ranks(job)
-        check_actor_ranks(job, actor_ranks)
-        devices = assign_local_gpus(job, *visible_gpus()) if gpus_asked(job) else {}
+        visible, cuda_visible_devices = visible_gpus() if gpus_asked(job) else ([], None)
+        check_local(job, actor_ranks, visible=visible, cuda_visible_devices=cuda_visible_devices)
+        devices = assign_local_gpus(job, visible, cuda_visible_devices) if gpus_asked(job) else {}
         self.job = job
         self.policy = policy or FailurePolicy.from_spec(job.spec.failure_policy)
         self.run_dir = run_dir

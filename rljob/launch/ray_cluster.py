@@ -46,7 +46,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rljob.api import RLJob
 from rljob.launch.failure_policy import FailurePolicy
-from rljob.launch.local import check_actor_ranks, check_local, local_actor_ranks, prepare_run_dir
+from rljob.launch.local import check_local, local_actor_ranks, prepare_run_dir
 from rljob.launch.ports import pick_ports
 from rljob.launch.ray_placement import (
     Bundle,
@@ -251,12 +251,11 @@ class RayRun(Supervisor):
         policy: FailurePolicy | None = None,
         placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
     ) -> None:
-        check_local(job)
+        self.actor_ranks = local_actor_ranks(job)
+        check_local(job, self.actor_ranks, local_gpus=False)  # the GPUs are the Ray cluster's (check_fits)
         problems = ray_problems(job)
         if problems:
             raise LaunchError("\n".join(problems))
-        self.actor_ranks = local_actor_ranks(job)
-        check_actor_ranks(job, self.actor_ranks)
         self.bundles = job_bundles(job)
         self.job = job
         self.policy = policy or FailurePolicy.from_spec(job.spec.failure_policy)

@@ -11,14 +11,15 @@ import pytest
 import yaml
 
 from rljob.api import validate_job
-from rljob.launch.local import (
-    TEST_RANKS_PER_REPLICA_ENV,
-    LaunchError,
-    assign_local_gpus,
-    check_actor_ranks,
-    check_local_gpus,
-    local_actor_ranks,
-)
+from rljob.launch.local import TEST_RANKS_PER_REPLICA_ENV, LaunchError, assign_local_gpus, local_actor_ranks
+from rljob.runtime.preflight import actor_rank_problems, gpu_problems
+
+
+def refusal(job, device_count: int, cuda_visible_devices: str | None = None) -> str:
+    """What the preflight says of the job's GPUs on a machine where torch sees `device_count` ("" when they fit)."""
+    visible = [str(i) for i in range(device_count)]
+    return "\n".join(p.render() for p in gpu_problems(job, visible, cuda_visible_devices))
+
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "cartpole-ppo.yaml"
 
@@ -33,9 +34,7 @@ def cartpole(actor: dict | None = None, rollout: dict | None = None, **trainer):
 
 def test_two_one_gpu_actors_on_a_one_gpu_machine_are_refused_naming_the_numbers():
     job = cartpole({"replicas": 2, "gpusPerReplica": 1})
-    with pytest.raises(LaunchError) as caught:
-        check_local_gpus(job, device_count=1)
-    message = str(caught.value)
+    message = refusal(job, device_count=1)
     assert message.startswith("spec.roles.actor.gpusPerReplica: the job asks for 2 GPUs on this machine")
     assert "spec.roles.actor.replicas (2) x spec.roles.actor.gpusPerReplica (1)" in message
     assert "torch sees 1 GPU (CUDA_VISIBLE_DEVICES unset)" in message
@@ -43,21 +42,21 @@ def test_two_one_gpu_actors_on_a_one_gpu_machine_are_refused_naming_the_numbers(
 
 def test_gpus_of_actors_and_rollouts_are_counted_together_against_cuda_visible_devices():
     job = cartpole({"replicas": 1, "gpusPerReplica": 2}, {"gpusPerReplica": 1})
-    check_local_gpus(job, device_count=3, cuda_visible_devices="0,1,2")
-    with pytest.raises(LaunchError) as caught:
-        check_local_gpus(job, device_count=2, cuda_visible_devices="4,5")
-    message = str(caught.value)
+    assert refusal(job, device_count=3, cuda_visible_devices="0,1,2") == ""
+    message = refusal(job, device_count=2, cuda_visible_devices="4,5")
     assert "asks for 3 GPUs" in message and "torch sees 2 GPUs (CUDA_VISIBLE_DEVICES='4,5')" in message
     assert "spec.roles.rollout.replicas (1) x spec.roles.rollout.gpusPerReplica (1)" in message
 
 
 def test_a_gpu_job_on_a_machine_without_gpus_says_how_to_run_on_the_cpu():
-    with pytest.raises(LaunchError, match=r"torch sees no GPU.*--set spec.roles.actor.gpusPerReplica=0"):
-        check_local_gpus(cartpole({"gpusPerReplica": 1}), device_count=0)
+    message = refusal(cartpole({"gpusPerReplica": 1}), device_count=0)
+    assert "torch sees no GPU" in message and "--set spec.roles.actor.gpusPerReplica=0" in message
+    with pytest.raises(LaunchError, match="torch sees no GPU"):
+        assign_local_gpus(cartpole({"gpusPerReplica": 1}), [])
 
 
 def test_a_cpu_job_asks_for_no_gpu():
-    check_local_gpus(cartpole(), device_count=0)
+    assert refusal(cartpole(), device_count=0) == ""
     assert assign_local_gpus(cartpole(), []) == {}
 
 
@@ -80,11 +79,10 @@ def test_actor_ranks_follow_gpus_per_replica_or_the_test_hook():
 
 
 def test_every_minibatch_must_split_over_all_ranks_of_all_replicas():
-    check_actor_ranks(cartpole({"replicas": 2}, batchSize=256), 2)
-    with pytest.raises(LaunchError) as caught:
-        check_actor_ranks(cartpole({"replicas": 1}, batchSize=248), 3)
-    assert str(caught.value).startswith("spec.roles.actor.gpusPerReplica: spec.roles.actor.replicas (1) x 3 ranks")
-    assert "(spec.trainer.batchSize 248 / spec.algorithm.minibatches 1 = 248 transitions)" in str(caught.value)
+    assert actor_rank_problems(cartpole({"replicas": 2}, batchSize=256), 2) == []
+    (problem,) = actor_rank_problems(cartpole({"replicas": 1}, batchSize=248), 3)
+    assert problem.render().startswith("spec.roles.actor.gpusPerReplica: spec.roles.actor.replicas (1) x 3 ranks")
+    assert "(spec.trainer.batchSize 248 / spec.algorithm.minibatches 1 = 248 transitions)" in problem.message
 
 
 def test_rljob_run_refuses_gpus_the_machine_lacks_before_starting_anything(tmp_path):
@@ -149,9 +147,8 @@ def test_an_autoscaled_rollout_role_gets_gpus_for_its_max_replicas_up_front():
         ("rollout", 1): "g2",
         ("rollout", 2): "g3",
     }
-    with pytest.raises(LaunchError) as caught:
-        check_local_gpus(job, device_count=2)
-    assert "spec.roles.rollout.autoscale.maxReplicas (3) x spec.roles.rollout.gpusPerReplica (1)" in str(caught.value)
+    message = refusal(job, device_count=2)
+    assert "spec.roles.rollout.autoscale.maxReplicas (3) x spec.roles.rollout.gpusPerReplica (1)" in message
 
 
 def test_a_collocated_rollout_sees_the_gpus_of_the_actor_it_runs_beside_and_asks_for_none_of_its_own():
@@ -160,5 +157,5 @@ def test_a_collocated_rollout_sees_the_gpus_of_the_actor_it_runs_beside_and_asks
     data["spec"]["roles"]["rollout"].update(collocated=True)
     data["spec"]["rollout"]["weightSync"] = {"method": "ipc"}
     job = validate_job(data)
-    check_local_gpus(job, device_count=2)  # two GPUs are enough: the rollout shares the actor's
+    assert refusal(job, device_count=2) == ""  # two GPUs are enough: the rollout shares the actor's
     assert assign_local_gpus(job, ["g0", "g1"], None) == {("actor", 0): "g0,g1", ("rollout", 0): "g0,g1"}

@@ -1,7 +1,9 @@
-"""Problems only the pod builders can see: a valid RLJob whose pods would clash with what rljob adds.
+"""What the operator checks before it builds a job's children: the one preflight every launcher shares
+(`rljob.runtime.preflight.job_problems`), then what only the pod builders can see: a valid RLJob whose pods
+would clash with what rljob adds.
 
-The operator reports these like any invalid spec (Failed, reason InvalidSpec) and `rljob render`
-prints them; each names the field to change.
+The operator reports these like any invalid spec (Failed, reason InvalidSpec), and `rljob validate` and
+`rljob render` print them; each names the field to change.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from rljob.api import ROLE_NAMES, InvalidRLJob, Problem, RLJob
+from rljob.runtime.preflight import job_problems
 from rljob.runtime.wire.identity import (
     COLLOCATED_DATA_PORT,
     COLLOCATED_METRICS_PORT,
@@ -58,7 +61,8 @@ def _mounted_at_or_above(path: str, mount_paths: list[str]) -> bool:
 
 
 def build_problems(job: RLJob) -> list[Problem]:
-    return list(_problems(job))
+    """The preflight's problems of the job itself, and once there are none, its pods' clashes."""
+    return job_problems(job) or list(_problems(job))
 
 
 def ensure_buildable(job: RLJob) -> None:
