@@ -16,8 +16,8 @@ from rljob.runtime.gym.models import MLPActorCritic
 from rljob.runtime.llm.models.policy import policy_dtype
 from rljob.runtime.llm.training.learner import LLMLearner
 from rljob.runtime.weights.sync import WeightPublisher, WeightSubscriber
-from tests.runtime.llm.test_learner import MAX_RESPONSE, TINY, TOKENIZER, make_model, make_samples
-from tests.runtime.test_weight_sync import free_port, perturb, sync_round
+from tests.runtime.llm.training.test_learner import MAX_RESPONSE, TINY, TOKENIZER, make_model, make_samples
+from tests.runtime.weights.test_sync import free_port, perturb, sync_round
 
 pytestmark = pytest.mark.cuda
 

@@ -1,7 +1,7 @@
 """`weightSync.method: ipc` on a GPU: CUDA IPC handles to the actor's own parameters, opened by another process.
 
 Marked `cuda`: skipped without a CUDA device; `make gpu-check` runs it (the CPU shared-memory path of the same code
-is tests/runtime/test_weight_ipc.py).
+is tests/runtime/weights/test_ipc.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rljob.runtime.weights.ipc import IpcWeightPublisher, manifest_of
-from tests.runtime.test_weight_ipc import assert_received, model, sync_to_a_process
+from tests.runtime.weights.test_ipc import assert_received, model, sync_to_a_process
 
 pytestmark = pytest.mark.cuda
 

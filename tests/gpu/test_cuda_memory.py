@@ -14,7 +14,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
 from rljob.runtime.llm.models.policy import policy_dtype
 from rljob.runtime.llm.training.learner import LLMLearner, MicroBatch, collate, token_logprobs
-from tests.runtime.llm.test_learner import MAX_RESPONSE, TINY, TOKENIZER, make_model, make_samples
+from tests.runtime.llm.training.test_learner import MAX_RESPONSE, TINY, TOKENIZER, make_model, make_samples
 
 pytestmark = pytest.mark.cuda  # skipped without CUDA (tests/conftest.py); `make gpu-check` runs it
 CUDA = torch.device("cuda")

@@ -15,7 +15,7 @@ from rljob.runtime.llm.data.rows import arithmetic_rows
 from rljob.runtime.llm.engines.base import Sampling
 from rljob.runtime.llm.engines.hf import HFEngine
 from rljob.runtime.llm.models.policy import load_policy
-from tests.runtime.llm.test_engine import TASK, TINY
+from tests.runtime.llm.engines.test_engine import TASK, TINY
 
 pytestmark = pytest.mark.cuda
 

@@ -1,7 +1,7 @@
 """The hf engine's shared prefill on a GPU, where it runs when collocated (a dynamic KV cache there).
 
 Marked `cuda` (tests/conftest.py skips it without CUDA; `make gpu-check` runs this directory on a GPU machine);
-the CPU suite checks the same in tests/runtime/llm/test_engine.py. It has not run on a GPU yet.
+the CPU suite checks the same in tests/runtime/llm/engines/test_engine.py. It has not run on a GPU yet.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from rljob.runtime.llm.data.rows import arithmetic_rows
 from rljob.runtime.llm.engines.base import Sampling
 from rljob.runtime.llm.engines.hf import HFEngine
 from rljob.runtime.llm.models.policy import load_policy
-from tests.runtime.llm.test_engine import TASK, TINY
+from tests.runtime.llm.engines.test_engine import TASK, TINY
 
 pytestmark = pytest.mark.cuda
 

@@ -1,7 +1,7 @@
 """The actor's shared prompt prefix on a GPU: in fp32 and under bf16 compute, its update against whole rows.
 
 Marked `cuda` (tests/conftest.py skips it without CUDA; `make gpu-check` runs this directory on a GPU machine);
-the CPU suite checks the same in tests/runtime/llm/test_learner.py. It has not run on a GPU yet.
+the CPU suite checks the same in tests/runtime/llm/training/test_learner.py. It has not run on a GPU yet.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from rljob.api.spec import AlgorithmSpec, BuiltinNetwork, ModelSpec, TrainerSpec
 from rljob.runtime.llm.models.policy import build_tiny_qwen2, policy_dtype
 from rljob.runtime.llm.training.learner import LLMLearner
 from tests.gpu.test_cuda import params
-from tests.runtime.llm.test_learner import MAX_RESPONSE, TOKENIZER, make_groups
+from tests.runtime.llm.training.test_learner import MAX_RESPONSE, TOKENIZER, make_groups
 
 # Two layers: the left-padded prefix rows attend to nothing at their padding, and only from the second layer on do
 # their keys and values reach a real row (a kernel giving NaN for a fully masked row would show there).

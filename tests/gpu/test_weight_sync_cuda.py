@@ -16,8 +16,8 @@ import torch
 from rljob.runtime.gym.models import MLPActorCritic
 from rljob.runtime.llm.training.sharding import CommandChannel, ShardedWeights
 from rljob.runtime.weights.sync import WeightPublisher, WeightSubscriber, choose_backend, device_report, gpu_uuid
-from tests.runtime.llm.test_learner import make_model
-from tests.runtime.test_weight_sync import free_port, perturb, sync_round
+from tests.runtime.llm.training.test_learner import make_model
+from tests.runtime.weights.test_sync import free_port, perturb, sync_round
 
 pytestmark = pytest.mark.cuda
 

@@ -3,7 +3,7 @@ its env, on a host named after the pod (tests/multihost/lab.py), the job file fr
 
 The actor pod's process starts the rollout beside it (rljob/runtime/roles/collocated.py) at `<job>-actor-0.<job>`,
 the name every pod of the job is given for it; the reward pod is a host of its own. A rollout killed mid-run
-is covered by tests/runtime/test_collocated.py with a trivial child: here it would cost a minute, the actor's
+is covered by tests/runtime/roles/test_collocated.py with a trivial child: here it would cost a minute, the actor's
 `wake` request to the dead rollout waiting out its reply timeout (SYNC_REPLY_TIMEOUT_S) before the new one is
 synced.
 """

@@ -26,8 +26,8 @@ from rljob.runtime.llm.replicas.pool import RolloutAsleep, RolloutAwake, Rollout
 from rljob.runtime.weights.ipc import IpcWeightPublisher
 from rljob.runtime.wire.identity import local_identities, ports_needed
 from rljob.runtime.wire.transport import RequestClient
-from tests.runtime.llm.test_engine import CPU
-from tests.runtime.llm.test_membership import RolloutReplica, run_step, tiny_policy
+from tests.runtime.llm.engines.test_engine import CPU
+from tests.runtime.llm.replicas.test_membership import RolloutReplica, run_step, tiny_policy
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "grpo-tiny-arithmetic.yaml"
 SAMPLING = Sampling(n=2, max_tokens=3).to_wire()

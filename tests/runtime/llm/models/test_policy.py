@@ -147,7 +147,7 @@ def test_rollouts_hold_the_dtype_the_actor_sends_whatever_their_own_device(actor
     from rljob.launch.overrides import apply_overrides
     from rljob.runtime.llm.setup import sent_dtype
 
-    example = Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny-arithmetic.yaml"
+    example = Path(__file__).resolve().parents[4] / "examples" / "grpo-tiny-arithmetic.yaml"
     document = parse_documents(example.read_text())[0]
     job = validate_job(
         apply_overrides(

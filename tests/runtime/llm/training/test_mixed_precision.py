@@ -20,8 +20,7 @@ from rljob.runtime.weights.sync import WeightPublisher, WeightSubscriber, state_
 sys.path.insert(0, str(Path(__file__).parent))
 from test_learner import make_model
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from test_weight_sync import free_port
+from tests.runtime.weights.test_sync import free_port
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 

@@ -22,7 +22,7 @@ from rljob.runtime.llm.models.policy import export_hf, load_policy
 from rljob.runtime.llm.training.learner import collate, token_logprobs
 from rljob.runtime.weights.ipc import IpcWeightPublisher
 from rljob.runtime.weights.sync import WeightPublisher, write_weights_file
-from tests.runtime.llm.test_engine import assert_well_formed
+from tests.runtime.llm.engines.test_engine import assert_well_formed
 
 pytestmark = [
     pytest.mark.vllm,
@@ -237,7 +237,7 @@ def test_a_multi_turn_job_s_engine_holds_its_later_turns_prompts():
 
     from rljob.api.loading import load_job_file
 
-    spec = load_job_file(Path(__file__).parents[3] / "examples" / "grpo-tiny-calculator.yaml").spec
+    spec = load_job_file(Path(__file__).parents[4] / "examples" / "grpo-tiny-calculator.yaml").spec
     llm = spec.task.llm
     assert spec.rollout.max_tokens < llm.max_response_length  # 16 per turn, 32 for the episode
     assert max_model_len(spec) == llm.max_prompt_length + llm.max_response_length
@@ -265,7 +265,7 @@ def test_a_vllm_rollout_that_cannot_start_exits_78_naming_the_field(tmp_path, se
     from rljob.launch.local import free_ports
     from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
 
-    job = yaml.safe_load((Path(__file__).parents[3] / "examples" / "grpo-tiny-arithmetic.yaml").read_text())
+    job = yaml.safe_load((Path(__file__).parents[4] / "examples" / "grpo-tiny-arithmetic.yaml").read_text())
     job["spec"]["rollout"]["engine"] = "vllm"
     for path, value in settings.items():
         *parents, leaf = path.split(".")

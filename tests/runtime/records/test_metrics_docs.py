@@ -2,7 +2,7 @@ from pathlib import Path
 
 from rljob.runtime.records import metrics
 
-DOC = Path(__file__).parents[2] / "docs" / "metrics.md"
+DOC = Path(__file__).parents[3] / "docs" / "metrics.md"
 
 
 def test_metrics_doc_lists_every_record_key_and_prometheus_name():

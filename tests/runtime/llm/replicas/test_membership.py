@@ -28,9 +28,9 @@ from rljob.runtime.weights.sync import WeightPublisher
 from rljob.runtime.wire.context import RoleContext
 from rljob.runtime.wire.identity import RoleIdentity, local_identities, ports_needed
 from rljob.runtime.wire.transport import RequestClient, RequestServer
-from tests.runtime.llm.test_engine import CPU, TASK, TINY
+from tests.runtime.llm.engines.test_engine import CPU, TASK, TINY
 
-EXAMPLE = Path(__file__).parents[3] / "examples" / "grpo-tiny-arithmetic.yaml"
+EXAMPLE = Path(__file__).parents[4] / "examples" / "grpo-tiny-arithmetic.yaml"
 SAMPLING = Sampling(n=2, temperature=1.0, max_tokens=3).to_wire()
 
 

@@ -16,12 +16,12 @@ from rljob.runtime.llm.engines.hf import HFEngine, batch_bucket, compiles_decode
 from rljob.runtime.llm.models.policy import load_policy
 from rljob.runtime.llm.rollout_engine import build_engine
 from rljob.runtime.llm.training.learner import collate, token_logprobs
-from tests.runtime.llm.test_logprobs import qwen3_5
+from tests.runtime.llm.training.test_logprobs import qwen3_5
 
 TASK = LLMTask(dataset=DatasetSpec(builtin="arithmetic", size=40), max_prompt_length=16, max_response_length=12)
 TINY = ModelSpec(source="builtin", builtin=BuiltinNetwork(architecture="tiny-qwen2", hidden_size=32, num_layers=2))
 CPU = torch.device("cpu")
-EXAMPLE = Path(__file__).parents[3] / "examples" / "grpo-tiny-arithmetic.yaml"
+EXAMPLE = Path(__file__).parents[4] / "examples" / "grpo-tiny-arithmetic.yaml"
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from rljob.runtime.llm.models.policy import build_char_tokenizer, build_tiny_qwe
 from rljob.runtime.llm.training.learner import LLMLearner, collate
 from rljob.runtime.llm.training.sft import Warmup, check_sft_rows, demonstration_texts, demonstration_turns, sft_loss
 from rljob.runtime.wire.context import FatalConfigError
-from tests.runtime.llm.test_multiturn import EnvServer, encode
+from tests.runtime.llm.episodes.test_multiturn import EnvServer, encode
 
 TOKENIZER = build_char_tokenizer(["0123456789+=()calc"])
 TINY = ModelSpec(source="builtin", builtin=BuiltinNetwork(architecture="tiny-qwen2", hidden_size=32, num_layers=1))

@@ -116,7 +116,7 @@ def test_a_learning_rate_that_overflows_stops_the_run_with_the_values_and_keeps_
 
 @pytest.mark.slow
 def test_an_llm_actor_diverged_by_its_learning_rate_stops_at_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
-    example = Path(__file__).parents[2] / "examples" / "grpo-tiny-arithmetic.yaml"
+    example = Path(__file__).parents[3] / "examples" / "grpo-tiny-arithmetic.yaml"
     out = tmp_path / "run"
     # Two passes per step: the first applies the overflowing update, the second sees the non-finite loss.
     common = ("spec.checkpoint.interval=1", "spec.evaluation.interval=0", "spec.algorithm.epochs=2")
@@ -132,7 +132,7 @@ def test_an_llm_actor_diverged_by_its_learning_rate_stops_at_the_step_and_keeps_
 
 @pytest.mark.slow
 def test_a_supervised_warm_up_that_overflows_stops_the_actor_before_rl_starts(tmp_path):
-    example = Path(__file__).parents[2] / "examples" / "grpo-tiny-arithmetic.yaml"
+    example = Path(__file__).parents[3] / "examples" / "grpo-tiny-arithmetic.yaml"
     sft = ("spec.sft.steps=4", "spec.sft.responseKey=answer", "spec.sft.learningRate=1.0e+30")
     diverged = _run(example, tmp_path / "run", "spec.trainer.steps=2", "spec.evaluation.interval=0", *sft)
     output = diverged.stdout + diverged.stderr

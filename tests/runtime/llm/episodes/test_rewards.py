@@ -32,7 +32,7 @@ from rljob.runtime.llm.episodes.rewards import (
 from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
 from rljob.runtime.wire.transport import RequestClient
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 
 
 def sample(response: str, answer: str = "19", **fields) -> RewardInput:

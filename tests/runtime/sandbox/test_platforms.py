@@ -1,9 +1,9 @@
 """The sandbox's containment battery on the platforms this test process is not: in a reward pod (the container
 runtime's RuntimeDefault seccomp profile refuses namespaces) and as an unprivileged user (this machine and CI
-run tests as root). Each runs tests/runtime/sandbox_battery.py in a process made for it and checks every
+run tests as root). Each runs tests/runtime/sandbox/battery.py in a process made for it and checks every
 case is contained: a counted error naming the limit, the good run beside it scoring 1, nothing left running.
 
-When the tests themselves run as a non-root user, tests/runtime/test_sandbox.py already covers the
+When the tests themselves run as a non-root user, tests/runtime/sandbox/test_runner.py already covers the
 unprivileged path (both isolation modes) and the tests here that need root to change uid are skipped."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.runtime import runtime_default_seccomp
-from tests.runtime.sandbox_battery import CASES, LAUNCH_SECRET
+from tests.runtime.sandbox import runtime_default_seccomp
+from tests.runtime.sandbox.battery import CASES, LAUNCH_SECRET
 
 NOBODY = 65534
 CONTAINED = {
@@ -40,7 +40,7 @@ needs_linux_seccomp = pytest.mark.skipif(
 )
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0,
-    reason="changing uid needs root; run as non-root, tests/runtime/test_sandbox.py covers the unprivileged path",
+    reason="changing uid needs root; as non-root, tests/runtime/sandbox/test_runner.py covers the unprivileged path",
 )
 
 
@@ -72,14 +72,14 @@ def seccomp_report() -> dict:
 
 
 def battery(base: Path, isolation: str, *, seccomp: str | None, uid: int | None) -> dict:
-    """Runs the battery (as `uid` when given, through tests/runtime/as_unprivileged.py) and returns its report."""
-    command = [sys.executable, "-m", "tests.runtime.sandbox_battery", "--isolation", isolation]
+    """Runs the battery (as `uid` when given, through tests/runtime/sandbox/as_unprivileged.py); returns its report."""
+    command = [sys.executable, "-m", "tests.runtime.sandbox.battery", "--isolation", isolation]
     command += ["--tmp", str(base / "tmp")] + (["--seccomp", seccomp] if seccomp else [])
     if uid is not None:
         os.chown(base / "tmp", uid, uid)
         # What the interpreter, its packages and this checkout need, wherever CI put them.
         needed = {sys.base_prefix, sys.prefix, str(REPO), *(p for p in sys.path if p and os.path.isdir(p))}
-        launcher = [sys.executable, str(REPO / "tests" / "runtime" / "as_unprivileged.py"), str(uid)]
+        launcher = [sys.executable, str(REPO / "tests" / "runtime" / "sandbox" / "as_unprivileged.py"), str(uid)]
         command = [*launcher, str(base / "staging"), *sorted(needed), "--", *command]
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),

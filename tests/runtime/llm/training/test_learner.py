@@ -19,7 +19,7 @@ from rljob.runtime.llm.models.policy import build_char_tokenizer, build_tiny_qwe
 from rljob.runtime.llm.training.batch import collate_shared
 from rljob.runtime.llm.training.learner import BatchShapeError, LLMLearner, collate, token_logprobs
 from rljob.runtime.optim.divergence import Diverged
-from tests.runtime.llm.test_logprobs import qwen3_5
+from tests.runtime.llm.training.test_logprobs import qwen3_5
 
 TOKENIZER = build_char_tokenizer(["0123456789+=-*/ abcdefgh"])
 VOCAB = len(TOKENIZER)

@@ -14,7 +14,7 @@ from rljob.launch.local import free_ports
 from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
 from rljob.runtime.wire.transport import RequestClient
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 
 FLAKY_TOOL = """
 from rljob.runtime.llm.episodes.textenv import TextEnv

@@ -1,6 +1,6 @@
 """Run a command as an unprivileged uid, with the paths it needs made reachable: a test fixture for root.
 
-`python tests/runtime/as_unprivileged.py UID STAGING PATH... -- COMMAND...` (as root) drops to UID (its own
+`python tests/runtime/sandbox/as_unprivileged.py UID STAGING PATH... -- COMMAND...` (as root) drops to UID (its own
 group, no supplementary groups) and execs COMMAND. A PATH that UID cannot reach because a directory above it
 is closed to others (e.g. a pyenv interpreter under /root, mode 0700) is shown to it in a private mount
 namespace of this process only: the path is bind-mounted aside (under STAGING), a world-readable tmpfs covers

@@ -17,7 +17,7 @@ import pytest
 from rljob.api.spec import RewardSpec
 from rljob.runtime.llm.episodes.rewards import RewardConfigError, RewardInput, RewardScorer
 from rljob.runtime.sandbox.child import SANDBOX_UID_BASE
-from tests.runtime.test_sandbox import READ_EVERY_ENVIRONMENT
+from tests.runtime.sandbox.test_runner import READ_EVERY_ENVIRONMENT
 
 SECRET = "hunter2-in-the-reward-role"
 

@@ -1,11 +1,11 @@
 """The sandbox's containment battery as a program, for platforms a test process cannot become itself.
 
-`python -m tests.runtime.sandbox_battery --isolation auto [--seccomp RULES] --tmp DIR` runs each bad program of
-tests/runtime/test_sandbox.py once through `rljob.runtime.sandbox.runner.Sandbox` (beside a good one) and prints one
-JSON object: per case what the run reported (error, passed/total, namespaced, uid) and which of its
+`python -m tests.runtime.sandbox.battery --isolation auto [--seccomp RULES] --tmp DIR` runs each bad program
+of tests/runtime/sandbox/test_runner.py once through `rljob.runtime.sandbox.runner.Sandbox` (beside a good one) and
+prints one JSON object: per case what the run reported (error, passed/total, namespaced, uid) and which of its
 processes were still alive afterwards. With `--seccomp runtime-default` it first confines itself to the
-RuntimeDefault profile's namespace rules (tests/runtime/runtime_default_seccomp.py) and reports what the kernel then
-answers to unshare, clone with a namespace flag, and clone3. The test that starts it (as another uid,
+RuntimeDefault profile's namespace rules (tests/runtime/sandbox/runtime_default_seccomp.py) and reports what the
+kernel then answers to unshare, clone with a namespace flag, and clone3. The test that starts it (as another uid,
 under seccomp) asserts on the report; this program asserts nothing.
 """
 
