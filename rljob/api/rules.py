@@ -173,6 +173,13 @@ def _check_task(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
         chosen = [k for k in ("path", "name", "builtin") if getattr(dataset, k) is not None]
         if len(chosen) != 1:
             yield "task.llm.dataset", f"set exactly one of path, name or builtin (got {chosen or 'none'})"
+        if dataset.min_pixels > dataset.max_pixels:
+            yield (
+                "task.llm.dataset.minPixels",
+                f"must be at most maxPixels {dataset.max_pixels} (got {dataset.min_pixels})",
+            )
+        if vision_job(spec):
+            yield from vision_problems(spec)
         max_len = spec.rollout.vllm.max_model_len
         total = task.llm.max_prompt_length + task.llm.max_response_length
         if max_len is not None and total > max_len:
@@ -180,6 +187,37 @@ def _check_task(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
                 "rollout.vllm.maxModelLen",
                 f"must cover maxPromptLength + maxResponseLength = {total} (got {max_len})",
             )
+
+
+def vision_job(spec: RLJobSpec) -> bool:
+    """What the spec alone says of images: the builtin vision-language model or the builtin image dataset. A local
+    or hub checkpoint is known to be one only once its config is read (`rljob.runtime.preflight`)."""
+    builtin = spec.model.builtin.architecture if spec.model.source == "builtin" else None
+    llm = spec.task.llm
+    return builtin == "tiny-qwen2-vl" or (llm is not None and llm.dataset.builtin == "shapes")
+
+
+def vision_problems(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    """What a vision-language job cannot combine with yet: each refused here, never run half-way."""
+    if spec.model.source == "builtin" and spec.model.builtin.architecture != "tiny-qwen2-vl":
+        yield (
+            "model.builtin.architecture",
+            "the shapes dataset's prompts are images: use tiny-qwen2-vl (or a vision-language checkpoint) "
+            f"(got {spec.model.builtin.architecture!r})",
+        )
+    if spec.rollout.engine == "vllm":
+        yield (
+            "rollout.engine",
+            "vision-language jobs generate with hf: rljob does not yet send images to vLLM (multi_modal_data); "
+            "set hf or leave it unset",
+        )
+    llm = spec.task.llm
+    if llm is not None and llm.env is not None:
+        yield "task.llm.env", "vision-language jobs are single-turn: multi-turn text environments take no images yet"
+    if spec.trainer.parallelism == "fsdp2":
+        yield "trainer.parallelism", "vision-language policies train with ddp: fsdp2 does not shard a vision tower yet"
+    if spec.sft.steps > 0:
+        yield "sft.steps", "the supervised warm-up reads text only: set 0 for a vision-language job"
 
 
 def _check_sft(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
@@ -291,9 +329,9 @@ def _check_model(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     if model.source == "builtin" and arch is not None:
         if gym and arch != "mlp":
             yield "model.builtin.architecture", f"gym tasks use mlp (got {arch!r})"
-        if not gym and arch != "tiny-qwen2":
-            yield "model.builtin.architecture", f"llm tasks use tiny-qwen2 (got {arch!r})"
-        if arch == "tiny-qwen2" and model.builtin.hidden_size % model.builtin.num_heads:
+        if not gym and arch not in ("tiny-qwen2", "tiny-qwen2-vl"):
+            yield "model.builtin.architecture", f"llm tasks use tiny-qwen2 or tiny-qwen2-vl (got {arch!r})"
+        if arch in ("tiny-qwen2", "tiny-qwen2-vl") and model.builtin.hidden_size % model.builtin.num_heads:
             yield (
                 "model.builtin.numHeads",
                 f"must divide hiddenSize {model.builtin.hidden_size} (got {model.builtin.num_heads})",

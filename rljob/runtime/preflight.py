@@ -135,6 +135,7 @@ def loaded_problems(job: RLJob, base_dir: Path, warn: Warn = _stderr) -> list[Pr
 def llm_loaded_problems(job: RLJob, base_dir: Path) -> list[Problem]:
     """Read the dataset, find the model, load the reward functions, fill the warm-up's demonstrations and build
     the text environment (if any)."""
+    from rljob.runtime.llm.data.images import ImageError, check_images, images_base_dir
     from rljob.runtime.llm.data.rows import DatasetError, load_rows
     from rljob.runtime.llm.episodes.rewards import check_reward_columns, check_reward_spec
     from rljob.runtime.llm.episodes.textenv import check_text_env
@@ -145,9 +146,13 @@ def llm_loaded_problems(job: RLJob, base_dir: Path) -> list[Problem]:
     assert spec.task.llm is not None
     try:
         rows = load_rows(spec.task.llm, seed=spec.trainer.seed, base_dir=base_dir)
+        check_images(rows, spec.task.llm.dataset, images_base_dir(spec.task.llm.dataset, base_dir))
         check_model_source(spec.model, base_dir)
-    except (DatasetError, ModelSourceError) as exc:
+    except (DatasetError, ImageError, ModelSourceError) as exc:
         return [Problem("", str(exc))]
+    vision = checkpoint_problems(job, base_dir)
+    if vision:
+        return vision
     found = (
         check_reward_spec(spec.reward, base_dir)
         + check_reward_columns(spec.reward, rows)
@@ -156,6 +161,28 @@ def llm_loaded_problems(job: RLJob, base_dir: Path) -> list[Problem]:
     if spec.task.llm.env is not None:
         found += check_text_env(spec.task.llm.env, base_dir)
     return [Problem(field, message) for field, message in found]
+
+
+def checkpoint_problems(job: RLJob, base_dir: Path) -> list[Problem]:
+    """A local or hub checkpoint that turns out to be a vision-language model (its config has a vision tower) must
+    meet the rules the builtin one meets from the spec alone (`rljob.api.rules.vision_problems`)."""
+    from rljob.api.rules import vision_problems
+    from rljob.runtime.llm.models.policy import is_vision_language, model_source
+
+    spec = job.spec
+    if spec.model.source == "builtin":
+        return []
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(
+            model_source(spec.model, base_dir), trust_remote_code=spec.model.trust_remote_code
+        )
+    except (OSError, ValueError):
+        return []  # the roles say why it cannot be loaded, with the field (check_model_source found it)
+    if not is_vision_language(config):
+        return []
+    return [Problem(f"spec.{path}", message) for path, message in vision_problems(spec)]
 
 
 def gym_loaded_problems(job: RLJob, warn: Warn = _stderr) -> list[Problem]:

@@ -34,10 +34,17 @@ import torch.distributed as dist
 from rljob.algorithms import group_advantages, informative_groups, overlong_penalty
 from rljob.api.rules import response_budget
 from rljob.api.spec import AlgorithmSpec
-from rljob.runtime.llm.data.rows import PromptStream, Row, encode_prompt, split_off
+from rljob.runtime.llm.data.images import ImageError, VisionCache, VisionInputs
+from rljob.runtime.llm.data.prompts import PromptEncoder
+from rljob.runtime.llm.data.rows import PromptStream, Row, split_off
 from rljob.runtime.llm.engines.base import Sampling, chunk_size
 from rljob.runtime.llm.episodes.multiturn import episode_metrics, episode_runner
-from rljob.runtime.llm.models.policy import ModelSourceError, enable_gradient_checkpointing, load_policy
+from rljob.runtime.llm.models.policy import (
+    ModelSourceError,
+    enable_gradient_checkpointing,
+    freeze_vision_tower,
+    load_policy,
+)
 from rljob.runtime.llm.replicas.membership import RolloutMembership
 from rljob.runtime.llm.replicas.pool import ChunkResult, RewardPool, RolloutPool
 from rljob.runtime.llm.setup import job_rows, load_job_policy, role_device, weights_dir
@@ -91,6 +98,8 @@ class Group:
     version: int
     rewards: np.ndarray | None = None
     terms: dict[str, list[float]] | None = None
+    vision: VisionInputs | None = None
+    """The prompt's images as the policy read them (vision-language policies); the learner reads the same."""
 
 
 class Controller:
@@ -126,7 +135,11 @@ class Controller:
         self.rewards = RewardPool(identity.endpoints["reward"], timeout=spec.reward.sandbox.timeout_seconds + 30)
         self.stream = PromptStream(len(rows), spec.trainer.seed)
         self.skipped_too_long = 0
+        self.bad_images: set[int] = set()
+        """Rows skipped because an image cannot be read (each named once in the log)."""
         self.answer_key = self.task.dataset.answer_key
+        self.prompts = PromptEncoder(self.task, tokenizer, Path.cwd())
+        self._vision = VisionCache()
         self._encoded: dict[int, array[int] | None] = {}
         """Each row's prompt ids once encoded, 4 bytes a token (a list of fresh Python ints takes ~36: tens of GB
         over an epoch of a dataset of a million long prompts)."""
@@ -150,12 +163,32 @@ class Controller:
         self.rewards.close()
 
     def encode(self, row: int) -> list[int] | None:
-        """Prompt token ids of a row, or None when longer than maxPromptLength (skipped, counted)."""
+        """Prompt token ids of a row, or None when longer than maxPromptLength or its image cannot be read
+        (skipped, counted)."""
         if row not in self._encoded:
-            ids = encode_prompt(self.task, self.rows[row], self.tokenizer)
+            try:
+                ids, vision = self.prompts.encode(self.rows[row], row)
+            except ImageError as exc:
+                self.bad_images.add(row)
+                self.log.warning("%s: the row is skipped (%d so far)", exc, len(self.bad_images))
+                self._encoded[row] = None
+                return None
             self._encoded[row] = array("i", ids) if len(ids) <= self.task.max_prompt_length else None
+            if vision is not None:
+                self._vision.put(row, vision)
         encoded = self._encoded[row]
         return None if encoded is None else encoded.tolist()
+
+    def vision_of(self, row: int) -> VisionInputs | None:
+        """The row's images as encoded (again, when they left the cache); None for a text policy or row."""
+        if self.prompts.vision is None:
+            return None
+        cached = self._vision.get(row)
+        if cached is None:
+            _, cached = self.prompts.encode(self.rows[row], row)
+            if cached is not None:
+                self._vision.put(row, cached)
+        return cached
 
     def submit(self, count: int, step: int) -> None:
         """Take `count` usable prompts from the stream and send them to the rollouts."""
@@ -163,6 +196,13 @@ class Controller:
         while len(chosen) < count:
             row = next(self.stream)
             ids = self.encode(row)
+            if ids is None and row in self.bad_images:
+                if len(self.bad_images) == len(self.rows):
+                    raise FatalConfigError(
+                        f"spec.task.llm.dataset.imageKey: no row's images can be read (the log names each row's "
+                        f"problem); fix the {self.task.dataset.image_key!r} column"
+                    )
+                continue
             if ids is None:
                 self.skipped_too_long += 1
                 if self.skipped_too_long in (1, 10, 100) or self.skipped_too_long % 1000 == 0:
@@ -185,7 +225,10 @@ class Controller:
         for i in range(0, len(chosen), size):
             part = chosen[i : i + size]
             rows = [wire_row(self.rows[row]) for row, _ in part] if self.text_env else None
-            self.rollouts.submit([ids for _, ids in part], self.sampling, min_version, [row for row, _ in part], rows)
+            vision = VisionInputs.concat([self.vision_of(row) for row, _ in part]) if self.prompts.vision else None
+            self.rollouts.submit(
+                [ids for _, ids in part], self.sampling, min_version, [row for row, _ in part], rows, vision
+            )
         self.outstanding += len(chosen)
 
     def _accept(self, result: ChunkResult, step: int) -> None:
@@ -196,7 +239,7 @@ class Controller:
             if step - result.version > self.staleness:  # too old for this step: ask again with fresh weights
                 self._send([(row, prompt_ids)], min_version=max(step - self.staleness, 0))
                 continue
-            self.groups.append(Group(row, prompt_ids, completions, result.version))
+            self.groups.append(Group(row, prompt_ids, completions, result.version, vision=self.vision_of(row)))
 
     def collect(self, count: int, step: int) -> tuple[list[Group], float]:
         """`count` groups usable at `step` (submitted earlier); seconds spent waiting for generation."""
@@ -275,7 +318,12 @@ def sync_ranks_per_replica(spec: Any) -> int:
 
 
 def _wire_safe(value: Any) -> bool:
-    return value is None or isinstance(value, str | int | float | bool | list | dict)
+    """Values msgpack carries as they are; an image column (PIL images, bytes) stays with the actor."""
+    if isinstance(value, list | tuple):
+        return all(_wire_safe(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _wire_safe(v) for k, v in value.items())
+    return value is None or isinstance(value, str | int | float | bool)
 
 
 def wire_row(row: Row) -> Row:
@@ -315,6 +363,8 @@ def build_samples(groups: list[Group], algorithm: AlgorithmSpec, group_size: int
             )
             if "loss_mask" in c:
                 samples[-1]["loss_mask"] = c["loss_mask"]
+            if g.vision is not None:
+                samples[-1]["vision"] = g.vision
     return samples
 
 
@@ -400,6 +450,9 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         model, tokenizer = load_job_policy(context, device, all_rows)
     if spec.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
+    if spec.model.freeze_vision_tower:
+        frozen = freeze_vision_tower(model)
+        context.log.info("model.freezeVisionTower: %d vision tower parameters kept as loaded", frozen)
     evaluation = spec.evaluation
     train_rows, eval_rows = all_rows, []
     if evaluation.interval and evaluation.size:
@@ -687,6 +740,7 @@ def _record(
         "staleness_mean": float(np.mean(staleness)),
         "staleness_max": int(max(staleness)),
         "prompts_skipped_too_long": controller.skipped_too_long,
+        "prompts_skipped_images": len(controller.bad_images),
         ROLLOUT_RESTARTS: controller.rollouts.restarts,
         "rollout_replicas": len(controller.rollouts.links),
     }
@@ -712,8 +766,13 @@ def _evaluate(controller: Controller, rows: list[Row], step: int) -> dict[str, A
         controller.spec.rollout, evaluation.samples_per_prompt, controller.max_tokens, greedy=evaluation.greedy
     ).to_wire()
     prompts: list[tuple[int, list[int]]] = []
+    visions: dict[int, VisionInputs | None] = {}
     for i, row in enumerate(rows):
-        ids = encode_prompt(controller.task, row, controller.tokenizer)
+        try:
+            ids, visions[i] = controller.prompts.encode(row, i)
+        except ImageError as exc:
+            controller.log.warning("evaluation: %s: the row is left out", str(exc).replace("row ", "held-out row ", 1))
+            continue
         if len(ids) <= controller.task.max_prompt_length:
             prompts.append((i, ids))
     replicas = max(1, len(controller.rollouts.links))
@@ -721,7 +780,10 @@ def _evaluate(controller: Controller, rows: list[Row], step: int) -> dict[str, A
     for i in range(0, len(prompts), size):
         part = prompts[i : i + size]
         wired = [wire_row(rows[r]) for r, _ in part] if controller.text_env else None
-        controller.rollouts.submit([ids for _, ids in part], sampling, step, ("eval", [r for r, _ in part]), wired)
+        vision = VisionInputs.concat([visions[r] for r, _ in part]) if controller.prompts.vision else None
+        controller.rollouts.submit(
+            [ids for _, ids in part], sampling, step, ("eval", [r for r, _ in part]), wired, vision
+        )
     results: list[ChunkResult] = []
     while sum(len(r.chunk.prompts) for r in results) < len(prompts):
         for result in controller.rollouts.poll():

@@ -1,9 +1,10 @@
 """The rollout role of llm jobs: a generation server with a queue, weights from the actor.
 
 Requests (any replica may answer any request):
-- `generate {id, prompts, sampling, min_version, actor_tag, rows?}` queues a chunk of prompts and returns at
-  once (with a text environment, `rows` are the prompts' dataset rows: `rljob.runtime.llm.episodes.multiturn` runs
-  multi-turn episodes in place of single completions);
+- `generate {id, prompts, sampling, min_version, actor_tag, rows?, pixel_values?, image_grid_thw?}` queues a chunk
+  of prompts and returns at once (with a text environment, `rows` are the prompts' dataset rows:
+  `rljob.runtime.llm.episodes.multiturn` runs multi-turn episodes in place of single completions; for a
+  vision-language policy the two arrays are the prompts' images, in prompt order);
 - `results {actor_tag}` returns the chunks finished since the last call (waiting briefly for one);
 - `sync_weights {version, key, actor_tag, rollout_tag}` hands a new policy version to the receiving thread
   and returns at once; `status` answers at any time;
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 
+from rljob.runtime.llm.data.images import VisionInputs
 from rljob.runtime.llm.engines.base import Completion, GenerationEngine, Sampling, WeightUpdate
 from rljob.runtime.llm.episodes.multiturn import EpisodeRunner, episode_runner
 from rljob.runtime.llm.rollout_engine import build_engine
@@ -258,7 +260,12 @@ class GenerationServer:
         if self.episodes is not None:
             completions = self.episodes.run(chunk["prompts"], chunk["rows"], sampling)
         else:
-            outputs = self.engine.generate(chunk["prompts"], sampling)
+            vision = VisionInputs.from_wire(chunk)
+            outputs = (
+                self.engine.generate(chunk["prompts"], sampling)
+                if vision is None
+                else self.engine.generate(chunk["prompts"], sampling, vision=vision)
+            )
             completions = [[completion_to_wire(c) for c in group] for group in outputs]
         seconds = time.perf_counter() - started
         tokens = sum(len(c["token_ids"]) for group in completions for c in group)

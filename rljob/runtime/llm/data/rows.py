@@ -6,7 +6,10 @@ Sources (`spec.task.llm.dataset`, exactly one):
 - `name`: a dataset on the Hugging Face hub through `datasets` (offline from its cache when
   `HF_DATASETS_OFFLINE=1`/`HF_HUB_OFFLINE=1`);
 - `builtin: arithmetic`: `"a+b="` -> the sum, operands in 0..`maxOperand`, generated from the seed: nothing
-  to read (each row also carries `expression`, `"a+b"`, for templates).
+  to read (each row also carries `expression`, `"a+b"`, for templates);
+- `builtin: shapes`: images of coloured shapes with a question about them, for vision-language policies.
+
+Rows may carry images (`dataset.imageKey`): `rljob.runtime.llm.data.images` reads and encodes them.
 
 Every error names the field to change (`DatasetError`), before any process starts.
 """
@@ -47,6 +50,48 @@ def arithmetic_rows(size: int, seed: int, max_operand: int = 9) -> list[Row]:
     for _ in range(size):
         a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
         rows.append({"prompt": f"{a}+{b}=", "answer": str(a + b), "expression": f"{a}+{b}"})
+    return rows
+
+
+SHAPE_COLOURS = {"r": (220, 40, 40), "g": (40, 170, 60), "b": (40, 80, 220)}
+SHAPES_SIDE = 32
+
+
+def shapes_rows(size: int, seed: int) -> list[Row]:
+    """`size` images of coloured shapes on white (32 x 32), each with a question a blind model can only guess:
+    `{"prompt": "colour?", "answer": "r" | "g" | "b", "images": [image]}` (one shape, its colour) or
+    `{"prompt": "count?", "answer": "1" | "2" | "3", ...}` (that many shapes of one colour, in distinct quarters).
+
+    One-character answers keep it learnable by a tiny vision-language model on a CPU in minutes: a random policy
+    finds right answers to reinforce, and a third of them by chance.
+    """
+    from PIL import Image, ImageDraw
+
+    rng = random.Random(seed)
+    rows: list[Row] = []
+    quarter = SHAPES_SIDE // 2
+    for _ in range(size):
+        image = Image.new("RGB", (SHAPES_SIDE, SHAPES_SIDE), (255, 255, 255))
+        draw = ImageDraw.Draw(image)
+        colour = rng.choice(sorted(SHAPE_COLOURS))
+        if rng.random() < 0.5:
+            side = rng.randint(10, 16)
+            x, y = rng.randint(0, SHAPES_SIDE - side), rng.randint(0, SHAPES_SIDE - side)
+            boxes, question, answer = [(x, y, side)], "colour?", colour
+        else:
+            count = rng.randint(1, 3)
+            cells = rng.sample([(0, 0), (1, 0), (0, 1), (1, 1)], count)
+            boxes = []
+            for cx, cy in cells:
+                side = rng.randint(6, 10)
+                boxes.append(
+                    (cx * quarter + rng.randint(0, quarter - side), cy * quarter + rng.randint(0, quarter - side), side)
+                )
+            question, answer = "count?", str(count)
+        for x, y, side in boxes:
+            shape = draw.ellipse if rng.random() < 0.5 else draw.rectangle
+            shape([x, y, x + side - 1, y + side - 1], fill=SHAPE_COLOURS[colour])
+        rows.append({"prompt": question, "answer": answer, "images": [image]})
     return rows
 
 
@@ -125,6 +170,8 @@ def load_rows(task: LLMTask, seed: int = 0, base_dir: Path | None = None) -> lis
     dataset = task.dataset
     if dataset.builtin == "arithmetic":
         rows = arithmetic_rows(dataset.size, seed, dataset.max_operand)
+    elif dataset.builtin == "shapes":
+        rows = shapes_rows(dataset.size, seed)
     elif dataset.path is not None:
         rows = [r for f in _files(resolve_path(dataset.path, base_dir), dataset.split) for r in _read_file(f)]
     elif dataset.name is not None:

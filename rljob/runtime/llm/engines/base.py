@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from rljob.api.spec import RolloutSpec
+from rljob.runtime.llm.data.images import VisionInputs
 
 if TYPE_CHECKING:
     from rljob.runtime.wire.context import RoleContext
@@ -108,8 +109,11 @@ class GenerationEngine(Protocol):
     tokenizer: Any
     """The policy's tokenizer (multi-turn episodes tokenize the environment's replies with it)."""
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[list[Completion]]:
-        """`n` completions for each prompt, in prompt order."""
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, vision: VisionInputs | None = None
+    ) -> list[list[Completion]]:
+        """`n` completions for each prompt, in prompt order; `vision`: the prompts' images, in prompt order (each
+        prompt holds one image token per merged patch of its images), for a vision-language policy."""
 
     def receive_weights(self, update: WeightUpdate) -> None:
         """Take `update` in (staged, not yet used); safe to call while another thread generates."""

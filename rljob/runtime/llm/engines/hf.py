@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import threading
 from typing import Any
 
 import torch
 
+from rljob.runtime.llm.data.images import VisionInputs
 from rljob.runtime.llm.engines.base import (
     Completion,
     Sampling,
@@ -18,6 +20,7 @@ from rljob.runtime.llm.engines.base import (
     sampling_logprobs,
 )
 from rljob.runtime.llm.models.kv_cache import fill_prefix, selectable_cache
+from rljob.runtime.llm.models.policy import vision_kwargs, vision_token_ids
 from rljob.runtime.weights.ipc import manifest_of, mark_loaded, open_weights
 from rljob.runtime.weights.sync import WeightSubscriber, read_weights_file
 
@@ -130,6 +133,9 @@ class HFEngine:
         self.batch_buckets = batch_buckets
         """Prompt counts each call is padded up to (`batch_bucket`); None: every call runs as it comes."""
         self.cache_len = cache_len if self.cache_implementation == "static" else None
+        self.suppressed = vision_token_ids(model.config)
+        """A vision-language policy's markup tokens, never sampled (reported log-probs leave the suppression out,
+        as they leave out top-k and top-p: the trainer recomputes the same unsuppressed quantity)."""
         self.end_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else min(self.eos_ids)
         self._copyable_cache = (
             getattr(generation_config, "cache_implementation", None) in (None, "hybrid")
@@ -140,13 +146,20 @@ class HFEngine:
         "hybrid" it drops itself)."""
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[list[Completion]]:
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, vision: VisionInputs | None = None
+    ) -> list[list[Completion]]:
+        """With `vision` (a vision-language policy's images) every row runs whole through `generate`: no bucket
+        padding (its padding rows would need images too) and no shared prefill (the images' positions)."""
         from transformers import GenerationConfig
 
         if not prompts:
             return []
+        if vision is not None and sampling.greedy and sampling.n > 1:  # n equal rows: decode once, copy them
+            once = self.generate(prompts, dataclasses.replace(sampling, n=1), vision)
+            return [[dataclasses.replace(group[0]) for _ in range(sampling.n)] for group in once]
         real = len(prompts)
-        if self.batch_buckets is not None:  # copies of a real prompt: rows the model computes without trouble
+        if self.batch_buckets is not None and vision is None:  # copies of a real prompt: rows computed as any
             prompts = prompts + [prompts[-1]] * (batch_bucket(real, self.batch_buckets) - real)
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -156,7 +169,7 @@ class HFEngine:
             mask[i, width - len(p) :] = 1
         copies = 1
         cache = None
-        if self.shares_prefill and sampling.n > 1 and width > 1:
+        if self.shares_prefill and sampling.n > 1 and width > 1 and vision is None:
             cache = self._prefill_once(ids, mask, sampling.n)
         if sampling.n > 1 and (sampling.greedy or cache is not None):
             # Rows of the shared cache, or greedy (transformers refuses num_return_sequences > 1 without sampling).
@@ -175,6 +188,7 @@ class HFEngine:
             return_dict_in_generate=True,
             output_logits=True,
             cache_implementation=self.cache_implementation,
+            suppress_tokens=self.suppressed or None,
         )
         if self.cache_len is not None:  # a longer call still runs: transformers sizes that cache for it
             config.max_cache_len = self.cache_len
@@ -184,9 +198,11 @@ class HFEngine:
             from transformers import LogitsProcessorList
 
             processors = LogitsProcessorList([_EndPaddingRows(real_rows, self.end_id)])
+        ids = ids.to(self.device)
         out = self.model.generate(
-            input_ids=ids.to(self.device),
+            input_ids=ids,
             attention_mask=mask.to(self.device),
+            **vision_kwargs(self.model, ids, vision),
             generation_config=config,
             logits_processor=processors,
             tokenizer=self.tokenizer if sampling.stop else None,

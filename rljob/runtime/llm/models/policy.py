@@ -4,10 +4,16 @@
   rows (prompts, answers, template and system prompt), so any small dataset works; with a text environment
   (`task.llm.env`) it also covers printable ASCII and the line break, the text an environment may write.
   Built from the seed, so the actor and every rollout build the identical model without shipping files.
+- `builtin: tiny-qwen2-vl`: the same language model behind a small Qwen2-VL vision tower (a vision-language
+  policy), its tokenizer with Qwen2-VL's vision tokens.
 - `local`: a directory with `config.json` (and weights, tokenizer) as written by `save_pretrained`.
 - `hub`: a model id resolved through the Hugging Face cache (works offline from a pre-filled cache).
 
-`export_hf` writes the trained policy as a directory that `AutoModelForCausalLM.from_pretrained` and vLLM load.
+A vision-language policy (its config has a `vision_config`: Qwen2-VL, Qwen2.5-VL, tiny-qwen2-vl) is loaded with
+`AutoModelForImageTextToText`; its tokenizer carries the model's image processor as `image_processor`, which the
+prompts are encoded with (`rljob.runtime.llm.data.images`) and which the export writes beside it.
+
+`export_hf` writes the trained policy as a directory that `from_pretrained` and vLLM load.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 _CHAT_TEXT = "system: user: assistant: \n"
+VISION_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
+"""Qwen2-VL's vision tokens, added to the builtin tokenizer of tiny-qwen2-vl."""
 
 
 class ModelSourceError(ValueError):
@@ -134,6 +142,122 @@ def build_tiny_qwen2(spec_model: ModelSpec, tokenizer: Any, max_length: int, see
         return Qwen2ForCausalLM(config)
 
 
+def build_tiny_qwen2_vl(spec_model: ModelSpec, tokenizer: Any, max_length: int, seed: int) -> torch.nn.Module:
+    """tiny-qwen2's language model behind a Qwen2-VL vision tower of `visionLayers` blocks of `visionHiddenSize`,
+    reading `patchSize` pixel patches (2 x 2 of them merged into one image token)."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    b = spec_model.builtin
+    head_dim = b.hidden_size // b.num_heads
+    half = head_dim // 2  # M-RoPE splits each head's rotary half into temporal, height and width sections
+    sections = [half - 2 * (half // 3), half // 3, half // 3]
+    token = tokenizer.convert_tokens_to_ids
+    config = Qwen2VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": b.hidden_size,
+            "intermediate_size": 4 * b.hidden_size,
+            "num_hidden_layers": b.num_layers,
+            "num_attention_heads": b.num_heads,
+            "num_key_value_heads": b.num_heads,
+            "max_position_embeddings": max_length,
+            "rope_scaling": {"type": "mrope", "mrope_section": sections},
+            "tie_word_embeddings": True,
+            "pad_token_id": tokenizer.pad_token_id,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+        },
+        vision_config={
+            "depth": b.vision_layers,
+            "embed_dim": b.vision_hidden_size,
+            "hidden_size": b.hidden_size,
+            "num_heads": max(1, b.vision_hidden_size // 16),
+            "mlp_ratio": 2,
+            "patch_size": b.patch_size,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+        },
+        image_token_id=token("<|image_pad|>"),
+        video_token_id=token("<|video_pad|>"),
+        vision_start_token_id=token("<|vision_start|>"),
+        vision_end_token_id=token("<|vision_end|>"),
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return Qwen2VLForConditionalGeneration(config)
+
+
+def tiny_image_processor(spec_model: ModelSpec) -> Any:
+    """tiny-qwen2-vl's image processor (the PIL one: no torchvision needed). Its own pixel bounds only round each
+    image to whole merged patches: `task.llm.dataset.minPixels` / `maxPixels` have scaled it already."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    side = 2 * spec_model.builtin.patch_size
+    return Qwen2VLImageProcessorPil(
+        patch_size=spec_model.builtin.patch_size,
+        temporal_patch_size=2,
+        merge_size=2,
+        min_pixels=side * side,
+        max_pixels=16384 * side * side,
+    )
+
+
+def is_vision_language(config: Any) -> bool:
+    """Whether a model config is a vision-language model's (it has a vision tower)."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def vision_kwargs(model: torch.nn.Module, input_ids: torch.Tensor, vision: Any) -> dict[str, Any]:
+    """What a vision-language model's forward (or `generate`) takes beside `input_ids` for `vision` (the prompts'
+    `rljob.runtime.llm.data.images.VisionInputs`, or None): the patches, each
+    image's patch grid and which tokens are image tokens (Qwen2-VL's M-RoPE positions need them). Empty without
+    images. Shared by the hf engine and the learner, so both feed the model the same inputs."""
+    if vision is None:
+        return {}
+    core = getattr(model, "module", model)  # under DDP, the wrapped model
+    device = input_ids.device
+    dtype = next(p for p in core.parameters() if p.is_floating_point()).dtype
+    image_token = core.config.image_token_id
+    return {
+        "pixel_values": torch.from_numpy(vision.pixel_values).to(device=device, dtype=dtype),
+        "image_grid_thw": torch.from_numpy(vision.image_grid_thw).to(device),
+        "mm_token_type_ids": (input_ids == image_token).int(),
+    }
+
+
+def vision_token_ids(config: Any) -> list[int]:
+    """A vision-language model's image and video markup tokens: never sampled (a response holding an image token
+    would ask the model for image features nobody gave it)."""
+    if not is_vision_language(config):
+        return []
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return sorted({int(v) for v in (getattr(config, n, None) for n in names) if v is not None})
+
+
+def image_processor_of(tokenizer: Any) -> Any | None:
+    """The image processor a vision-language policy's tokenizer carries (None for a text policy)."""
+    return getattr(tokenizer, "image_processor", None)
+
+
+def freeze_vision_tower(model: torch.nn.Module) -> int:
+    """`model.freezeVisionTower`: the vision tower's parameters stop requiring gradients (the projector that
+    merges its patches into the language model's width still trains, as in EasyR1). Returns how many froze."""
+    tower = getattr(getattr(model, "model", model), "visual", None)
+    if tower is None:
+        return 0
+    frozen = 0
+    for name, parameter in tower.named_parameters():
+        if not name.startswith("merger."):
+            parameter.requires_grad_(False)
+            frozen += parameter.numel()
+    return frozen
+
+
 def _source(spec_model: ModelSpec, base_dir: Path | None) -> tuple[str, dict[str, Any]]:
     """What `from_pretrained` takes, and its keyword arguments; errors name the field."""
     if spec_model.source == "local":
@@ -189,17 +313,27 @@ def load_policy(
     if spec_model.source == "builtin":
         tokenizer = build_char_tokenizer(tokenizer_texts(task, rows, extra_texts))
         max_length = 8 + 2 * (task.max_prompt_length + task.max_response_length)
-        model = build_tiny_qwen2(spec_model, tokenizer, max_length, seed)
+        if spec_model.builtin.architecture == "tiny-qwen2-vl":
+            tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
+            tokenizer.image_processor = tiny_image_processor(spec_model)
+            model = build_tiny_qwen2_vl(spec_model, tokenizer, max_length, seed)
+        else:
+            model = build_tiny_qwen2(spec_model, tokenizer, max_length, seed)
         return model.to(device=device, dtype=dtype), tokenizer
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     source, kwargs = _source(spec_model, base_dir)
     field = "spec.model.path" if spec_model.source == "local" else "spec.model.hubId"
+    remote = spec_model.trust_remote_code
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=spec_model.trust_remote_code, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, trust_remote_code=spec_model.trust_remote_code, **kwargs
-        )
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=remote, **kwargs)
+        vision = is_vision_language(AutoConfig.from_pretrained(source, trust_remote_code=remote, **kwargs))
+        auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+        model = auto.from_pretrained(source, dtype=dtype, trust_remote_code=remote, **kwargs)
+        if vision:
+            from transformers import AutoImageProcessor
+
+            tokenizer.image_processor = AutoImageProcessor.from_pretrained(source, trust_remote_code=remote, **kwargs)
     except (OSError, ValueError) as exc:
         raise ModelSourceError(f"{field}: cannot load {source!r} ({exc})") from None
     if tokenizer.pad_token_id is None:
@@ -233,6 +367,9 @@ def export_hf(
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
+    image_processor = image_processor_of(tokenizer)
+    if image_processor is not None:  # a vision-language policy loads back with its processor
+        image_processor.save_pretrained(tmp)
     old = target.with_name(f".old-{target.name}")
     shutil.rmtree(old, ignore_errors=True)
     if target.exists():

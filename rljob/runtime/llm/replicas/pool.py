@@ -61,6 +61,9 @@ class Chunk:
     meta: Any = None
     rows: list[dict[str, Any]] | None = None
     """The prompts' dataset rows, sent along for a text environment (multi-turn episodes); None otherwise."""
+    vision: Any = None
+    """The prompts' images, in prompt order (`rljob.runtime.llm.data.images.VisionInputs`), for a vision-language
+    policy: sent as two raw array frames, never re-encoded."""
 
 
 @dataclass
@@ -312,8 +315,9 @@ class RolloutPool:
         min_version: int,
         meta: Any,
         rows: list[dict[str, Any]] | None = None,
+        vision: Any = None,
     ) -> None:
-        self.orphans.append(Chunk(next(self._ids), prompts, sampling, min_version, meta, rows))
+        self.orphans.append(Chunk(next(self._ids), prompts, sampling, min_version, meta, rows, vision))
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -332,6 +336,8 @@ class RolloutPool:
             }
             if chunk.rows is not None:
                 payload["rows"] = chunk.rows
+            if chunk.vision is not None:
+                payload.update(chunk.vision.to_wire())
             try:
                 reply = link.client.call("generate", payload)
             except TransportError:

@@ -21,10 +21,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rljob.runtime.llm.data.images import VisionInputs
+
 Sample = dict[str, Any]
 """One scored completion: `prompt_ids`, `response_ids`, `rollout_logprobs` (lists), `advantage`,
 `reward` and `version` (the policy version that generated it); optionally `loss_mask`, one 0/1 per response
-token, 0 where the token is not the model's own (a text environment's reply): those are never trained on."""
+token, 0 where the token is not the model's own (a text environment's reply): those are never trained on; and
+`vision`, the prompt's images as the rollout's engine read them (a vision-language policy's `VisionInputs`)."""
 
 
 @dataclass
@@ -59,10 +62,17 @@ class MicroBatch:
     """The shared prompt prefixes these rows continue (`collate_shared`), or None: the rows are whole."""
     position_ids: Tensor | None = None
     """[B, S] with `prefix`: where each row's tokens sit after its prefix."""
+    vision: VisionInputs | None = None
+    """The rows' images in row order (a vision-language policy's); whole rows only (no `prefix`)."""
 
     def to(self, device: torch.device) -> MicroBatch:
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        return MicroBatch(**{name: None if value is None else value.to(device) for name, value in moved.items()})
+        return MicroBatch(
+            **{
+                name: value.to(device) if isinstance(value, Tensor | SharedPrefix) else value
+                for name, value in moved.items()
+            }
+        )
 
 
 def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
@@ -100,7 +110,8 @@ def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
     )
     per_sample = torch.tensor([float(s["advantage"]) for s in samples], dtype=torch.float32)
     advantages[answer] = per_sample.repeat_interleave(response_lengths)
-    return MicroBatch(ids, filled.long(), response, ids[:, 1:].clone(), advantages, rollout)
+    vision = VisionInputs.concat([s.get("vision") for s in samples])
+    return MicroBatch(ids, filled.long(), response, ids[:, 1:].clone(), advantages, rollout, vision=vision)
 
 
 def collate_shared(samples: list[Sample], pad_id: int, min_saving: float = 0.0) -> MicroBatch | None:

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from rljob.runtime.llm.models.kv_cache import fill_prefix, selectable_cache
+from rljob.runtime.llm.models.policy import is_vision_language, vision_kwargs
 
 if TYPE_CHECKING:
     from rljob.runtime.llm.training.batch import MicroBatch
@@ -44,6 +45,8 @@ def shares_prompts(model: nn.Module) -> bool:
     both: a decoder-only transformers model that takes a cache and position ids, whose cache layers hold plain keys
     and values (`kv_cache`), and not under gradient checkpointing (transformers' checkpointed layers drop the
     cache; those rows run whole)."""
+    if is_vision_language(getattr(model, "config", None)):
+        return False  # its rows carry images, whose tokens' positions (M-RoPE) a prefix of its own would not have
     if getattr(model, "is_gradient_checkpointing", False):
         log.info("model.gradientCheckpointing: every prompt runs once per response (its layers drop the KV cache)")
         return False
@@ -63,7 +66,12 @@ def model_inputs(model: nn.Module, batch: MicroBatch) -> dict[str, Any]:
     runs first (no logits but its last position's) and the returned cache holds its keys and values, one copy
     per row, still attached to autograd: the rows' backward flows into the prefix's."""
     if batch.prefix is None:
-        return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
+        return {
+            "input_ids": batch.input_ids,
+            "attention_mask": batch.attention_mask,
+            **vision_kwargs(model, batch.input_ids, batch.vision),
+            "use_cache": False,
+        }
     prefix = batch.prefix
     cache, out = fill_prefix(model, prefix.input_ids, prefix.attention_mask, prefix.position_ids)
     if torch.is_grad_enabled() and _is_fsdp(model):
