@@ -118,6 +118,9 @@ class ConfigSync:
     spec_changed: bool = False
     patches: list[tuple[Raw, Raw]] = field(default_factory=list)
     """(existing object, merge patch) to apply after the status is written."""
+    foreign: list[str] = field(default_factory=list)
+    """`Kind/name` of children whose name another owner holds (a deleted namesake's, until the garbage
+    collector removes them): never adopted; the pass that finds none completes the sync."""
 
 
 class JobWorker:
@@ -133,6 +136,9 @@ class JobWorker:
         self.expected: dict[str, float] = {}
         self.deleting: dict[str, float] = {}
         self.synced_generation: int | None = None
+        self.children_checked = 0.0
+        """When the children (ConfigMap, Service, PodGroup, NetworkPolicy) were last found complete and this
+        job's (monotonic): they are checked again every resync, since nothing watches them."""
         self.last_progress = 0.0
         self.progress: Progress | None = None
         self.task: asyncio.Task[None] | None = None
@@ -224,7 +230,8 @@ class JobWorker:
 
         sync = ConfigSync()
         active = self.status.phase not in TERMINAL_PHASES and job is not None and not job.spec.suspend
-        if active and self.synced_generation != generation:
+        recheck = time.monotonic() - self.children_checked >= ctl.config.resync_seconds
+        if active and (self.synced_generation != generation or recheck):
             sync = await self.sync_children(job, others)
         progress = await self.pull_progress(job, raws) if job is not None else None
         obs = Observation(
@@ -238,6 +245,7 @@ class JobWorker:
             expected=set(self.expected),
             spec_changed=sync.spec_changed,
             progress=progress,
+            foreign_children=sync.foreign,
         )
         result = plan(obs)
         await self.write_status(result)  # the scaling's time and step first: a replay never scales twice
@@ -248,7 +256,10 @@ class JobWorker:
             await ctl.client.patch(
                 existing["apiVersion"], existing["kind"], namespace, existing["metadata"]["name"], patch
             )
-        if active:
+        if active and not sync.foreign:
+            if self.synced_generation != generation or recheck:
+                self.children_checked = time.monotonic()
+                self.members_written = None  # the membership ConfigMap is checked again with the others
             self.synced_generation = generation
         if job is not None and result.rollout_members is not None:
             # Before the pods are touched: a rollout deleted now has left the membership the actor reads.
@@ -293,6 +304,11 @@ class JobWorker:
                     raise
             name = manifest["metadata"]["name"]
             existing = await ctl.client.get(manifest["apiVersion"], manifest["kind"], namespace, name)
+            if not controlled_by(existing, self.body["metadata"].get("uid")):
+                # A namesake's (a deleted job of the same name whose children the garbage collector has not
+                # removed yet, or a stranger's): adopting it would lose it a moment later. Wait until it is gone.
+                sync.foreign.append(f"{manifest['kind']}/{name}")
+                continue
             if manifest["kind"] == "ConfigMap":
                 old = yaml.safe_load((existing.get("data") or {}).get(CONFIG_KEY) or "{}") or {}
                 new = yaml.safe_load(manifest["data"][CONFIG_KEY])
@@ -341,14 +357,17 @@ class JobWorker:
             return
         ctl = self.controller
         manifest = build_rollout_members(job, members)
+        name = manifest["metadata"]["name"]
         try:
             await ctl.client.create(self.key[0], manifest)
         except ApiError as exc:
             if not exc.exists:
                 raise
-            await ctl.client.patch(
-                "v1", "ConfigMap", self.key[0], manifest["metadata"]["name"], {"data": manifest["data"]}
-            )
+            existing = await ctl.client.get("v1", "ConfigMap", self.key[0], name)
+            if not controlled_by(existing, self.body["metadata"].get("uid")):
+                return  # a deleted namesake's, until the garbage collector removes it: tried again next pass
+            if existing.get("data") != manifest["data"]:
+                await ctl.client.patch("v1", "ConfigMap", self.key[0], name, {"data": manifest["data"]})
         self.members_written = list(members)
 
     async def pull_progress(self, job: RLJob, raws: list[Raw]) -> Progress | None:

@@ -88,6 +88,9 @@ from rljob.runtime.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, EXIT_ROLLOU
 Manifest = dict[str, Any]
 EventType = Literal["Normal", "Warning"]
 
+FOREIGN_CHILDREN_RETRY_SECONDS = 2.0
+"""How soon a job whose children's names are still held by a deleted namesake looks again."""
+
 STOPPED_FOR_GOOD = (EXIT_FATAL_CONFIG, EXIT_DIVERGED, EXIT_ROLLOUT_GAVE_UP)
 """Actor exit codes that say why the whole group stopped and that no group restart would fix."""
 
@@ -138,6 +141,9 @@ class Observation:
     """The spec changed in a way that needs new pods (see module docstring)."""
     progress: Progress | None = None
     """Fresh progress from actor 0, when it answered."""
+    foreign_children: list[str] = field(default_factory=list)
+    """`Kind/name` of children (ConfigMap, Service, PodGroup, NetworkPolicy) whose name another owner still
+    holds, typically a deleted namesake's that the garbage collector has not removed yet."""
 
 
 @dataclass
@@ -657,6 +663,11 @@ class _Planner:
         return looping
 
     def create_missing(self) -> None:
+        if self.obs.foreign_children:
+            # Pods would mount the namesake's config and run beside its policy: wait until those are gone
+            # and this job's own children exist.
+            self.requeue(FOREIGN_CHILDREN_RETRY_SECONDS)
+            return
         restarting = self.status.phase == "Restarting"
         actors_present = any(p.role == "actor" for p in self.obs.pods)
         for name, manifest in self.obs.desired_pods.items():

@@ -385,3 +385,11 @@ def test_editing_health_thresholds_or_rollout_autoscaling_restarts_no_pod() -> N
     assert config_hash(validate_job(data)) == config_hash(base)
     data["spec"]["trainer"]["steps"] = base.spec.trainer.steps + 1  # a field pods read still restarts them
     assert config_hash(validate_job(data)) != config_hash(base)
+
+
+def test_no_pod_is_created_while_a_deleted_namesakes_children_hold_the_names() -> None:
+    """A job recreated under its name: its config and service names are still the old job's (the garbage
+    collector has not run); pods made now would mount the old config. Nothing is created until they go."""
+    held = plan(observe(RLJobStatus(), [], foreign_children=["ConfigMap/cp-config", "Service/cp"]))
+    assert held.create == [] and held.requeue_after is not None
+    assert len(plan(observe(RLJobStatus(), [])).create) == 4
