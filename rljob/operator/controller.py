@@ -198,7 +198,11 @@ class JobWorker:
 
     def observed_pods(self, raws: list[Raw]) -> list[PodState]:
         now = time.monotonic()
-        self.deleting = {uid: t for uid, t in self.deleting.items() if t > now}
+        # A pod this operator deleted is remembered while it terminates (its grace period may outlast the
+        # expectation), so it is never taken for one the cluster took away; one still listed without a
+        # deletionTimestamp past the horizon lost its DELETE and is deleted again.
+        terminating = {r["metadata"].get("uid") for r in raws if r["metadata"].get("deletionTimestamp")}
+        self.deleting = {uid: t for uid, t in self.deleting.items() if t > now or uid in terminating}
         pods = []
         for raw in raws:
             pod = observe_pod(raw)
@@ -246,6 +250,7 @@ class JobWorker:
             spec_changed=sync.spec_changed,
             progress=progress,
             foreign_children=sync.foreign,
+            deleted=set(self.deleting),
         )
         result = plan(obs)
         await self.write_status(result)  # the scaling's time and step first: a replay never scales twice

@@ -141,6 +141,9 @@ class Observation:
     """The spec changed in a way that needs new pods (see module docstring)."""
     progress: Progress | None = None
     """Fresh progress from actor 0, when it answered."""
+    deleted: set[str] = field(default_factory=set)
+    """uids of pods this operator deleted (still listed, or recently): any other terminating pod was deleted by
+    someone else (a drain, a preemption, `kubectl delete pod`)."""
     foreign_children: list[str] = field(default_factory=list)
     """`Kind/name` of children (ConfigMap, Service, PodGroup, NetworkPolicy) whose name another owner still
     holds, typically a deleted namesake's that the garbage collector has not removed yet."""
@@ -476,9 +479,19 @@ class _Planner:
             for name in _role_pod_names(self.obs, "actor")
             if name not in self.pods and name not in self.obs.expected and group_started
         ]
-        if not failed and not missing:
+        # A rank deleted by someone else (drain, preemption, a hand delete) terminates through its grace period,
+        # no longer Ready, then vanishes: the group is broken from the moment it is deleted.
+        taken = [
+            p
+            for p in self.obs.pods
+            if p.role == "actor" and p.terminating and p.uid not in self.obs.deleted and not p.finished
+        ]
+        if not failed and not missing and not taken:
             return
         charged = [p for p in failed if p.failed and not p.disrupted]
+        if taken:
+            # The survivors' failures are the loss of their peer, not their own: only a stop for good counts.
+            charged = [p for p in charged if p.exit_code in STOPPED_FOR_GOOD]
         if charged:
             # A rank that diverged or found the config unusable says why the group stopped; the others only
             # saw their peer go (ranks in one observation can have failed either way).
@@ -511,8 +524,15 @@ class _Planner:
             self.plan.restart_counted = True
             reason = "ActorFailed"
             message = f"{why}; restarting the actor group ({self.status.restarts}/{policy.max_restarts})"
-        elif failed:
-            pod = failed[0]
+        elif taken:
+            pod = taken[0]
+            reason = "ActorDisrupted"
+            message = (
+                f"actor pod {pod.name} is being deleted by the cluster (a drain, a preemption or a hand delete); "
+                "restarting the actor group (not counted against maxRestarts)"
+            )
+        elif any(p.disrupted for p in failed):
+            pod = next(p for p in failed if p.disrupted)
             reason = "ActorDisrupted"
             message = f"actor pod {pod.name} was disrupted" + (f" ({pod.reason})" if pod.reason else "")
             message += "; restarting the actor group (not counted against maxRestarts)"
@@ -709,13 +729,15 @@ class _Planner:
         if self.status.phase == "Restarting":
             return
         actors = _role_pod_names(obs, "actor")
-        actors_ready = all(n in self.pods and self.pods[n].ready for n in actors)
-        if obs.job is not None and obs.job.spec.roles.rollout.collocated:
-            # A collocated actor pod is Ready only while its rollout serves too: one that runs while its rollout
-            # restarts in place keeps the job Running (Ready says PodsNotReady), so Stalled still watches it.
-            actors_ready = all(n in self.pods and self.pods[n].phase == "Running" for n in actors)
+        # Once Running, an actor that loses readiness (a probe failing for a while, a collocated rollout
+        # restarting in place) does not demote the job: its group still runs, the Ready condition says
+        # PodsNotReady, and Stalled keeps watching. Only a rank that is gone, terminating or finished ends the
+        # group, and check_actors restarts it.
+        actors_running = all(
+            n in self.pods and self.pods[n].phase == "Running" and not self.pods[n].terminating for n in actors
+        )
         every_scheduled = all(n in self.pods and self.pods[n].scheduled for n in obs.desired_pods)
-        if all_ready or (self.status.phase == "Running" and actors_ready):
+        if all_ready or (self.status.phase == "Running" and actors_running):
             self.transition("Running", "Running", "every pod is ready; training")
         elif every_scheduled and not unschedulable:
             self.transition("Starting", "Starting", "every pod is placed; waiting for readiness")

@@ -393,3 +393,29 @@ def test_no_pod_is_created_while_a_deleted_namesakes_children_hold_the_names() -
     held = plan(observe(RLJobStatus(), [], foreign_children=["ConfigMap/cp-config", "Service/cp"]))
     assert held.create == [] and held.requeue_after is not None
     assert len(plan(observe(RLJobStatus(), [])).create) == 4
+
+
+def test_an_actor_rank_the_cluster_is_deleting_restarts_the_group_uncharged() -> None:
+    """A drained or preempted rank terminates (deletionTimestamp, not Ready) before it vanishes: the group is
+    restarted at once, not charged, and the survivors' failures that follow charge nothing either."""
+    two = job(roles={"actor": {"replicas": 2}, "rollout": {"replicas": 1}, "env": {"replicas": 1}})
+    names = ["cp-actor-0", "cp-actor-1", "cp-rollout-0", "cp-env-0"]
+    taken = replace(pod("cp-actor-1", ready=False), terminating=True)
+    pods = [pod(n) for n in names if n != "cp-actor-1"] + [taken]
+    result = plan(observe(RLJobStatus(phase="Running"), pods, the_job=two))
+    assert result.status.phase == "Restarting" and result.status.restarts == 0 and not result.restart_counted
+    assert result.delete == ["cp-actor-0"] and "ActorDisrupted" in [e.reason for e in result.events]
+    survivor_failed = [failed_pod("cp-actor-0", "a0")] + [pod(n) for n in names[2:]] + [taken]
+    result = plan(observe(RLJobStatus(phase="Running"), survivor_failed, the_job=two))
+    assert result.status.restarts == 0 and result.status.phase == "Restarting"
+    # A rank this operator deleted is no disruption.
+    result = plan(observe(RLJobStatus(phase="Running"), pods, the_job=two, deleted={taken.uid}))
+    assert result.status.phase != "Restarting"
+
+
+def test_a_running_job_is_not_demoted_when_an_actor_loses_readiness() -> None:
+    pods = [pod("cp-actor-0", ready=False)] + [pod(n) for n in ALL[1:]]
+    result = plan(observe(RLJobStatus(phase="Running"), pods))
+    assert result.status.phase == "Running"
+    ready = next(c for c in result.status.conditions if c.type == "Ready")
+    assert ready.status == "False" and ready.reason == "PodsNotReady"
