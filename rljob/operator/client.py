@@ -127,6 +127,14 @@ class KubeClient:
         base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
         return await self._call("get", "GET", f"{base}/{plural}/{name}")
 
+    async def list(
+        self, api_version: str, kind: str, namespace: str, labels: str = "", fields: str = ""
+    ) -> list[Manifest]:
+        """LIST with label and field selectors (a live read: the watch caches can miss what vanished)."""
+        query = [(k, v) for k, v in (("labelSelector", labels), ("fieldSelector", fields)) if v]
+        result = await self._call("list", "GET", object_path(api_version, kind, namespace), query=query)
+        return list(result.get("items") or [])
+
     async def patch(self, api_version: str, kind: str, namespace: str, name: str, patch: Manifest) -> Manifest:
         path = object_path(api_version, kind, namespace, name)
         return await self._call("patch", "PATCH", path, patch, MERGE_PATCH)

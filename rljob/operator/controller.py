@@ -31,7 +31,7 @@ from rljob.operator.manifests.config import restart_relevant
 from rljob.operator.manifests.members import build_rollout_members
 from rljob.operator.manifests.network import NETWORK_POLICY_API
 from rljob.operator.metrics import OperatorMetrics
-from rljob.operator.naming import CONFIG_KEY, LABEL_ROLE, reward_egress_policy_name
+from rljob.operator.naming import CONFIG_KEY, LABEL_JOB, LABEL_ROLE, reward_egress_policy_name
 from rljob.operator.peering import PeeringGate
 from rljob.operator.podstate import PodState, observe_pod
 from rljob.operator.progress import ProgressReader
@@ -111,6 +111,15 @@ def parse_job(body: Raw) -> tuple[RLJob | None, InvalidRLJob | None]:
         return None, exc
 
 
+class JobGone(Exception):
+    """The RLJob this worker reconciles no longer exists (or is another incarnation): stop before acting."""
+
+    def __init__(self, fresh: Raw | None = None) -> None:
+        super().__init__("the RLJob is gone")
+        self.fresh = fresh
+        """The namesake that replaced it, when one did."""
+
+
 @dataclass
 class ConfigSync:
     """What reading the children back found: whether the spec change needs new pods, and what to patch."""
@@ -146,6 +155,15 @@ class JobWorker:
         self.rejections: set[str] = set()
         self.members_written: list[int] | None = None
         """The rollout membership last written (llm jobs): unchanged, it is not written again."""
+        self.confirmed = time.monotonic()
+        """When the job and its pods were last read live (monotonic). kopf fills the index completely before the
+        first reconcile, so a new worker starts from a confirmed view."""
+        self.confirm = False
+        """Read the job and its pods live on the next pass (kopf re-listed after a watch gap)."""
+        self.vanished: set[str] = set()
+        """uids of pods kopf's index still holds that a live read found gone: kopf drops an index entry only on
+        a DELETED event, and a re-list after a watch gap (410 Gone, a peering pause) yields none."""
+        self.gone = False
 
     @property
     def phase(self) -> str:
@@ -165,6 +183,8 @@ class JobWorker:
         while True:
             self.wake.clear()
             delay = await self.reconcile_safely()
+            if self.gone:
+                return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=delay)
                 # Events come in bursts (a job's pods change together): take them in one pass.
@@ -183,6 +203,11 @@ class JobWorker:
                 delay = await self.reconcile()
             except asyncio.CancelledError:
                 raise
+            except JobGone as gone:
+                logger.info("rljob %s/%s: deleted; its worker stops", *self.key)
+                self.gone = True
+                ctl.forget(self, gone.fresh)
+                return 0.0
             except ApiError as exc:
                 ctl.metrics.reconcile_errors.inc()
                 logger.warning("rljob %s/%s: API error, retrying: %s", *self.key, exc)
@@ -225,10 +250,18 @@ class JobWorker:
         if self.status is None:
             self.status = load_status(body.get("status"))
             self.written = body.get("status") or {}  # what the server holds: the base of the next patch
+        if self.confirm or time.monotonic() - self.confirmed >= ctl.config.resync_seconds:
+            await self.read_live()
+            body = self.body
+            meta = body["metadata"]
         job, invalid, desired_pods, others = self.desired()
         # Only pods this job controls: a look-alike label on someone else's pod, or a pod of a deleted
         # namesake the garbage collector has not removed yet, is never touched.
-        raws = [r for r in ctl.pods_of(namespace, name) if controlled_by(r, meta.get("uid"))]
+        indexed = ctl.pods_of(namespace, name)
+        self.vanished &= {r["metadata"].get("uid") for r in indexed}
+        raws = [
+            r for r in indexed if controlled_by(r, meta.get("uid")) and r["metadata"].get("uid") not in self.vanished
+        ]
         pods = self.observed_pods(raws)
         generation = int(meta.get("generation") or 1)
 
@@ -271,6 +304,28 @@ class JobWorker:
             await self.write_members(job, result.rollout_members)
         await self.act(result, pods, desired_pods)
         return self.next_delay(result)
+
+    async def read_live(self) -> None:
+        """Read the job and its pods from the server, not from kopf's caches: every resync, and after kopf
+        re-listed. A job deleted in a watch gap stops its worker (JobGone) before it acts; a pod deleted in
+        the gap is dropped from this worker's view of the index (`vanished`)."""
+        client = self.controller.client
+        namespace, name = self.key
+        before = {r["metadata"].get("uid") for r in self.controller.pods_of(namespace, name)}
+        # A LIST by name, not a GET: the operator's RBAC grants list and watch on RLJobs.
+        jobs = await client.list(API_VERSION, KIND, namespace, fields=f"metadata.name={name}")
+        fresh = next((j for j in jobs if j.get("metadata", {}).get("name") == name), None)
+        if fresh is None:
+            raise JobGone()
+        if fresh["metadata"].get("uid") != self.body["metadata"].get("uid"):
+            raise JobGone(fresh)
+        listed = await client.list("v1", "Pod", namespace, labels=f"{LABEL_JOB}={name}")
+        self.vanished = before - {p["metadata"].get("uid") for p in listed}
+        if self.vanished:
+            logger.info("rljob %s/%s: %d pod(s) in the watch cache are gone", *self.key, len(self.vanished))
+        self.body = fresh
+        self.confirm = False
+        self.confirmed = time.monotonic()
 
     def desired(self) -> tuple[RLJob | None, InvalidRLJob | None, dict[str, Raw], list[Raw]]:
         """The validated job and its children, rebuilt only when the spec changes (a new generation)."""
@@ -406,7 +461,7 @@ class JobWorker:
             await self.controller.client.patch_job_status(*self.key, patch)
         except ApiError as exc:
             if exc.not_found:
-                return  # deleted meanwhile; its DELETED event stops this worker
+                raise JobGone() from None  # deleted: nothing of this plan may be carried out
             raise
         self.status = result.status
         self.written = new
@@ -528,10 +583,19 @@ class Controller:
         except KeyError:
             return []
 
+    def forget(self, worker: JobWorker, fresh: Raw | None = None) -> None:
+        """A worker found its job gone: drop it (from inside its own task); start one for a namesake."""
+        if self.workers.get(worker.key) is worker:
+            del self.workers[worker.key]
+        if fresh is not None:
+            self.job_event(None, fresh)
+
     def job_event(self, event_type: str | None, body: Raw) -> None:
         meta = body.get("metadata") or {}
         key = (meta.get("namespace") or "", meta.get("name") or "")
         worker = self.workers.get(key)
+        if event_type is None and worker is not None:
+            worker.confirm = True  # kopf listed (again): what vanished meanwhile has no DELETED event
         if event_type == "DELETED":
             if worker is not None:
                 del self.workers[key]
@@ -561,9 +625,11 @@ class Controller:
         fixed = {n for n in namespaces if not any(c in n for c in "*?[!")}
         await self.peering.run(lambda: fixed | {key[0] for key in self.workers}, self.peering_changed)
 
-    def pod_event(self, namespace: str, job: str) -> None:
+    def pod_event(self, namespace: str, job: str, listed: bool = False) -> None:
+        """A pod of the job changed; `listed`: kopf listed it (a re-list after a watch gap, or the start)."""
         worker = self.workers.get((namespace, job))
         if worker is not None:
+            worker.confirm = worker.confirm or listed
             worker.wake.set()
 
     async def stop(self) -> None:

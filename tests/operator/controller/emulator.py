@@ -9,7 +9,8 @@ on. This subclass adds it, nothing more:
   delete precondition, 422 `Invalid` on a failed JSON-patch `test`, 404 `NotFound`;
 - the status subresource: patches of the object ignore `status`, patches of `/status` change only it;
 - a scale subresource mapped onto a spec path (like the CRD's `specReplicasPath`);
-- label selectors on list and watch; watches resume from a `resourceVersion` and answer 410 Gone
+- label selectors on list and watch, and `metadata.name` / `metadata.namespace` field selectors on list;
+  watches resume from a `resourceVersion` and answer 410 Gone
   when that version has been compacted away (`compact()`), as a real server does after a while;
 - finalizers and `deletionTimestamp`; a deleted pod that has a node and has not finished stays, with
   `deletionTimestamp` and `deletionGracePeriodSeconds`, through its grace period: patches (the kubelet's
@@ -256,7 +257,12 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     async def _serve_list(self, request: rendering.Request) -> Raw:
         self._require_known(request.resource)
         selector = request.params.get("labelSelector", "")
-        items = [raw for raw in self._all(request.resource, request.namespace) if self._selected(raw, selector)]
+        fields = _field_selector(request.params.get("fieldSelector", ""))
+        items = [
+            raw
+            for raw in self._all(request.resource, request.namespace)
+            if self._selected(raw, selector) and all(raw["metadata"].get(k) == v for k, v in fields.items())
+        ]
         return {
             "apiVersion": "v1",
             "kind": "List",
@@ -683,6 +689,18 @@ def _conflict(resource: Resource, name: str) -> kmock.KubernetesError:
         f'Operation cannot be fulfilled on {resource.plural} "{name}": the object has been modified; '
         "please apply your changes to the latest version and try again",
     )
+
+
+def _field_selector(selector: str) -> dict[str, str]:
+    """`metadata.name=x,metadata.namespace=y` -> {"name": "x", "namespace": "y"}: the fields every resource has."""
+    fields = {}
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        key, _, value = term.partition("=")
+        key = key.rstrip("=")
+        if key not in ("metadata.name", "metadata.namespace"):
+            raise kmock.KubernetesError(400, "BadRequest", f'"{key}" is not a known field selector')
+        fields[key.removeprefix("metadata.")] = value.lstrip("=")
+    return fields
 
 
 class _NonFinite(ValueError):
