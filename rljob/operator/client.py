@@ -146,9 +146,15 @@ class KubeClient:
             body["preconditions"] = {"uid": uid}
         await self._call("delete", "DELETE", object_path(api_version, kind, namespace, name), body)
 
-    async def patch_job_status(self, namespace: str, name: str, status: Manifest) -> Manifest:
+    async def patch_job_status(
+        self, namespace: str, name: str, status: Manifest, preconditions: Manifest | None = None
+    ) -> Manifest:
+        """Merge-patch the status; `preconditions` (`uid`, `resourceVersion`) make a changed job a 409."""
         path = object_path(API_VERSION, KIND, namespace, name) + "/status"
-        return await self._call("patch", "PATCH", path, {"status": status}, MERGE_PATCH)
+        body: Manifest = {"status": status}
+        if preconditions:
+            body["metadata"] = dict(preconditions)
+        return await self._call("patch", "PATCH", path, body, MERGE_PATCH)
 
     async def scale_job(self, namespace: str, name: str, replicas: int) -> Manifest:
         """Set the rollout count through the scale subresource, as `kubectl scale rljob/NAME` does."""

@@ -111,6 +111,19 @@ def parse_job(body: Raw) -> tuple[RLJob | None, InvalidRLJob | None]:
         return None, exc
 
 
+class StaleStatus(Exception):
+    """The status write met a newer object (409): the worker forgets what it knew and plans again."""
+
+
+def _newer(old: Raw, new: Raw) -> bool:
+    """Whether `new` is not older than `old` (resource versions compared as etcd's counters when they are)."""
+    before = str(old.get("metadata", {}).get("resourceVersion") or "")
+    after = str(new.get("metadata", {}).get("resourceVersion") or "")
+    if old.get("metadata", {}).get("uid") != new.get("metadata", {}).get("uid"):
+        return True
+    return not (before.isdigit() and after.isdigit()) or int(after) >= int(before)
+
+
 class JobGone(Exception):
     """The RLJob this worker reconciles no longer exists (or is another incarnation): stop before acting."""
 
@@ -165,6 +178,20 @@ class JobWorker:
         a DELETED event, and a re-list after a watch gap (410 Gone, a peering pause) yields none."""
         self.gone = False
 
+    def forget_state(self) -> None:
+        """Drop everything this worker remembers of the job beyond what the server holds: on every standby
+        transition (the active peer moved the job on meanwhile) and on a conflicting status write. The next pass
+        reads the job and its pods live and starts from the status as written."""
+        self.status = None
+        self.written = None
+        self.synced_generation = None
+        self.children_checked = 0.0
+        self.members_written = None
+        self.progress = None
+        self.last_progress = 0.0
+        self.expected = {}
+        self.confirm = True
+
     @property
     def phase(self) -> str:
         status = self.status if self.status is not None else load_status(self.body.get("status"))
@@ -196,6 +223,7 @@ class JobWorker:
             # A hot standby: the active replica owns the job. Woken at once when this one becomes active;
             # the resync timer keeps ticking meanwhile (each tick counted, so a standby is seen idling).
             ctl.metrics.standby_passes.inc()
+            self.forget_state()
             return ctl.config.resync_seconds
         async with ctl.semaphore:
             started = time.perf_counter()
@@ -203,6 +231,10 @@ class JobWorker:
                 delay = await self.reconcile()
             except asyncio.CancelledError:
                 raise
+            except StaleStatus:
+                logger.info("rljob %s/%s: the status changed under this operator; planning again", *self.key)
+                self.forget_state()
+                delay = ctl.config.coalesce_seconds
             except JobGone as gone:
                 logger.info("rljob %s/%s: deleted; its worker stops", *self.key)
                 self.gone = True
@@ -405,7 +437,10 @@ class JobWorker:
         """The autoscaler's count, through the scale subresource; the new generation then creates or deletes
         rollout pods (and the actor follows the membership) like a hand `kubectl scale`."""
         try:
-            await self.controller.client.scale_job(*self.key, replicas)
+            scale = await self.controller.client.scale_job(*self.key, replicas)
+            version = (scale.get("metadata") or {}).get("resourceVersion")
+            if version:
+                self.body["metadata"]["resourceVersion"] = version  # the next status write starts from it
         except ApiError as exc:
             if exc.not_found:
                 return  # deleted meanwhile
@@ -457,14 +492,24 @@ class JobWorker:
             self.status = result.status
             return
         patch = merge_patch_between(self.written or {}, new)
+        # Preconditions: the status this plan started from is the one the server holds (another replica, or
+        # this one before a standby, may have written since), and the job is the same incarnation.
+        meta = self.body["metadata"]
+        preconditions = {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}
         try:
-            await self.controller.client.patch_job_status(*self.key, patch)
+            updated = await self.controller.client.patch_job_status(
+                *self.key, patch, {k: v for k, v in preconditions.items() if v}
+            )
         except ApiError as exc:
             if exc.not_found:
                 raise JobGone() from None  # deleted: nothing of this plan may be carried out
+            if exc.exists:
+                raise StaleStatus() from None  # nothing of this plan may be carried out either
             raise
         self.status = result.status
         self.written = new
+        if updated.get("metadata") and _newer(self.body, updated):
+            self.body = updated
 
     async def post_events(self, result: Plan) -> None:
         ctl = self.controller
@@ -607,16 +652,19 @@ class Controller:
             worker = self.workers[key] = JobWorker(self, key, body)
             worker.start()
             return
-        worker.body = body
+        if _newer(worker.body, body):
+            worker.body = body  # an event older than what a status write answered tells nothing new
         worker.wake.set()
 
     def standing_by(self) -> bool:
         return self.peering is not None and self.peering.paused
 
     def peering_changed(self) -> None:
-        """The standby state changed: record it, and wake every worker (they idle while standing by)."""
+        """The standby state changed: record it, and wake every worker (they idle while standing by). Either way
+        each worker forgets its cached status: the active peer wrote meanwhile, or will from now on."""
         self.metrics.standby.set(1 if self.standing_by() else 0)
         for worker in list(self.workers.values()):
+            worker.forget_state()
             worker.wake.set()
 
     async def watch_peering(self, namespaces: Iterable[str] = ()) -> None:
