@@ -223,6 +223,27 @@ async def test_progress_is_pulled_from_actor_zero(kube: KubernetesApiEmulator, c
         await server.close()
 
 
+async def test_a_non_finite_progress_value_is_left_out_and_progress_goes_on(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    """JSON has no NaN: a real server refuses a status with one (400), which froze progress and lost the
+    reconcile's actions. An actor reporting a NaN reward (an empty batch, say) or an infinite entropy keeps
+    its step moving; the values that are not numbers are left out."""
+    progress = {"step": 3, "totalSteps": 150, "rewardMean": float("nan"), "entropy": float("inf")}
+    server = await progress_server(progress)
+    try:
+        async with operator_running(kube, progress_url=lambda pod, port: str(server.make_url("/progress"))):
+            await start_cartpole(cluster)
+            await eventually(lambda: cluster.status("cp")["progress"]["step"] == 3, what="progress")
+            assert "rewardMean" not in cluster.status("cp")["progress"]
+            assert "entropy" not in cluster.status("cp")["progress"]
+            progress.update(step=4, rewardMean=12.5)
+            await eventually(lambda: cluster.status("cp")["progress"].get("rewardMean") == 12.5, what="a number")
+            assert cluster.status("cp")["progress"]["step"] == 4
+    finally:
+        await server.close()
+
+
 async def test_volcano_pod_group_covers_every_pod_and_follows_scaling(
     kube: KubernetesApiEmulator, cluster: Cluster
 ) -> None:
