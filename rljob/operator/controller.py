@@ -140,6 +140,9 @@ class ConfigSync:
     spec_changed: bool = False
     patches: list[tuple[Raw, Raw]] = field(default_factory=list)
     """(existing object, merge patch) to apply after the status is written."""
+    failed: list[str] = field(default_factory=list)
+    """`Kind/name: why` of children the server refused to create (a CRD that is not installed, a quota, an
+    admission webhook): reported in status and an Event; the pass that creates them completes the sync."""
     foreign: list[str] = field(default_factory=list)
     """`Kind/name` of children whose name another owner holds (a deleted namesake's, until the garbage
     collector removes them): never adopted; the pass that finds none completes the sync."""
@@ -315,6 +318,7 @@ class JobWorker:
             spec_changed=sync.spec_changed,
             progress=progress,
             foreign_children=sync.foreign,
+            failed_children=sync.failed,
             deleted=set(self.deleting),
         )
         result = plan(obs)
@@ -326,7 +330,7 @@ class JobWorker:
             await ctl.client.patch(
                 existing["apiVersion"], existing["kind"], namespace, existing["metadata"]["name"], patch
             )
-        if active and not sync.foreign:
+        if active and not sync.foreign and not sync.failed:
             if self.synced_generation != generation or recheck:
                 self.children_checked = time.monotonic()
                 self.members_written = None  # the membership ConfigMap is checked again with the others
@@ -388,13 +392,16 @@ class JobWorker:
         sync = ConfigSync()
         edited = False
         for manifest in others:
+            name = manifest["metadata"]["name"]
             try:
                 await ctl.client.create(namespace, manifest)
                 continue
             except ApiError as exc:
+                if exc.status == 0:
+                    raise  # the server is unreachable: nothing else will get through either
                 if not exc.exists:
-                    raise
-            name = manifest["metadata"]["name"]
+                    sync.failed.append(f"{manifest['kind']}/{name}: {_create_error(manifest, exc)}")
+                    continue
             existing = await ctl.client.get(manifest["apiVersion"], manifest["kind"], namespace, name)
             if not controlled_by(existing, self.body["metadata"].get("uid")):
                 # A namesake's (a deleted job of the same name whose children the garbage collector has not
@@ -585,6 +592,16 @@ class JobWorker:
             now = time.monotonic()
             delays.append(max(min(list(self.expected.values()) + list(self.deleting.values())) - now, 0.05))
         return max(min(delays), 0.0)
+
+
+def _create_error(manifest: Raw, exc: ApiError) -> str:
+    """Why a child could not be created, with the likely cause of a 404 on a create (an API not served)."""
+    if exc.not_found:
+        group = manifest["apiVersion"].split("/")[0] if "/" in manifest["apiVersion"] else "core"
+        return (
+            f"{exc} (the cluster does not serve {manifest['kind']} of {manifest['apiVersion']}: is {group} installed?)"
+        )
+    return str(exc)
 
 
 async def _gather(calls: Iterable[Any]) -> None:

@@ -88,6 +88,10 @@ from rljob.runtime.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, EXIT_ROLLOU
 Manifest = dict[str, Any]
 EventType = Literal["Normal", "Warning"]
 
+CHILDREN_CREATED = "ChildrenCreated"
+"""False with reason FailedCreate while the server refuses one of the job's other children."""
+FAILED_CHILDREN_RETRY_SECONDS = 5.0
+"""How soon a job whose children the server refused tries again."""
 FOREIGN_CHILDREN_RETRY_SECONDS = 2.0
 """How soon a job whose children's names are still held by a deleted namesake looks again."""
 
@@ -144,6 +148,9 @@ class Observation:
     deleted: set[str] = field(default_factory=set)
     """uids of pods this operator deleted (still listed, or recently): any other terminating pod was deleted by
     someone else (a drain, a preemption, `kubectl delete pod`)."""
+    failed_children: list[str] = field(default_factory=list)
+    """`Kind/name: why` of children the server refused to create (the PodGroup of `gang: volcano` on a cluster
+    without Volcano, a quota, an admission webhook)."""
     foreign_children: list[str] = field(default_factory=list)
     """`Kind/name` of children (ConfigMap, Service, PodGroup, NetworkPolicy) whose name another owner still
     holds, typically a deleted namesake's that the garbage collector has not removed yet."""
@@ -682,7 +689,24 @@ class _Planner:
             looping.append(f"{role} replica {replica} ({name}) failed {failures.count} times in a row")
         return looping
 
+    def report_children(self) -> None:
+        """The ChildrenCreated condition: False (FailedCreate, and a Warning Event when new) while the server
+        refuses a ConfigMap, Service, PodGroup or NetworkPolicy; True again once they exist."""
+        failed = self.obs.failed_children
+        if failed:
+            self.warn_condition(CHILDREN_CREATED, "FailedCreate", describe_pods(failed))
+            self.requeue(FAILED_CHILDREN_RETRY_SECONDS)
+        elif not self.obs.foreign_children:
+            clear = get_condition(self.status, CHILDREN_CREATED)
+            if clear is not None and clear.status == "False":
+                message = "the ConfigMap, Service and every other child exist"
+                set_condition(self.status, CHILDREN_CREATED, True, "Created", message, self.now)
+                self.event("Normal", "Created", message)
+
     def create_missing(self) -> None:
+        self.report_children()
+        if self.obs.failed_children:
+            return  # pods would wait on what is missing (their config volume, their PodGroup)
         if self.obs.foreign_children:
             # Pods would mount the namesake's config and run beside its policy: wait until those are gone
             # and this job's own children exist.

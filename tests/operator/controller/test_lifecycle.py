@@ -14,12 +14,14 @@ from tests.operator.controller.conftest import (
     FAST,
     NETWORK_POLICIES,
     NS,
+    RESOURCES,
     SERVICES,
     Cluster,
     arithmetic_job,
     cartpole_job,
     code_job,
     eventually,
+    new_emulator,
     operator_running,
     progress_server,
     start_cartpole,
@@ -276,3 +278,28 @@ async def test_reward_pods_running_sandboxed_code_without_network_get_a_dns_only
         await eventually(lambda: kube.read_object(NETWORK_POLICIES, NS, "gc-reward-egress") is None, what="deleted")
         cluster.patch_job("gc", {"spec": {"reward": {"sandbox": {"network": False}}}})
         await eventually(lambda: kube.read_object(NETWORK_POLICIES, NS, "gc-reward-egress"), what="recreated")
+
+
+async def test_a_child_the_cluster_cannot_create_is_reported_in_status_and_an_event() -> None:
+    """`gang: volcano` on a cluster without Volcano: the PodGroup create is a 404. The job says so."""
+    kube = new_emulator()
+    del kube.resources["scheduling.volcano.sh/v1beta1/podgroups"]  # no Volcano here
+    cluster = Cluster(kube)
+    async with kube, kmock.Server(kube), operator_running(kube):
+        cluster.create_job(cartpole_job(scheduling={"gang": "volcano"}))
+
+        def condition() -> dict:
+            return next((c for c in cluster.status("cp").get("conditions", []) if c["type"] == "ChildrenCreated"), {})
+
+        await eventually(lambda: condition()["status"] == "False", what="the condition")
+        assert condition()["reason"] == "FailedCreate" and "PodGroup/cp" in condition()["message"]
+        assert cluster.phase("cp") == "Pending" and cluster.pods("cp") == {}  # no pod waits on a missing group
+        await eventually(lambda: "FailedCreate" in cluster.reasons("cp"), what="the Event")
+        # Volcano gets installed: the job goes on by itself.
+        info = RESOURCES["scheduling.volcano.sh/v1beta1/podgroups"]
+        kube.resources["scheduling.volcano.sh/v1beta1/podgroups"] = kmock.ResourceInfo(
+            verbs={"list", "watch", "get", "create", "patch", "delete"}, **info
+        )
+        await eventually(lambda: condition()["status"] == "True", what="created")
+        await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS, what="pods")
+    kube.stop_timers()
