@@ -30,6 +30,7 @@ def compact_pod(body: kopf.Body) -> dict[str, Any]:
         "annotations",
         "ownerReferences",
         "deletionTimestamp",
+        "deletionGracePeriodSeconds",
         "resourceVersion",
     )
     return {

@@ -88,6 +88,10 @@ from rljob.runtime.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, EXIT_ROLLOU
 Manifest = dict[str, Any]
 EventType = Literal["Normal", "Warning"]
 
+STUCK_TERMINATING = "PodStuckTerminating"
+"""Ready's reason while a pod terminates well past its grace period (a lost node)."""
+STUCK_MARGIN_SECONDS = 30
+"""A pod is stuck terminating once its grace period and as long again (at most this, at least 1 s) are over."""
 CHILDREN_CREATED = "ChildrenCreated"
 """False with reason FailedCreate while the server refuses one of the job's other children."""
 FAILED_CHILDREN_RETRY_SECONDS = 5.0
@@ -322,10 +326,19 @@ class _Planner:
         policy = job.spec.failure_policy
         deadline = policy.progress_deadline_seconds
         stalled = get_condition(self.status, STALLED)
-        if self.status.phase != "Running" or not deadline:
+        if not deadline:
             return
         progress = self.obs.progress or self.status.progress
-        running_since = parse_rfc3339(self.status.running_since)
+        if self.status.phase == "Running":
+            running_since = parse_rfc3339(self.status.running_since)
+        elif self.status.phase == "Restarting":
+            # A restart that never ends (an old rank stuck terminating on a lost node) makes no progress either:
+            # measured from the moment the restart began.
+            restarting = get_condition(self.status, RESTARTING)
+            began = restarting.last_transition_time if restarting and restarting.status == "True" else None
+            running_since = parse_rfc3339(began)
+        else:
+            return
         if running_since is None:
             return
         last_step = parse_rfc3339(progress.updated_at)
@@ -735,6 +748,9 @@ class _Planner:
             if scheduled:
                 set_condition(self.status, SCHEDULED, True, "AllPodsScheduled", "every pod has a node", self.now)
         reason, problems = container_problems(obs.pods)
+        stuck = self.stuck_terminating()
+        if stuck:
+            reason, problems = STUCK_TERMINATING, stuck
         if not problems:
             # Pods never restart in place (restartPolicy Never), so the kubelet reports no crash loop:
             # replicas the operator keeps replacing are the crash loops here.
@@ -767,6 +783,28 @@ class _Planner:
             self.transition("Starting", "Starting", "every pod is placed; waiting for readiness")
         elif self.status.phase not in ("Pending", "Starting"):
             self.transition("Pending", "Pending", "waiting for pods to be created and scheduled")
+
+    def stuck_terminating(self) -> list[str]:
+        """Pods terminating well past their grace period: their kubelet does not confirm (a lost node). They
+        keep their names (and a restart waits for its old ranks) until the node comes back or someone force-
+        deletes them; the job says so instead of waiting silently."""
+        stuck = []
+        for pod in self.obs.pods:
+            deleted = parse_rfc3339(pod.deleted_at) if pod.terminating else None
+            if deleted is None:
+                continue
+            grace = pod.grace_seconds if pod.grace_seconds is not None else 30
+            overdue = grace + max(min(grace, STUCK_MARGIN_SECONDS), 1)
+            waited = (self.now - deleted).total_seconds()
+            if waited < overdue:
+                self.requeue(overdue - waited)
+                continue
+            stuck.append(
+                f"{pod.name} on node {pod.node or '(none)'} has been terminating for {waited:.0f}s (grace period "
+                f"{grace}s): its kubelet does not confirm; if the node is gone for good, "
+                f"`kubectl delete pod {pod.name} --grace-period=0 --force` lets the job go on"
+            )
+        return stuck
 
     def warn_condition(self, kind: str, reason: str, message: str) -> None:
         """Set a condition False for a problem; post a Warning when the problem is new."""

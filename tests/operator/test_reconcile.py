@@ -419,3 +419,29 @@ def test_a_running_job_is_not_demoted_when_an_actor_loses_readiness() -> None:
     assert result.status.phase == "Running"
     ready = next(c for c in result.status.conditions if c.type == "Ready")
     assert ready.status == "False" and ready.reason == "PodsNotReady"
+
+
+def test_a_pod_terminating_long_past_its_grace_period_is_reported_and_a_stuck_restart_stalls() -> None:
+    two = job(
+        roles={"actor": {"replicas": 2}, "rollout": {"replicas": 1}, "env": {"replicas": 1}},
+        failurePolicy={"progressDeadlineSeconds": 600},
+    )
+    stuck = replace(
+        pod("cp-actor-1", ready=False), terminating=True, deleted_at=rfc3339(NOW), grace_seconds=60, node="lost"
+    )
+    others = [pod(n) for n in ["cp-rollout-0", "cp-env-0"]]
+    first = plan(observe(RLJobStatus(phase="Running"), [pod("cp-actor-0"), stuck, *others], the_job=two))
+    assert first.status.phase == "Restarting"
+    # Within its grace period and half a minute more it is only terminating; the job looks again then.
+    later = plan(observe(first.status, [stuck, *others], the_job=two, now=NOW + seconds(80)))
+    ready = next(c for c in later.status.conditions if c.type == "Ready")
+    assert ready.reason != "PodStuckTerminating" and later.requeue_after == 10
+    late = plan(observe(later.status, [stuck, *others], the_job=two, now=NOW + seconds(91)))
+    ready = next(c for c in late.status.conditions if c.type == "Ready")
+    assert ready.status == "False" and ready.reason == "PodStuckTerminating"
+    assert "cp-actor-1 on node lost" in ready.message and "--force" in ready.message
+    assert "PodStuckTerminating" in [e.reason for e in late.events] and late.create == []
+    # The restart that cannot finish is watched by the progress deadline too.
+    stalled = plan(observe(late.status, [stuck, *others], the_job=two, now=NOW + seconds(601)))
+    assert next(c for c in stalled.status.conditions if c.type == "Stalled").status == "True"
+    assert stalled.status.phase == "Restarting"

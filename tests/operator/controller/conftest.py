@@ -271,8 +271,8 @@ class Cluster:
     def patch_job(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         return self.kube.patch_object(RLJOBS, self.namespace, name, patch)
 
-    def run(self, pod: str, ready: bool = True, ip: str = "127.0.0.1") -> None:
-        self.kube.patch_object(PODS, self.namespace, pod, {"spec": {"nodeName": "node-1"}})
+    def run(self, pod: str, ready: bool = True, ip: str = "127.0.0.1", node: str = "node-1") -> None:
+        self.kube.patch_object(PODS, self.namespace, pod, {"spec": {"nodeName": node}})
         self.kube.patch_status(
             PODS,
             self.namespace,

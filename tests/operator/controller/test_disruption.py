@@ -63,3 +63,30 @@ async def test_a_running_job_stays_running_while_an_actor_is_not_ready() -> None
         )
         assert cluster.phase("cp") == "Running"
         assert op.task is not None
+
+
+async def test_an_actor_stuck_terminating_on_a_lost_node_is_reported_and_the_job_is_watched_for_stalls() -> None:
+    """The node is gone: its pods are not Ready, then evicted (deletionTimestamp) but never removed, since no
+    kubelet confirms. The rest of the group is restarted, the stuck pod is reported, and Stalled still fires."""
+    kube = new_emulator(lost_nodes={"lost"})
+    cluster = Cluster(kube)
+    async with kube, kmock.Server(kube), operator_running(kube):
+        manifest = cartpole_job(roles=TWO_ACTORS, failurePolicy={"progressDeadlineSeconds": 3})
+        await start_running(cluster, manifest)
+        cluster.run("cp-actor-1", ready=False, node="lost")  # the node controller: NotReady
+        kube.delete_object(PODS, NS, "cp-actor-1", grace_period_seconds=1)  # taint-based eviction
+        await eventually(lambda: _restarting(cluster).get("reason") == "ActorDisrupted", what="ActorDisrupted")
+        await eventually(lambda: "cp-actor-0" not in cluster.pods("cp"), what="the rest of the group deleted")
+
+        def condition(kind: str) -> dict:
+            return next((c for c in cluster.status("cp").get("conditions", []) if c["type"] == kind), {})
+
+        await eventually(lambda: condition("Ready").get("reason") == "PodStuckTerminating", what="reported")
+        assert "cp-actor-1" in condition("Ready")["message"] and "lost" in condition("Ready")["message"]
+        await eventually(lambda: "PodStuckTerminating" in cluster.reasons("cp"), what="the Event")
+        await eventually(lambda: condition("Stalled").get("status") == "True", what="Stalled while Restarting")
+        assert cluster.phase("cp") == "Restarting" and cluster.status("cp")["restarts"] == 0
+        # Someone confirms the node is gone for good and force-deletes the pod: the new group starts.
+        kube.delete_object(PODS, NS, "cp-actor-1", grace_period_seconds=0)
+        await eventually(lambda: {"cp-actor-0", "cp-actor-1"} <= set(cluster.pods("cp")), what="new group")
+    kube.stop_timers()
