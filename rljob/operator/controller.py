@@ -180,6 +180,9 @@ class JobWorker:
         """uids of pods kopf's index still holds that a live read found gone: kopf drops an index entry only on
         a DELETED event, and a re-list after a watch gap (410 Gone, a peering pause) yields none."""
         self.gone = False
+        self.last_valid: tuple[RLJob | None, InvalidRLJob | None, dict[str, Raw], list[Raw]] | None = None
+        """The job and children of the last spec that passed validation: a started job runs on with it when an
+        edit passes the CRD but not rljob's validation."""
 
     def forget_state(self) -> None:
         """Drop everything this worker remembers of the job beyond what the server holds: on every standby
@@ -290,6 +293,13 @@ class JobWorker:
             body = self.body
             meta = body["metadata"]
         job, invalid, desired_pods, others = self.desired()
+        refused = None
+        if job is None and self.status.phase not in TERMINAL_PHASES:
+            # An edit the CRD accepted and rljob refuses: a started job keeps its last valid spec.
+            fallback = self.last_valid or await self.applied_spec()
+            if fallback is not None:
+                refused = invalid
+                job, invalid, desired_pods, others = fallback
         # Only pods this job controls: a look-alike label on someone else's pod, or a pod of a deleted
         # namesake the garbage collector has not removed yet, is never touched.
         indexed = ctl.pods_of(namespace, name)
@@ -319,6 +329,7 @@ class JobWorker:
             progress=progress,
             foreign_children=sync.foreign,
             failed_children=sync.failed,
+            refused_edit=refused,
             deleted=set(self.deleting),
         )
         result = plan(obs)
@@ -374,15 +385,50 @@ class JobWorker:
         others: list[Raw] = []
         if job is not None:
             try:
-                for child in build_children(job, self.controller.settings):
-                    if child["kind"] == "Pod":
-                        desired_pods[child["metadata"]["name"]] = child
-                    else:
-                        others.append(child)
+                desired_pods, others = self.children_of(job)
             except InvalidRLJob as exc:
                 job, invalid, desired_pods, others = None, exc, {}, []
         self.built = (key, (job, invalid, desired_pods, others))
+        if job is not None:
+            self.last_valid = self.built[1]
         return self.built[1]
+
+    def children_of(self, job: RLJob) -> tuple[dict[str, Raw], list[Raw]]:
+        """The pods (by name) and the other children the builders make for `job`."""
+        desired_pods: dict[str, Raw] = {}
+        others: list[Raw] = []
+        for child in build_children(job, self.controller.settings):
+            if child["kind"] == "Pod":
+                desired_pods[child["metadata"]["name"]] = child
+            else:
+                others.append(child)
+        return desired_pods, others
+
+    async def applied_spec(self) -> tuple[RLJob | None, InvalidRLJob | None, dict[str, Raw], list[Raw]] | None:
+        """The last valid spec as the job's ConfigMap holds it (after an operator restart, say); None for a job
+        that never had one (created invalid: it fails as InvalidSpec)."""
+        namespace, name = self.key
+        try:
+            existing = await self.controller.client.get("v1", "ConfigMap", namespace, f"{name}-config")
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+        if not controlled_by(existing, self.body["metadata"].get("uid")):
+            return None
+        document = yaml.safe_load((existing.get("data") or {}).get(CONFIG_KEY) or "{}") or {}
+        if not isinstance(document.get("spec"), dict):
+            return None
+        body = {k: v for k, v in self.body.items() if k not in ("spec", "status")}
+        job, _ = parse_job({**body, "spec": document["spec"]})
+        if job is None:
+            return None
+        try:
+            desired_pods, others = self.children_of(job)
+        except InvalidRLJob:
+            return None
+        self.last_valid = (job, None, desired_pods, others)
+        return self.last_valid
 
     async def sync_children(self, job: RLJob, others: list[Raw]) -> ConfigSync:
         """Create the ConfigMap, Service, PodGroup and NetworkPolicy if absent; read back what exists to spot

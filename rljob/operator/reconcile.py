@@ -88,6 +88,8 @@ from rljob.runtime.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, EXIT_ROLLOU
 Manifest = dict[str, Any]
 EventType = Literal["Normal", "Warning"]
 
+SPEC_ACCEPTED = "SpecAccepted"
+"""False with reason InvalidSpec while a started job's latest edit is refused and it runs on its last valid spec."""
 STUCK_TERMINATING = "PodStuckTerminating"
 """Ready's reason while a pod terminates well past its grace period (a lost node)."""
 STUCK_MARGIN_SECONDS = 30
@@ -152,6 +154,9 @@ class Observation:
     deleted: set[str] = field(default_factory=set)
     """uids of pods this operator deleted (still listed, or recently): any other terminating pod was deleted by
     someone else (a drain, a preemption, `kubectl delete pod`)."""
+    refused_edit: InvalidRLJob | None = None
+    """The latest spec edit passed the CRD but not rljob's validation; `job` is the last valid spec, which the
+    started job keeps running on."""
     failed_children: list[str] = field(default_factory=list)
     """`Kind/name: why` of children the server refused to create (the PodGroup of `gang: volcano` on a cluster
     without Volcano, a quota, an admission webhook)."""
@@ -257,6 +262,7 @@ class _Planner:
             self.finish(False, "InvalidSpec", message)
             return self.finalize()
         job = obs.job
+        self.report_refused_edit()
         if self.deadline_exceeded(job):
             return self.finalize()
         if job.spec.suspend:
@@ -304,6 +310,22 @@ class _Planner:
             self.status.conditions = [c for c in self.status.conditions if c.type != FAILED]
             self.status.completion_time = None
             self.transition("Pending", "SpecFixed", "the edited spec is valid")
+
+    def report_refused_edit(self) -> None:
+        """SpecAccepted: False (InvalidSpec, every problem, a Warning Event for each new refusal) while the
+        latest edit is refused and the job runs on its last valid spec; True once an edit is valid again."""
+        refused = self.obs.refused_edit
+        current = get_condition(self.status, SPEC_ACCEPTED)
+        if refused is not None:
+            problems = "; ".join(p.render() for p in refused.problems) or "the spec is not a valid RLJob"
+            message = f"generation {self.obs.generation} refused: {problems}; the job runs on its last valid spec"
+            if current is None or current.status != "False" or current.message != message:
+                self.event("Warning", "InvalidSpec", message)
+            set_condition(self.status, SPEC_ACCEPTED, False, "InvalidSpec", message, self.now)
+        elif current is not None and current.status == "False":
+            message = f"generation {self.obs.generation} is valid"
+            set_condition(self.status, SPEC_ACCEPTED, True, "Accepted", message, self.now)
+            self.event("Normal", "SpecAccepted", message)
 
     def deadline_exceeded(self, job: RLJob) -> bool:
         limit = job.spec.active_deadline_seconds

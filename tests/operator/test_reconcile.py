@@ -10,8 +10,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from rljob.api import load_job_file, validate_job
+from rljob.api import InvalidRLJob, load_job_file, validate_job
 from rljob.api.crd import build_crd
+from rljob.api.problems import Problem
 from rljob.api.status import ReplicaFailures, RLJobStatus
 from rljob.launch.failure_policy import STABLE_SECONDS, FailurePolicy
 from rljob.operator.manifests import build_children, config_hash
@@ -445,3 +446,18 @@ def test_a_pod_terminating_long_past_its_grace_period_is_reported_and_a_stuck_re
     stalled = plan(observe(late.status, [stuck, *others], the_job=two, now=NOW + seconds(601)))
     assert next(c for c in stalled.status.conditions if c.type == "Stalled").status == "True"
     assert stalled.status.phase == "Restarting"
+
+
+def test_a_refused_edit_is_reported_and_the_job_runs_on() -> None:
+    refused = InvalidRLJob([Problem("spec.roles.rollout.replicas", "must be <= roles.env.replicas 2 (got 3)")])
+    pods = [pod(n) for n in ALL]
+    result = plan(observe(RLJobStatus(phase="Running"), pods, refused_edit=refused, generation=2))
+    accepted = next(c for c in result.status.conditions if c.type == "SpecAccepted")
+    assert accepted.status == "False" and accepted.reason == "InvalidSpec"
+    assert "spec.roles.rollout.replicas" in accepted.message and "generation 2" in accepted.message
+    assert result.status.phase == "Running" and result.delete == [] and result.create == []
+    assert [e.reason for e in result.events] == ["InvalidSpec"]
+    again = plan(observe(result.status, pods, refused_edit=refused, generation=2))
+    assert again.events == []  # the same refusal is reported once
+    fixed = plan(observe(again.status, pods, generation=3))
+    assert next(c for c in fixed.status.conditions if c.type == "SpecAccepted").status == "True"

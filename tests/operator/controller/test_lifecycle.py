@@ -303,3 +303,44 @@ async def test_a_child_the_cluster_cannot_create_is_reported_in_status_and_an_ev
         await eventually(lambda: condition()["status"] == "True", what="created")
         await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS, what="pods")
     kube.stop_timers()
+
+
+async def test_an_edit_that_deeper_validation_refuses_leaves_a_started_job_running_on_its_last_valid_spec(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    """`kubectl scale --replicas=3` on a gym job with 2 env replicas passes the CRD but not rljob's validation
+    (each rollout replica drives its own env replicas). The running job keeps its pods and says why."""
+
+    def accepted() -> dict:
+        return next((c for c in cluster.status("cp").get("conditions", []) if c["type"] == "SpecAccepted"), {})
+
+    async with operator_running(kube):
+        await start_cartpole(cluster)
+        uids = {name: pod["metadata"]["uid"] for name, pod in cluster.pods("cp").items()}
+        await _scale_rollouts(kube, "cp", 3)
+        await eventually(lambda: accepted().get("status") == "False", what="the refused edit reported")
+        assert accepted()["reason"] == "InvalidSpec" and "spec.roles.rollout.replicas" in accepted()["message"]
+        await eventually(lambda: "InvalidSpec" in cluster.reasons("cp"), what="the Event")
+        assert cluster.phase("cp") == "Running"
+        assert {name: pod["metadata"]["uid"] for name, pod in cluster.pods("cp").items()} == uids
+        # Back to a valid spec: accepted again, and nothing was restarted.
+        await _scale_rollouts(kube, "cp", 1)
+        await eventually(lambda: accepted().get("status") == "True", what="accepted")
+        assert {name: pod["metadata"]["uid"] for name, pod in cluster.pods("cp").items()} == uids
+        assert cluster.phase("cp") == "Running" and cluster.status("cp")["restarts"] == 0
+
+
+async def test_an_operator_started_after_a_refused_edit_runs_the_job_on_the_spec_in_its_config(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    async with operator_running(kube):
+        await start_cartpole(cluster)
+    uids = {name: pod["metadata"]["uid"] for name, pod in cluster.pods("cp").items()}
+    cluster.patch_job("cp", {"spec": {"roles": {"rollout": {"replicas": 3}}}})  # while no operator runs
+    async with operator_running(kube):
+        await eventually(
+            lambda: any(c["type"] == "SpecAccepted" for c in cluster.status("cp").get("conditions", [])),
+            what="the refused edit reported",
+        )
+        assert cluster.phase("cp") == "Running"
+        assert {name: pod["metadata"]["uid"] for name, pod in cluster.pods("cp").items()} == uids
