@@ -180,6 +180,9 @@ class JobWorker:
         """uids of pods kopf's index still holds that a live read found gone: kopf drops an index entry only on
         a DELETED event, and a re-list after a watch gap (410 Gone, a peering pause) yields none."""
         self.gone = False
+        self.status_version: str | None = None
+        """The job's resourceVersion at which `written` was the status on the server: the precondition of the
+        next status write, so a write planned on a status someone changed since is refused (409)."""
         self.last_valid: tuple[RLJob | None, InvalidRLJob | None, dict[str, Raw], list[Raw]] | None = None
         """The job and children of the last spec that passed validation: a started job runs on with it when an
         edit passes the CRD but not rljob's validation."""
@@ -190,6 +193,7 @@ class JobWorker:
         reads the job and its pods live and starts from the status as written."""
         self.status = None
         self.written = None
+        self.status_version = None
         self.synced_generation = None
         self.children_checked = 0.0
         self.members_written = None
@@ -285,13 +289,14 @@ class JobWorker:
         namespace, name = self.key
         if meta.get("deletionTimestamp"):
             return None  # the garbage collector removes the children with the job
+        if self.confirm or time.monotonic() - self.confirmed >= ctl.config.resync_seconds:
+            await self.read_live()  # before the status is loaded: after a standby it comes from here
+            body = self.body
+            meta = body["metadata"]
         if self.status is None:
             self.status = load_status(body.get("status"))
             self.written = body.get("status") or {}  # what the server holds: the base of the next patch
-        if self.confirm or time.monotonic() - self.confirmed >= ctl.config.resync_seconds:
-            await self.read_live()
-            body = self.body
-            meta = body["metadata"]
+            self.status_version = meta.get("resourceVersion")
         job, invalid, desired_pods, others = self.desired()
         refused = None
         if job is None and self.status.phase not in TERMINAL_PHASES:
@@ -490,10 +495,7 @@ class JobWorker:
         """The autoscaler's count, through the scale subresource; the new generation then creates or deletes
         rollout pods (and the actor follows the membership) like a hand `kubectl scale`."""
         try:
-            scale = await self.controller.client.scale_job(*self.key, replicas)
-            version = (scale.get("metadata") or {}).get("resourceVersion")
-            if version:
-                self.body["metadata"]["resourceVersion"] = version  # the next status write starts from it
+            await self.controller.client.scale_job(*self.key, replicas)
         except ApiError as exc:
             if exc.not_found:
                 return  # deleted meanwhile
@@ -548,7 +550,7 @@ class JobWorker:
         # Preconditions: the status this plan started from is the one the server holds (another replica, or
         # this one before a standby, may have written since), and the job is the same incarnation.
         meta = self.body["metadata"]
-        preconditions = {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}
+        preconditions = {"uid": meta.get("uid"), "resourceVersion": self.status_version}
         try:
             updated = await self.controller.client.patch_job_status(
                 *self.key, patch, {k: v for k, v in preconditions.items() if v}
@@ -561,6 +563,7 @@ class JobWorker:
             raise
         self.status = result.status
         self.written = new
+        self.status_version = (updated.get("metadata") or {}).get("resourceVersion")
         if updated.get("metadata") and _newer(self.body, updated):
             self.body = updated
 
@@ -680,6 +683,8 @@ class Controller:
         self.pod_index: Any = None
         self.peering: PeeringGate | None = None
         """With kopf peering: says when this operator stands by (see rljob/operator/peering.py)."""
+        self.peering_task: asyncio.Task[None] | None = None
+        """The task keeping `peering` fresh (`watch_peering`): stopped with the workers, before the client closes."""
         metrics.watch_state(self._phases, self._pod_phases)
         metrics.watch_jobs(self._statuses)
 
@@ -746,6 +751,10 @@ class Controller:
     async def stop(self) -> None:
         """Stop every worker and close the HTTP sessions (idempotent)."""
         workers, self.workers = list(self.workers.values()), {}
+        if self.peering_task is not None:
+            self.peering_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.peering_task
         for worker in workers:
             await worker.stop()
         await self.progress.close()

@@ -9,7 +9,7 @@ on. This subclass adds it, nothing more:
   delete precondition, 422 `Invalid` on a failed JSON-patch `test`, 404 `NotFound`;
 - the status subresource: patches of the object ignore `status`, patches of `/status` change only it;
 - a scale subresource mapped onto a spec path (like the CRD's `specReplicasPath`);
-- label selectors on list and watch, and `metadata.name` / `metadata.namespace` field selectors on list;
+- label selectors, and `metadata.name` / `metadata.namespace` field selectors, on list and watch;
   watches resume from a `resourceVersion` and answer 410 Gone
   when that version has been compacted away (`compact()`), as a real server does after a while;
 - finalizers and `deletionTimestamp`; a deleted pod that has a node and has not finished stays, with
@@ -135,11 +135,14 @@ class _Watch:
     resource: Resource
     namespace: str | None
     selector: str
+    fields: dict[str, str] = attrs.field(factory=dict)
     queue: asyncio.Queue[Any] = attrs.field(factory=asyncio.Queue)
 
     def wants(self, raw: Raw) -> bool:
         meta = raw.get("metadata", {})
         if self.namespace is not None and meta.get("namespace") != self.namespace:
+            return False
+        if any(meta.get(k) != v for k, v in self.fields.items()):
             return False
         return selector_matches(self.selector, meta.get("labels") or {})
 
@@ -275,7 +278,9 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         yield b""  # send the headers now: the stream may stay silent for a while
         selector = request.params.get("labelSelector", "")
         since = request.params.get("resourceVersion")
-        watch = _Watch(request.resource, request.namespace, selector)
+        watch = _Watch(
+            request.resource, request.namespace, selector, _field_selector(request.params.get("fieldSelector", ""))
+        )
         self._watches.append(watch)
         getter: asyncio.Future[Any] | None = None
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 
@@ -10,6 +11,7 @@ import kmock
 from rljob.operator.metrics import OperatorMetrics
 from tests.operator.controller.conftest import (
     CARTPOLE_PODS,
+    FAST,
     NS,
     RLJOBS,
     Cluster,
@@ -109,3 +111,21 @@ async def test_an_operator_active_again_never_writes_the_status_it_had_before_st
         )
         assert cluster.phase("cp") == "Failed" and cluster.status("cp")["restarts"] == 3
         assert cluster.status("cp")["completionTime"] == "2026-01-01T00:00:00Z"
+
+
+async def test_the_job_workers_stand_by_as_soon_as_the_peering_object_says_so_not_a_poll_later(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    """kopf pauses the moment a peer with a higher priority shows up in the peering object; the job workers
+    must stop with it, not after the gate's next poll (30 s here), or two replicas act meanwhile."""
+    kube.create_object(
+        PEERINGS, NS, {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "rljob"}}
+    )
+    config = dataclasses.replace(FAST, peering_poll_seconds=30)
+    async with operator_running(kube, peering="rljob", priority=10, config=config) as op:
+        await eventually(lambda: sample(op.metrics, "rljob_operator_standby") == 0, what="active")
+        await eventually(lambda: (kube.read_object(PEERINGS, NS, "rljob") or {}).get("status"), what="own record")
+        kube.patch_object(PEERINGS, NS, "rljob", {"status": {"active-replica": peer(100)}})
+        await eventually(lambda: sample(op.metrics, "rljob_operator_standby") == 1, timeout=3, what="standing by")
+        kube.patch_object(PEERINGS, NS, "rljob", {"status": {"active-replica": None}})
+        await eventually(lambda: sample(op.metrics, "rljob_operator_standby") == 0, timeout=3, what="active again")
