@@ -114,7 +114,7 @@ class PeeringGate:
         for scope in scopes:
             peering = await self._read(scope)
             if peering is not None:
-                reason = standby_reason(peering, self.identity, self.priority, self.clock())
+                reason = reason or standby_reason(peering, self.identity, self.priority, self.clock())
         changed = reason != self.reason or not self.checked.is_set()
         if reason != self.reason:
             if reason is not None:

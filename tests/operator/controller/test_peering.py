@@ -129,3 +129,22 @@ async def test_the_job_workers_stand_by_as_soon_as_the_peering_object_says_so_no
         await eventually(lambda: sample(op.metrics, "rljob_operator_standby") == 1, timeout=3, what="standing by")
         kube.patch_object(PEERINGS, NS, "rljob", {"status": {"active-replica": None}})
         await eventually(lambda: sample(op.metrics, "rljob_operator_standby") == 0, timeout=3, what="active again")
+
+
+async def test_a_peer_in_any_served_namespace_puts_the_gate_on_standby(kube: KubernetesApiEmulator) -> None:
+    from kubernetes_asyncio.client import Configuration
+
+    from rljob.operator.client import KubeClient
+    from rljob.operator.peering import PeeringGate
+
+    for namespace in ("a", "b"):
+        body = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "rljob"}}
+        kube.create_object(PEERINGS, namespace, body)
+    kube.patch_object(PEERINGS, "a", "rljob", {"status": {"active-replica": peer(100)}})
+    client = KubeClient(Configuration(host=str(kube.url).rstrip("/")))
+    try:
+        gate = PeeringGate(client, "rljob", "me", 10, clusterwide=False)
+        await gate.refresh(["a", "b"])  # b, read after a, has no rival: a's still counts
+        assert gate.paused and "active-replica" in (gate.reason or "")
+    finally:
+        await client.close()
