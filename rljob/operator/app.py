@@ -109,6 +109,7 @@ async def run_operator(
         )
         metrics.standby.set(1)  # until the first read of the peering objects says otherwise
         peering_task = asyncio.create_task(controller.watch_peering(options.namespaces), name="rljob peering gate")
+        controller.peering_task = peering_task
     runner = await serve_metrics(metrics, options.metrics_port) if options.metrics_port is not None else None
     liveness = f"http://0.0.0.0:{options.liveness_port}/healthz" if options.liveness_port is not None else None
     try:

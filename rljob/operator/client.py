@@ -7,6 +7,7 @@ API error is raised as `ApiError` with the HTTP status.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import uuid
@@ -61,6 +62,15 @@ def object_path(api_version: str, kind: str, namespace: str, name: str | None = 
     base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     path = f"{base}/namespaces/{namespace}/{plural}"
     return f"{path}/{name}" if name else path
+
+
+def _cluster_path(api_version: str, kind: str) -> str:
+    """The collection of a cluster-scoped kind (the ClusterKopfPeering)."""
+    plural = _PLURALS.get(kind)
+    if plural is None:
+        raise ValueError(f"the operator does not read {kind} objects")
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{base}/{plural}"
 
 
 def _status_message(exc: ApiException) -> str:
@@ -121,11 +131,70 @@ class KubeClient:
 
     async def get_cluster_object(self, api_version: str, kind: str, name: str) -> Manifest:
         """GET a cluster-scoped object (the ClusterKopfPeering)."""
-        plural = _PLURALS.get(kind)
-        if plural is None:
-            raise ValueError(f"the operator does not read {kind} objects")
-        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-        return await self._call("get", "GET", f"{base}/{plural}/{name}")
+        return await self._call("get", "GET", f"{_cluster_path(api_version, kind)}/{name}")
+
+    async def list(
+        self, api_version: str, kind: str, namespace: str, labels: str = "", fields: str = ""
+    ) -> list[Manifest]:
+        """LIST with label and field selectors (a live read: the watch caches can miss what vanished)."""
+        query = [(k, v) for k, v in (("labelSelector", labels), ("fieldSelector", fields)) if v]
+        result = await self._call("list", "GET", object_path(api_version, kind, namespace), query=query)
+        return list(result.get("items") or [])
+
+    async def list_named(
+        self, api_version: str, kind: str, namespace: str | None, name: str
+    ) -> tuple[Manifest | None, str]:
+        """The object called `name` (None when there is none) and the resourceVersion to watch it from."""
+        path = object_path(api_version, kind, namespace) if namespace is not None else _cluster_path(api_version, kind)
+        result = await self._call("list", "GET", path, query=[("fieldSelector", f"metadata.name={name}")])
+        found = next((i for i in result.get("items") or [] if (i.get("metadata") or {}).get("name") == name), None)
+        return found, str((result.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def watch_named(
+        self, api_version: str, kind: str, namespace: str | None, name: str, since: str, timeout: float
+    ) -> bool:
+        """Watch the object called `name` from resourceVersion `since`: True at its first change, False when
+        `timeout` seconds pass without one (or the server ends the watch: 410 Gone included)."""
+        path = object_path(api_version, kind, namespace) if namespace is not None else _cluster_path(api_version, kind)
+        query = [
+            ("watch", "true"),
+            ("fieldSelector", f"metadata.name={name}"),
+            ("timeoutSeconds", str(max(int(timeout), 1))),
+        ]
+        if since:
+            query.append(("resourceVersion", since))
+        try:
+            response = await self.api.call_api(
+                path,
+                "GET",
+                query_params=query,
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout + 5,
+            )
+        except ApiException as exc:
+            self.on_call("watch", exc.status or 0)
+            raise ApiError(exc.status or 0, "watch", path, _status_message(exc)) from None
+        except (OSError, TimeoutError, aiohttp.ClientError) as exc:
+            self.on_call("watch", 0)
+            raise ApiError(0, "watch", path, f"cannot reach the API server: {exc}") from None
+        self.on_call("watch", 200)
+        try:
+            async with asyncio.timeout(timeout):
+                async for line in response.content:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                        return True
+                    if event.get("type") == "ERROR":
+                        return False
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            return False
+        finally:
+            response.release()
+        return False
 
     async def patch(self, api_version: str, kind: str, namespace: str, name: str, patch: Manifest) -> Manifest:
         path = object_path(api_version, kind, namespace, name)
@@ -138,9 +207,15 @@ class KubeClient:
             body["preconditions"] = {"uid": uid}
         await self._call("delete", "DELETE", object_path(api_version, kind, namespace, name), body)
 
-    async def patch_job_status(self, namespace: str, name: str, status: Manifest) -> Manifest:
+    async def patch_job_status(
+        self, namespace: str, name: str, status: Manifest, preconditions: Manifest | None = None
+    ) -> Manifest:
+        """Merge-patch the status; `preconditions` (`uid`, `resourceVersion`) make a changed job a 409."""
         path = object_path(API_VERSION, KIND, namespace, name) + "/status"
-        return await self._call("patch", "PATCH", path, {"status": status}, MERGE_PATCH)
+        body: Manifest = {"status": status}
+        if preconditions:
+            body["metadata"] = dict(preconditions)
+        return await self._call("patch", "PATCH", path, body, MERGE_PATCH)
 
     async def scale_job(self, namespace: str, name: str, replicas: int) -> Manifest:
         """Set the rollout count through the scale subresource, as `kubectl scale rljob/NAME` does."""

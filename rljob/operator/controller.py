@@ -31,7 +31,7 @@ from rljob.operator.manifests.config import restart_relevant
 from rljob.operator.manifests.members import build_rollout_members
 from rljob.operator.manifests.network import NETWORK_POLICY_API
 from rljob.operator.metrics import OperatorMetrics
-from rljob.operator.naming import CONFIG_KEY, LABEL_ROLE, reward_egress_policy_name
+from rljob.operator.naming import CONFIG_KEY, LABEL_JOB, LABEL_ROLE, reward_egress_policy_name
 from rljob.operator.peering import PeeringGate
 from rljob.operator.podstate import PodState, observe_pod
 from rljob.operator.progress import ProgressReader
@@ -111,6 +111,28 @@ def parse_job(body: Raw) -> tuple[RLJob | None, InvalidRLJob | None]:
         return None, exc
 
 
+class StaleStatus(Exception):
+    """The status write met a newer object (409): the worker forgets what it knew and plans again."""
+
+
+def _newer(old: Raw, new: Raw) -> bool:
+    """Whether `new` is not older than `old` (resource versions compared as etcd's counters when they are)."""
+    before = str(old.get("metadata", {}).get("resourceVersion") or "")
+    after = str(new.get("metadata", {}).get("resourceVersion") or "")
+    if old.get("metadata", {}).get("uid") != new.get("metadata", {}).get("uid"):
+        return True
+    return not (before.isdigit() and after.isdigit()) or int(after) >= int(before)
+
+
+class JobGone(Exception):
+    """The RLJob this worker reconciles no longer exists (or is another incarnation): stop before acting."""
+
+    def __init__(self, fresh: Raw | None = None) -> None:
+        super().__init__("the RLJob is gone")
+        self.fresh = fresh
+        """The namesake that replaced it, when one did."""
+
+
 @dataclass
 class ConfigSync:
     """What reading the children back found: whether the spec change needs new pods, and what to patch."""
@@ -118,6 +140,12 @@ class ConfigSync:
     spec_changed: bool = False
     patches: list[tuple[Raw, Raw]] = field(default_factory=list)
     """(existing object, merge patch) to apply after the status is written."""
+    failed: list[str] = field(default_factory=list)
+    """`Kind/name: why` of children the server refused to create (a CRD that is not installed, a quota, an
+    admission webhook): reported in status and an Event; the pass that creates them completes the sync."""
+    foreign: list[str] = field(default_factory=list)
+    """`Kind/name` of children whose name another owner holds (a deleted namesake's, until the garbage
+    collector removes them): never adopted; the pass that finds none completes the sync."""
 
 
 class JobWorker:
@@ -133,6 +161,9 @@ class JobWorker:
         self.expected: dict[str, float] = {}
         self.deleting: dict[str, float] = {}
         self.synced_generation: int | None = None
+        self.children_checked = 0.0
+        """When the children (ConfigMap, Service, PodGroup, NetworkPolicy) were last found complete and this
+        job's (monotonic): they are checked again every resync, since nothing watches them."""
         self.last_progress = 0.0
         self.progress: Progress | None = None
         self.task: asyncio.Task[None] | None = None
@@ -140,6 +171,36 @@ class JobWorker:
         self.rejections: set[str] = set()
         self.members_written: list[int] | None = None
         """The rollout membership last written (llm jobs): unchanged, it is not written again."""
+        self.confirmed = time.monotonic()
+        """When the job and its pods were last read live (monotonic). kopf fills the index completely before the
+        first reconcile, so a new worker starts from a confirmed view."""
+        self.confirm = False
+        """Read the job and its pods live on the next pass (kopf re-listed after a watch gap)."""
+        self.vanished: set[str] = set()
+        """uids of pods kopf's index still holds that a live read found gone: kopf drops an index entry only on
+        a DELETED event, and a re-list after a watch gap (410 Gone, a peering pause) yields none."""
+        self.gone = False
+        self.status_version: str | None = None
+        """The job's resourceVersion at which `written` was the status on the server: the precondition of the
+        next status write, so a write planned on a status someone changed since is refused (409)."""
+        self.last_valid: tuple[RLJob | None, InvalidRLJob | None, dict[str, Raw], list[Raw]] | None = None
+        """The job and children of the last spec that passed validation: a started job runs on with it when an
+        edit passes the CRD but not rljob's validation."""
+
+    def forget_state(self) -> None:
+        """Drop everything this worker remembers of the job beyond what the server holds: on every standby
+        transition (the active peer moved the job on meanwhile) and on a conflicting status write. The next pass
+        reads the job and its pods live and starts from the status as written."""
+        self.status = None
+        self.written = None
+        self.status_version = None
+        self.synced_generation = None
+        self.children_checked = 0.0
+        self.members_written = None
+        self.progress = None
+        self.last_progress = 0.0
+        self.expected = {}
+        self.confirm = True
 
     @property
     def phase(self) -> str:
@@ -159,6 +220,8 @@ class JobWorker:
         while True:
             self.wake.clear()
             delay = await self.reconcile_safely()
+            if self.gone:
+                return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=delay)
                 # Events come in bursts (a job's pods change together): take them in one pass.
@@ -170,6 +233,7 @@ class JobWorker:
             # A hot standby: the active replica owns the job. Woken at once when this one becomes active;
             # the resync timer keeps ticking meanwhile (each tick counted, so a standby is seen idling).
             ctl.metrics.standby_passes.inc()
+            self.forget_state()
             return ctl.config.resync_seconds
         async with ctl.semaphore:
             started = time.perf_counter()
@@ -177,6 +241,15 @@ class JobWorker:
                 delay = await self.reconcile()
             except asyncio.CancelledError:
                 raise
+            except StaleStatus:
+                logger.info("rljob %s/%s: the status changed under this operator; planning again", *self.key)
+                self.forget_state()
+                delay = ctl.config.coalesce_seconds
+            except JobGone as gone:
+                logger.info("rljob %s/%s: deleted; its worker stops", *self.key)
+                self.gone = True
+                ctl.forget(self, gone.fresh)
+                return 0.0
             except ApiError as exc:
                 ctl.metrics.reconcile_errors.inc()
                 logger.warning("rljob %s/%s: API error, retrying: %s", *self.key, exc)
@@ -192,7 +265,11 @@ class JobWorker:
 
     def observed_pods(self, raws: list[Raw]) -> list[PodState]:
         now = time.monotonic()
-        self.deleting = {uid: t for uid, t in self.deleting.items() if t > now}
+        # A pod this operator deleted is remembered while it terminates (its grace period may outlast the
+        # expectation), so it is never taken for one the cluster took away; one still listed without a
+        # deletionTimestamp past the horizon lost its DELETE and is deleted again.
+        terminating = {r["metadata"].get("uid") for r in raws if r["metadata"].get("deletionTimestamp")}
+        self.deleting = {uid: t for uid, t in self.deleting.items() if t > now or uid in terminating}
         pods = []
         for raw in raws:
             pod = observe_pod(raw)
@@ -212,19 +289,36 @@ class JobWorker:
         namespace, name = self.key
         if meta.get("deletionTimestamp"):
             return None  # the garbage collector removes the children with the job
+        if self.confirm or time.monotonic() - self.confirmed >= ctl.config.resync_seconds:
+            await self.read_live()  # before the status is loaded: after a standby it comes from here
+            body = self.body
+            meta = body["metadata"]
         if self.status is None:
             self.status = load_status(body.get("status"))
             self.written = body.get("status") or {}  # what the server holds: the base of the next patch
+            self.status_version = meta.get("resourceVersion")
         job, invalid, desired_pods, others = self.desired()
+        refused = None
+        if job is None and self.status.phase not in TERMINAL_PHASES:
+            # An edit the CRD accepted and rljob refuses: a started job keeps its last valid spec.
+            fallback = self.last_valid or await self.applied_spec()
+            if fallback is not None:
+                refused = invalid
+                job, invalid, desired_pods, others = fallback
         # Only pods this job controls: a look-alike label on someone else's pod, or a pod of a deleted
         # namesake the garbage collector has not removed yet, is never touched.
-        raws = [r for r in ctl.pods_of(namespace, name) if controlled_by(r, meta.get("uid"))]
+        indexed = ctl.pods_of(namespace, name)
+        self.vanished &= {r["metadata"].get("uid") for r in indexed}
+        raws = [
+            r for r in indexed if controlled_by(r, meta.get("uid")) and r["metadata"].get("uid") not in self.vanished
+        ]
         pods = self.observed_pods(raws)
         generation = int(meta.get("generation") or 1)
 
         sync = ConfigSync()
         active = self.status.phase not in TERMINAL_PHASES and job is not None and not job.spec.suspend
-        if active and self.synced_generation != generation:
+        recheck = time.monotonic() - self.children_checked >= ctl.config.resync_seconds
+        if active and (self.synced_generation != generation or recheck):
             sync = await self.sync_children(job, others)
         progress = await self.pull_progress(job, raws) if job is not None else None
         obs = Observation(
@@ -238,6 +332,10 @@ class JobWorker:
             expected=set(self.expected),
             spec_changed=sync.spec_changed,
             progress=progress,
+            foreign_children=sync.foreign,
+            failed_children=sync.failed,
+            refused_edit=refused,
+            deleted=set(self.deleting),
         )
         result = plan(obs)
         await self.write_status(result)  # the scaling's time and step first: a replay never scales twice
@@ -248,13 +346,38 @@ class JobWorker:
             await ctl.client.patch(
                 existing["apiVersion"], existing["kind"], namespace, existing["metadata"]["name"], patch
             )
-        if active:
+        if active and not sync.foreign and not sync.failed:
+            if self.synced_generation != generation or recheck:
+                self.children_checked = time.monotonic()
+                self.members_written = None  # the membership ConfigMap is checked again with the others
             self.synced_generation = generation
         if job is not None and result.rollout_members is not None:
             # Before the pods are touched: a rollout deleted now has left the membership the actor reads.
             await self.write_members(job, result.rollout_members)
         await self.act(result, pods, desired_pods)
         return self.next_delay(result)
+
+    async def read_live(self) -> None:
+        """Read the job and its pods from the server, not from kopf's caches: every resync, and after kopf
+        re-listed. A job deleted in a watch gap stops its worker (JobGone) before it acts; a pod deleted in
+        the gap is dropped from this worker's view of the index (`vanished`)."""
+        client = self.controller.client
+        namespace, name = self.key
+        before = {r["metadata"].get("uid") for r in self.controller.pods_of(namespace, name)}
+        # A LIST by name, not a GET: the operator's RBAC grants list and watch on RLJobs.
+        jobs = await client.list(API_VERSION, KIND, namespace, fields=f"metadata.name={name}")
+        fresh = next((j for j in jobs if j.get("metadata", {}).get("name") == name), None)
+        if fresh is None:
+            raise JobGone()
+        if fresh["metadata"].get("uid") != self.body["metadata"].get("uid"):
+            raise JobGone(fresh)
+        listed = await client.list("v1", "Pod", namespace, labels=f"{LABEL_JOB}={name}")
+        self.vanished = before - {p["metadata"].get("uid") for p in listed}
+        if self.vanished:
+            logger.info("rljob %s/%s: %d pod(s) in the watch cache are gone", *self.key, len(self.vanished))
+        self.body = fresh
+        self.confirm = False
+        self.confirmed = time.monotonic()
 
     def desired(self) -> tuple[RLJob | None, InvalidRLJob | None, dict[str, Raw], list[Raw]]:
         """The validated job and its children, rebuilt only when the spec changes (a new generation)."""
@@ -267,15 +390,50 @@ class JobWorker:
         others: list[Raw] = []
         if job is not None:
             try:
-                for child in build_children(job, self.controller.settings):
-                    if child["kind"] == "Pod":
-                        desired_pods[child["metadata"]["name"]] = child
-                    else:
-                        others.append(child)
+                desired_pods, others = self.children_of(job)
             except InvalidRLJob as exc:
                 job, invalid, desired_pods, others = None, exc, {}, []
         self.built = (key, (job, invalid, desired_pods, others))
+        if job is not None:
+            self.last_valid = self.built[1]
         return self.built[1]
+
+    def children_of(self, job: RLJob) -> tuple[dict[str, Raw], list[Raw]]:
+        """The pods (by name) and the other children the builders make for `job`."""
+        desired_pods: dict[str, Raw] = {}
+        others: list[Raw] = []
+        for child in build_children(job, self.controller.settings):
+            if child["kind"] == "Pod":
+                desired_pods[child["metadata"]["name"]] = child
+            else:
+                others.append(child)
+        return desired_pods, others
+
+    async def applied_spec(self) -> tuple[RLJob | None, InvalidRLJob | None, dict[str, Raw], list[Raw]] | None:
+        """The last valid spec as the job's ConfigMap holds it (after an operator restart, say); None for a job
+        that never had one (created invalid: it fails as InvalidSpec)."""
+        namespace, name = self.key
+        try:
+            existing = await self.controller.client.get("v1", "ConfigMap", namespace, f"{name}-config")
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+        if not controlled_by(existing, self.body["metadata"].get("uid")):
+            return None
+        document = yaml.safe_load((existing.get("data") or {}).get(CONFIG_KEY) or "{}") or {}
+        if not isinstance(document.get("spec"), dict):
+            return None
+        body = {k: v for k, v in self.body.items() if k not in ("spec", "status")}
+        job, _ = parse_job({**body, "spec": document["spec"]})
+        if job is None:
+            return None
+        try:
+            desired_pods, others = self.children_of(job)
+        except InvalidRLJob:
+            return None
+        self.last_valid = (job, None, desired_pods, others)
+        return self.last_valid
 
     async def sync_children(self, job: RLJob, others: list[Raw]) -> ConfigSync:
         """Create the ConfigMap, Service, PodGroup and NetworkPolicy if absent; read back what exists to spot
@@ -285,14 +443,22 @@ class JobWorker:
         sync = ConfigSync()
         edited = False
         for manifest in others:
+            name = manifest["metadata"]["name"]
             try:
                 await ctl.client.create(namespace, manifest)
                 continue
             except ApiError as exc:
+                if exc.status == 0:
+                    raise  # the server is unreachable: nothing else will get through either
                 if not exc.exists:
-                    raise
-            name = manifest["metadata"]["name"]
+                    sync.failed.append(f"{manifest['kind']}/{name}: {_create_error(manifest, exc)}")
+                    continue
             existing = await ctl.client.get(manifest["apiVersion"], manifest["kind"], namespace, name)
+            if not controlled_by(existing, self.body["metadata"].get("uid")):
+                # A namesake's (a deleted job of the same name whose children the garbage collector has not
+                # removed yet, or a stranger's): adopting it would lose it a moment later. Wait until it is gone.
+                sync.foreign.append(f"{manifest['kind']}/{name}")
+                continue
             if manifest["kind"] == "ConfigMap":
                 old = yaml.safe_load((existing.get("data") or {}).get(CONFIG_KEY) or "{}") or {}
                 new = yaml.safe_load(manifest["data"][CONFIG_KEY])
@@ -341,14 +507,17 @@ class JobWorker:
             return
         ctl = self.controller
         manifest = build_rollout_members(job, members)
+        name = manifest["metadata"]["name"]
         try:
             await ctl.client.create(self.key[0], manifest)
         except ApiError as exc:
             if not exc.exists:
                 raise
-            await ctl.client.patch(
-                "v1", "ConfigMap", self.key[0], manifest["metadata"]["name"], {"data": manifest["data"]}
-            )
+            existing = await ctl.client.get("v1", "ConfigMap", self.key[0], name)
+            if not controlled_by(existing, self.body["metadata"].get("uid")):
+                return  # a deleted namesake's, until the garbage collector removes it: tried again next pass
+            if existing.get("data") != manifest["data"]:
+                await ctl.client.patch("v1", "ConfigMap", self.key[0], name, {"data": manifest["data"]})
         self.members_written = list(members)
 
     async def pull_progress(self, job: RLJob, raws: list[Raw]) -> Progress | None:
@@ -378,14 +547,25 @@ class JobWorker:
             self.status = result.status
             return
         patch = merge_patch_between(self.written or {}, new)
+        # Preconditions: the status this plan started from is the one the server holds (another replica, or
+        # this one before a standby, may have written since), and the job is the same incarnation.
+        meta = self.body["metadata"]
+        preconditions = {"uid": meta.get("uid"), "resourceVersion": self.status_version}
         try:
-            await self.controller.client.patch_job_status(*self.key, patch)
+            updated = await self.controller.client.patch_job_status(
+                *self.key, patch, {k: v for k, v in preconditions.items() if v}
+            )
         except ApiError as exc:
             if exc.not_found:
-                return  # deleted meanwhile; its DELETED event stops this worker
+                raise JobGone() from None  # deleted: nothing of this plan may be carried out
+            if exc.exists:
+                raise StaleStatus() from None  # nothing of this plan may be carried out either
             raise
         self.status = result.status
         self.written = new
+        self.status_version = (updated.get("metadata") or {}).get("resourceVersion")
+        if updated.get("metadata") and _newer(self.body, updated):
+            self.body = updated
 
     async def post_events(self, result: Plan) -> None:
         ctl = self.controller
@@ -463,6 +643,16 @@ class JobWorker:
         return max(min(delays), 0.0)
 
 
+def _create_error(manifest: Raw, exc: ApiError) -> str:
+    """Why a child could not be created, with the likely cause of a 404 on a create (an API not served)."""
+    if exc.not_found:
+        group = manifest["apiVersion"].split("/")[0] if "/" in manifest["apiVersion"] else "core"
+        return (
+            f"{exc} (the cluster does not serve {manifest['kind']} of {manifest['apiVersion']}: is {group} installed?)"
+        )
+    return str(exc)
+
+
 async def _gather(calls: Iterable[Any]) -> None:
     results = await asyncio.gather(*calls, return_exceptions=True)
     for result in results:
@@ -493,6 +683,8 @@ class Controller:
         self.pod_index: Any = None
         self.peering: PeeringGate | None = None
         """With kopf peering: says when this operator stands by (see rljob/operator/peering.py)."""
+        self.peering_task: asyncio.Task[None] | None = None
+        """The task keeping `peering` fresh (`watch_peering`): stopped with the workers, before the client closes."""
         metrics.watch_state(self._phases, self._pod_phases)
         metrics.watch_jobs(self._statuses)
 
@@ -504,10 +696,19 @@ class Controller:
         except KeyError:
             return []
 
+    def forget(self, worker: JobWorker, fresh: Raw | None = None) -> None:
+        """A worker found its job gone: drop it (from inside its own task); start one for a namesake."""
+        if self.workers.get(worker.key) is worker:
+            del self.workers[worker.key]
+        if fresh is not None:
+            self.job_event(None, fresh)
+
     def job_event(self, event_type: str | None, body: Raw) -> None:
         meta = body.get("metadata") or {}
         key = (meta.get("namespace") or "", meta.get("name") or "")
         worker = self.workers.get(key)
+        if event_type is None and worker is not None:
+            worker.confirm = True  # kopf listed (again): what vanished meanwhile has no DELETED event
         if event_type == "DELETED":
             if worker is not None:
                 del self.workers[key]
@@ -519,16 +720,19 @@ class Controller:
             worker = self.workers[key] = JobWorker(self, key, body)
             worker.start()
             return
-        worker.body = body
+        if _newer(worker.body, body):
+            worker.body = body  # an event older than what a status write answered tells nothing new
         worker.wake.set()
 
     def standing_by(self) -> bool:
         return self.peering is not None and self.peering.paused
 
     def peering_changed(self) -> None:
-        """The standby state changed: record it, and wake every worker (they idle while standing by)."""
+        """The standby state changed: record it, and wake every worker (they idle while standing by). Either way
+        each worker forgets its cached status: the active peer wrote meanwhile, or will from now on."""
         self.metrics.standby.set(1 if self.standing_by() else 0)
         for worker in list(self.workers.values()):
+            worker.forget_state()
             worker.wake.set()
 
     async def watch_peering(self, namespaces: Iterable[str] = ()) -> None:
@@ -537,14 +741,20 @@ class Controller:
         fixed = {n for n in namespaces if not any(c in n for c in "*?[!")}
         await self.peering.run(lambda: fixed | {key[0] for key in self.workers}, self.peering_changed)
 
-    def pod_event(self, namespace: str, job: str) -> None:
+    def pod_event(self, namespace: str, job: str, listed: bool = False) -> None:
+        """A pod of the job changed; `listed`: kopf listed it (a re-list after a watch gap, or the start)."""
         worker = self.workers.get((namespace, job))
         if worker is not None:
+            worker.confirm = worker.confirm or listed
             worker.wake.set()
 
     async def stop(self) -> None:
         """Stop every worker and close the HTTP sessions (idempotent)."""
         workers, self.workers = list(self.workers.values()), {}
+        if self.peering_task is not None:
+            self.peering_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.peering_task
         for worker in workers:
             await worker.stop()
         await self.progress.close()

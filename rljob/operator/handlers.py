@@ -30,6 +30,7 @@ def compact_pod(body: kopf.Body) -> dict[str, Any]:
         "annotations",
         "ownerReferences",
         "deletionTimestamp",
+        "deletionGracePeriodSeconds",
         "resourceVersion",
     )
     return {
@@ -47,10 +48,13 @@ def register(registry: kopf.OperatorRegistry) -> None:
         return {(namespace, labels[LABEL_JOB]): compact_pod(body)}
 
     @kopf.on.event("v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry, id="pod-changed")
-    async def pod_changed(namespace: str, labels: dict[str, str], memo: kopf.Memo, **kwargs: Any) -> None:
+    async def pod_changed(
+        namespace: str, labels: dict[str, str], event: kopf.RawEvent, memo: kopf.Memo, **kwargs: Any
+    ) -> None:
         controller: Controller = memo.controller
         controller.pod_index = kwargs[POD_INDEX]
-        controller.pod_event(namespace, labels[LABEL_JOB])
+        # A listing event (type None) comes from kopf's (re-)list: the job's worker then reads its pods live.
+        controller.pod_event(namespace, labels[LABEL_JOB], listed=event["type"] is None)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="rljob-changed")
     async def rljob_changed(event: kopf.RawEvent, memo: kopf.Memo, **kwargs: Any) -> None:

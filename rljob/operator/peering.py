@@ -89,31 +89,32 @@ class PeeringGate:
         self.reason: str | None = None
         self.checked = asyncio.Event()
         """Set after the first check: until then the operator stands by (it may be the standby)."""
+        self.versions: dict[str | None, str] = {}
+        """Scope (namespace, None for the cluster) -> the resourceVersion its peering object was read at."""
 
     @property
     def paused(self) -> bool:
         return self.reason is not None or not self.checked.is_set()
 
+    def _kind(self) -> str:
+        return CLUSTER_PEERING if self.clusterwide else NAMESPACED_PEERING
+
     async def _read(self, namespace: str | None) -> dict[str, Any] | None:
-        try:
-            if namespace is None:
-                return await self.client.get_cluster_object(PEERING_API_VERSION, CLUSTER_PEERING, self.name)
-            return await self.client.get(PEERING_API_VERSION, NAMESPACED_PEERING, namespace, self.name)
-        except ApiError as exc:
-            if exc.not_found:
-                return None  # no peering object yet: nobody else announced itself
-            raise
+        # A LIST by name, not a GET: it also gives the version to watch from, whether the object exists or not
+        # (none yet: nobody else announced itself).
+        peering, version = await self.client.list_named(PEERING_API_VERSION, self._kind(), namespace, self.name)
+        self.versions[namespace] = version
+        return peering
 
     async def refresh(self, namespaces: Iterable[str]) -> bool:
         """Re-read the peering objects; True when the standby state changed."""
         scopes: list[str | None] = [None] if self.clusterwide else sorted(set(namespaces))
+        self.versions = {}
         reason = None
         for scope in scopes:
             peering = await self._read(scope)
             if peering is not None:
-                reason = standby_reason(peering, self.identity, self.priority, self.clock())
-            if reason is not None:
-                break
+                reason = reason or standby_reason(peering, self.identity, self.priority, self.clock())
         changed = reason != self.reason or not self.checked.is_set()
         if reason != self.reason:
             if reason is not None:
@@ -125,11 +126,43 @@ class PeeringGate:
         return changed
 
     async def run(self, namespaces: Callable[[], Iterable[str]], on_change: Callable[[], None]) -> None:
-        """Poll until cancelled; `on_change` runs after each change of the standby state."""
+        """Read, then watch the peering objects until one changes (kopf pauses the moment a peer appears in
+        them, so the workers must stop then too) or `poll_seconds` pass; until cancelled. `on_change` runs after
+        each change of the standby state."""
         while True:
             try:
                 if await self.refresh(namespaces()):
                     on_change()
             except ApiError as exc:
                 logger.warning("peering %s: cannot read the peering object, state kept: %s", self.name, exc)
+                await asyncio.sleep(self.poll_seconds)
+                continue
+            await self.wait_for_change()
+
+    async def wait_for_change(self) -> None:
+        """Until a peering object read by the last refresh changes, or `poll_seconds` pass."""
+        watches = [
+            asyncio.create_task(
+                self.client.watch_named(PEERING_API_VERSION, self._kind(), scope, self.name, version, self.poll_seconds)
+            )
+            for scope, version in self.versions.items()
+        ]
+        if not watches:
             await asyncio.sleep(self.poll_seconds)
+            return
+        started = asyncio.get_running_loop().time()
+        try:
+            pending = set(watches)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if any(not t.cancelled() and t.exception() is None and t.result() for t in done):
+                    return  # a change: read again now
+                if any(t.exception() is not None for t in done if not t.cancelled()):
+                    break  # the watch failed: fall back to waiting out the poll interval
+            left = self.poll_seconds - (asyncio.get_running_loop().time() - started)
+            if left > 0:
+                await asyncio.sleep(left)
+        finally:
+            for task in watches:
+                task.cancel()
+            await asyncio.gather(*watches, return_exceptions=True)

@@ -46,6 +46,11 @@ class PodState:
     """`finishedAt` (RFC 3339) of the container whose exit code is reported."""
     ready_since: str | None = None
     """When the pod last became Ready (the Ready condition's lastTransitionTime), while it is Ready."""
+    deleted_at: str | None = None
+    """`metadata.deletionTimestamp` (RFC 3339) while the pod terminates."""
+    grace_seconds: int | None = None
+    """`metadata.deletionGracePeriodSeconds` while the pod terminates."""
+    node: str = ""
 
     @property
     def failed(self) -> bool:
@@ -134,4 +139,7 @@ def observe_pod(raw: dict[str, Any]) -> PodState | None:
         config_hash=(meta.get("annotations") or {}).get(ANNOTATION_CONFIG_HASH, ""),
         finished_at=finished_at,
         ready_since=(ready_cond or {}).get("lastTransitionTime") if ready else None,
+        deleted_at=meta.get("deletionTimestamp"),
+        grace_seconds=meta.get("deletionGracePeriodSeconds"),
+        node=(raw.get("spec") or {}).get("nodeName") or "",
     )

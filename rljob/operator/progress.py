@@ -8,6 +8,7 @@ GET per reconcile interval. The URL comes from the pod's IP and `spec.logging.pr
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +44,22 @@ def pod_progress_url(pod: dict[str, Any], port: int) -> str | None:
     return f"http://{host}:{port}/progress"
 
 
+def parse_progress(data: dict[str, Any]) -> Progress:
+    """The contract's keys (accuracy only from llm jobs); anything else is not status material. A value that
+    is not a finite number where a number belongs (NaN, Infinity: Python's json reads them) is left out: JSON
+    has no such numbers and the API server refuses a status that holds one (400), which would stop every
+    status write of the job."""
+    known = {k: data[k] for k in PROGRESS_KEYS if k in data and _finite(data[k])}
+    progress = Progress.model_validate(known, by_alias=True)
+    # A string such as "NaN" passes the model's lax float parsing: drop what it turned into.
+    dropped = {name: None for name, value in progress if not _finite(value)}
+    return progress.model_copy(update=dropped) if dropped else progress
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
+
+
 class ProgressReader:
     """Reads progress over one shared HTTP session; a failed read is logged and yields None."""
 
@@ -65,9 +82,7 @@ class ProgressReader:
                 data = await response.json(content_type=None)
             if not isinstance(data, dict):
                 return None
-            # The contract's keys (accuracy only from llm jobs); anything else is not status material.
-            known = {k: data[k] for k in PROGRESS_KEYS if k in data}
-            return Progress.model_validate(known, by_alias=True)
+            return parse_progress(data)
         except (aiohttp.ClientError, TimeoutError, ValueError, ValidationError) as exc:
             logger.debug("progress %s unreadable: %s", url, exc)
             return None

@@ -88,6 +88,19 @@ from rljob.runtime.wire.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, EXIT_R
 Manifest = dict[str, Any]
 EventType = Literal["Normal", "Warning"]
 
+SPEC_ACCEPTED = "SpecAccepted"
+"""False with reason InvalidSpec while a started job's latest edit is refused and it runs on its last valid spec."""
+STUCK_TERMINATING = "PodStuckTerminating"
+"""Ready's reason while a pod terminates well past its grace period (a lost node)."""
+STUCK_MARGIN_SECONDS = 30
+"""A pod is stuck terminating once its grace period and as long again (at most this, at least 1 s) are over."""
+CHILDREN_CREATED = "ChildrenCreated"
+"""False with reason FailedCreate while the server refuses one of the job's other children."""
+FAILED_CHILDREN_RETRY_SECONDS = 5.0
+"""How soon a job whose children the server refused tries again."""
+FOREIGN_CHILDREN_RETRY_SECONDS = 2.0
+"""How soon a job whose children's names are still held by a deleted namesake looks again."""
+
 STOPPED_FOR_GOOD = (EXIT_FATAL_CONFIG, EXIT_DIVERGED, EXIT_ROLLOUT_GAVE_UP)
 """Actor exit codes that say why the whole group stopped and that no group restart would fix."""
 
@@ -138,6 +151,18 @@ class Observation:
     """The spec changed in a way that needs new pods (see module docstring)."""
     progress: Progress | None = None
     """Fresh progress from actor 0, when it answered."""
+    deleted: set[str] = field(default_factory=set)
+    """uids of pods this operator deleted (still listed, or recently): any other terminating pod was deleted by
+    someone else (a drain, a preemption, `kubectl delete pod`)."""
+    refused_edit: InvalidRLJob | None = None
+    """The latest spec edit passed the CRD but not rljob's validation; `job` is the last valid spec, which the
+    started job keeps running on."""
+    failed_children: list[str] = field(default_factory=list)
+    """`Kind/name: why` of children the server refused to create (the PodGroup of `gang: volcano` on a cluster
+    without Volcano, a quota, an admission webhook)."""
+    foreign_children: list[str] = field(default_factory=list)
+    """`Kind/name` of children (ConfigMap, Service, PodGroup, NetworkPolicy) whose name another owner still
+    holds, typically a deleted namesake's that the garbage collector has not removed yet."""
 
 
 @dataclass
@@ -237,6 +262,7 @@ class _Planner:
             self.finish(False, "InvalidSpec", message)
             return self.finalize()
         job = obs.job
+        self.report_refused_edit()
         if self.deadline_exceeded(job):
             return self.finalize()
         if job.spec.suspend:
@@ -285,6 +311,22 @@ class _Planner:
             self.status.completion_time = None
             self.transition("Pending", "SpecFixed", "the edited spec is valid")
 
+    def report_refused_edit(self) -> None:
+        """SpecAccepted: False (InvalidSpec, every problem, a Warning Event for each new refusal) while the
+        latest edit is refused and the job runs on its last valid spec; True once an edit is valid again."""
+        refused = self.obs.refused_edit
+        current = get_condition(self.status, SPEC_ACCEPTED)
+        if refused is not None:
+            problems = "; ".join(p.render() for p in refused.problems) or "the spec is not a valid RLJob"
+            message = f"generation {self.obs.generation} refused: {problems}; the job runs on its last valid spec"
+            if current is None or current.status != "False" or current.message != message:
+                self.event("Warning", "InvalidSpec", message)
+            set_condition(self.status, SPEC_ACCEPTED, False, "InvalidSpec", message, self.now)
+        elif current is not None and current.status == "False":
+            message = f"generation {self.obs.generation} is valid"
+            set_condition(self.status, SPEC_ACCEPTED, True, "Accepted", message, self.now)
+            self.event("Normal", "SpecAccepted", message)
+
     def deadline_exceeded(self, job: RLJob) -> bool:
         limit = job.spec.active_deadline_seconds
         started = parse_rfc3339(self.status.start_time)
@@ -306,10 +348,19 @@ class _Planner:
         policy = job.spec.failure_policy
         deadline = policy.progress_deadline_seconds
         stalled = get_condition(self.status, STALLED)
-        if self.status.phase != "Running" or not deadline:
+        if not deadline:
             return
         progress = self.obs.progress or self.status.progress
-        running_since = parse_rfc3339(self.status.running_since)
+        if self.status.phase == "Running":
+            running_since = parse_rfc3339(self.status.running_since)
+        elif self.status.phase == "Restarting":
+            # A restart that never ends (an old rank stuck terminating on a lost node) makes no progress either:
+            # measured from the moment the restart began.
+            restarting = get_condition(self.status, RESTARTING)
+            began = restarting.last_transition_time if restarting and restarting.status == "True" else None
+            running_since = parse_rfc3339(began)
+        else:
+            return
         if running_since is None:
             return
         last_step = parse_rfc3339(progress.updated_at)
@@ -470,9 +521,19 @@ class _Planner:
             for name in _role_pod_names(self.obs, "actor")
             if name not in self.pods and name not in self.obs.expected and group_started
         ]
-        if not failed and not missing:
+        # A rank deleted by someone else (drain, preemption, a hand delete) terminates through its grace period,
+        # no longer Ready, then vanishes: the group is broken from the moment it is deleted.
+        taken = [
+            p
+            for p in self.obs.pods
+            if p.role == "actor" and p.terminating and p.uid not in self.obs.deleted and not p.finished
+        ]
+        if not failed and not missing and not taken:
             return
         charged = [p for p in failed if p.failed and not p.disrupted]
+        if taken:
+            # The survivors' failures are the loss of their peer, not their own: only a stop for good counts.
+            charged = [p for p in charged if p.exit_code in STOPPED_FOR_GOOD]
         if charged:
             # A rank that diverged or found the config unusable says why the group stopped; the others only
             # saw their peer go (ranks in one observation can have failed either way).
@@ -505,8 +566,15 @@ class _Planner:
             self.plan.restart_counted = True
             reason = "ActorFailed"
             message = f"{why}; restarting the actor group ({self.status.restarts}/{policy.max_restarts})"
-        elif failed:
-            pod = failed[0]
+        elif taken:
+            pod = taken[0]
+            reason = "ActorDisrupted"
+            message = (
+                f"actor pod {pod.name} is being deleted by the cluster (a drain, a preemption or a hand delete); "
+                "restarting the actor group (not counted against maxRestarts)"
+            )
+        elif any(p.disrupted for p in failed):
+            pod = next(p for p in failed if p.disrupted)
             reason = "ActorDisrupted"
             message = f"actor pod {pod.name} was disrupted" + (f" ({pod.reason})" if pod.reason else "")
             message += "; restarting the actor group (not counted against maxRestarts)"
@@ -656,7 +724,29 @@ class _Planner:
             looping.append(f"{role} replica {replica} ({name}) failed {failures.count} times in a row")
         return looping
 
+    def report_children(self) -> None:
+        """The ChildrenCreated condition: False (FailedCreate, and a Warning Event when new) while the server
+        refuses a ConfigMap, Service, PodGroup or NetworkPolicy; True again once they exist."""
+        failed = self.obs.failed_children
+        if failed:
+            self.warn_condition(CHILDREN_CREATED, "FailedCreate", describe_pods(failed))
+            self.requeue(FAILED_CHILDREN_RETRY_SECONDS)
+        elif not self.obs.foreign_children:
+            clear = get_condition(self.status, CHILDREN_CREATED)
+            if clear is not None and clear.status == "False":
+                message = "the ConfigMap, Service and every other child exist"
+                set_condition(self.status, CHILDREN_CREATED, True, "Created", message, self.now)
+                self.event("Normal", "Created", message)
+
     def create_missing(self) -> None:
+        self.report_children()
+        if self.obs.failed_children:
+            return  # pods would wait on what is missing (their config volume, their PodGroup)
+        if self.obs.foreign_children:
+            # Pods would mount the namesake's config and run beside its policy: wait until those are gone
+            # and this job's own children exist.
+            self.requeue(FOREIGN_CHILDREN_RETRY_SECONDS)
+            return
         restarting = self.status.phase == "Restarting"
         actors_present = any(p.role == "actor" for p in self.obs.pods)
         for name, manifest in self.obs.desired_pods.items():
@@ -680,6 +770,9 @@ class _Planner:
             if scheduled:
                 set_condition(self.status, SCHEDULED, True, "AllPodsScheduled", "every pod has a node", self.now)
         reason, problems = container_problems(obs.pods)
+        stuck = self.stuck_terminating()
+        if stuck:
+            reason, problems = STUCK_TERMINATING, stuck
         if not problems:
             # Pods never restart in place (restartPolicy Never), so the kubelet reports no crash loop:
             # replicas the operator keeps replacing are the crash loops here.
@@ -698,18 +791,42 @@ class _Planner:
         if self.status.phase == "Restarting":
             return
         actors = _role_pod_names(obs, "actor")
-        actors_ready = all(n in self.pods and self.pods[n].ready for n in actors)
-        if obs.job is not None and obs.job.spec.roles.rollout.collocated:
-            # A collocated actor pod is Ready only while its rollout serves too: one that runs while its rollout
-            # restarts in place keeps the job Running (Ready says PodsNotReady), so Stalled still watches it.
-            actors_ready = all(n in self.pods and self.pods[n].phase == "Running" for n in actors)
+        # Once Running, an actor that loses readiness (a probe failing for a while, a collocated rollout
+        # restarting in place) does not demote the job: its group still runs, the Ready condition says
+        # PodsNotReady, and Stalled keeps watching. Only a rank that is gone, terminating or finished ends the
+        # group, and check_actors restarts it.
+        actors_running = all(
+            n in self.pods and self.pods[n].phase == "Running" and not self.pods[n].terminating for n in actors
+        )
         every_scheduled = all(n in self.pods and self.pods[n].scheduled for n in obs.desired_pods)
-        if all_ready or (self.status.phase == "Running" and actors_ready):
+        if all_ready or (self.status.phase == "Running" and actors_running):
             self.transition("Running", "Running", "every pod is ready; training")
         elif every_scheduled and not unschedulable:
             self.transition("Starting", "Starting", "every pod is placed; waiting for readiness")
         elif self.status.phase not in ("Pending", "Starting"):
             self.transition("Pending", "Pending", "waiting for pods to be created and scheduled")
+
+    def stuck_terminating(self) -> list[str]:
+        """Pods terminating well past their grace period: their kubelet does not confirm (a lost node). They
+        keep their names (and a restart waits for its old ranks) until the node comes back or someone force-
+        deletes them; the job says so instead of waiting silently."""
+        stuck = []
+        for pod in self.obs.pods:
+            deleted = parse_rfc3339(pod.deleted_at) if pod.terminating else None
+            if deleted is None:
+                continue
+            grace = pod.grace_seconds if pod.grace_seconds is not None else 30
+            overdue = grace + max(min(grace, STUCK_MARGIN_SECONDS), 1)
+            waited = (self.now - deleted).total_seconds()
+            if waited < overdue:
+                self.requeue(overdue - waited)
+                continue
+            stuck.append(
+                f"{pod.name} on node {pod.node or '(none)'} has been terminating for {waited:.0f}s (grace period "
+                f"{grace}s): its kubelet does not confirm; if the node is gone for good, "
+                f"`kubectl delete pod {pod.name} --grace-period=0 --force` lets the job go on"
+            )
+        return stuck
 
     def warn_condition(self, kind: str, reason: str, message: str) -> None:
         """Set a condition False for a problem; post a Warning when the problem is new."""

@@ -10,8 +10,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from rljob.api import load_job_file, validate_job
+from rljob.api import InvalidRLJob, load_job_file, validate_job
 from rljob.api.crd import build_crd
+from rljob.api.problems import Problem
 from rljob.api.status import ReplicaFailures, RLJobStatus
 from rljob.launch.failure_policy import STABLE_SECONDS, FailurePolicy
 from rljob.operator.manifests import build_children, config_hash
@@ -385,3 +386,78 @@ def test_editing_health_thresholds_or_rollout_autoscaling_restarts_no_pod() -> N
     assert config_hash(validate_job(data)) == config_hash(base)
     data["spec"]["trainer"]["steps"] = base.spec.trainer.steps + 1  # a field pods read still restarts them
     assert config_hash(validate_job(data)) != config_hash(base)
+
+
+def test_no_pod_is_created_while_a_deleted_namesakes_children_hold_the_names() -> None:
+    """A job recreated under its name: its config and service names are still the old job's (the garbage
+    collector has not run); pods made now would mount the old config. Nothing is created until they go."""
+    held = plan(observe(RLJobStatus(), [], foreign_children=["ConfigMap/cp-config", "Service/cp"]))
+    assert held.create == [] and held.requeue_after is not None
+    assert len(plan(observe(RLJobStatus(), [])).create) == 4
+
+
+def test_an_actor_rank_the_cluster_is_deleting_restarts_the_group_uncharged() -> None:
+    """A drained or preempted rank terminates (deletionTimestamp, not Ready) before it vanishes: the group is
+    restarted at once, not charged, and the survivors' failures that follow charge nothing either."""
+    two = job(roles={"actor": {"replicas": 2}, "rollout": {"replicas": 1}, "env": {"replicas": 1}})
+    names = ["cp-actor-0", "cp-actor-1", "cp-rollout-0", "cp-env-0"]
+    taken = replace(pod("cp-actor-1", ready=False), terminating=True)
+    pods = [pod(n) for n in names if n != "cp-actor-1"] + [taken]
+    result = plan(observe(RLJobStatus(phase="Running"), pods, the_job=two))
+    assert result.status.phase == "Restarting" and result.status.restarts == 0 and not result.restart_counted
+    assert result.delete == ["cp-actor-0"] and "ActorDisrupted" in [e.reason for e in result.events]
+    survivor_failed = [failed_pod("cp-actor-0", "a0")] + [pod(n) for n in names[2:]] + [taken]
+    result = plan(observe(RLJobStatus(phase="Running"), survivor_failed, the_job=two))
+    assert result.status.restarts == 0 and result.status.phase == "Restarting"
+    # A rank this operator deleted is no disruption.
+    result = plan(observe(RLJobStatus(phase="Running"), pods, the_job=two, deleted={taken.uid}))
+    assert result.status.phase != "Restarting"
+
+
+def test_a_running_job_is_not_demoted_when_an_actor_loses_readiness() -> None:
+    pods = [pod("cp-actor-0", ready=False)] + [pod(n) for n in ALL[1:]]
+    result = plan(observe(RLJobStatus(phase="Running"), pods))
+    assert result.status.phase == "Running"
+    ready = next(c for c in result.status.conditions if c.type == "Ready")
+    assert ready.status == "False" and ready.reason == "PodsNotReady"
+
+
+def test_a_pod_terminating_long_past_its_grace_period_is_reported_and_a_stuck_restart_stalls() -> None:
+    two = job(
+        roles={"actor": {"replicas": 2}, "rollout": {"replicas": 1}, "env": {"replicas": 1}},
+        failurePolicy={"progressDeadlineSeconds": 600},
+    )
+    stuck = replace(
+        pod("cp-actor-1", ready=False), terminating=True, deleted_at=rfc3339(NOW), grace_seconds=60, node="lost"
+    )
+    others = [pod(n) for n in ["cp-rollout-0", "cp-env-0"]]
+    first = plan(observe(RLJobStatus(phase="Running"), [pod("cp-actor-0"), stuck, *others], the_job=two))
+    assert first.status.phase == "Restarting"
+    # Within its grace period and half a minute more it is only terminating; the job looks again then.
+    later = plan(observe(first.status, [stuck, *others], the_job=two, now=NOW + seconds(80)))
+    ready = next(c for c in later.status.conditions if c.type == "Ready")
+    assert ready.reason != "PodStuckTerminating" and later.requeue_after == 10
+    late = plan(observe(later.status, [stuck, *others], the_job=two, now=NOW + seconds(91)))
+    ready = next(c for c in late.status.conditions if c.type == "Ready")
+    assert ready.status == "False" and ready.reason == "PodStuckTerminating"
+    assert "cp-actor-1 on node lost" in ready.message and "--force" in ready.message
+    assert "PodStuckTerminating" in [e.reason for e in late.events] and late.create == []
+    # The restart that cannot finish is watched by the progress deadline too.
+    stalled = plan(observe(late.status, [stuck, *others], the_job=two, now=NOW + seconds(601)))
+    assert next(c for c in stalled.status.conditions if c.type == "Stalled").status == "True"
+    assert stalled.status.phase == "Restarting"
+
+
+def test_a_refused_edit_is_reported_and_the_job_runs_on() -> None:
+    refused = InvalidRLJob([Problem("spec.roles.rollout.replicas", "must be <= roles.env.replicas 2 (got 3)")])
+    pods = [pod(n) for n in ALL]
+    result = plan(observe(RLJobStatus(phase="Running"), pods, refused_edit=refused, generation=2))
+    accepted = next(c for c in result.status.conditions if c.type == "SpecAccepted")
+    assert accepted.status == "False" and accepted.reason == "InvalidSpec"
+    assert "spec.roles.rollout.replicas" in accepted.message and "generation 2" in accepted.message
+    assert result.status.phase == "Running" and result.delete == [] and result.create == []
+    assert [e.reason for e in result.events] == ["InvalidSpec"]
+    again = plan(observe(result.status, pods, refused_edit=refused, generation=2))
+    assert again.events == []  # the same refusal is reported once
+    fixed = plan(observe(again.status, pods, generation=3))
+    assert next(c for c in fixed.status.conditions if c.type == "SpecAccepted").status == "True"

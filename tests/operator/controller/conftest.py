@@ -56,7 +56,17 @@ def rljob_schema() -> dict[str, Any]:
     return build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
+KUBELET_SECONDS = 0.05
+"""The kubelet stand-in stops a deleted pod's containers this long after the delete (unless a test holds it)."""
+GC_SECONDS = 0.05
+"""The garbage collector deletes an object's dependents this long after the object went."""
+
+
 def new_emulator(**kwargs: Any) -> KubernetesApiEmulator:
+    """The realistic emulator; by default a kubelet finishes terminating pods and a garbage collector runs, each
+    a moment after the delete (pass `kubelet_seconds=None` / `gc_seconds=None` to play them by hand)."""
+    kwargs.setdefault("kubelet_seconds", KUBELET_SECONDS)
+    kwargs.setdefault("gc_seconds", GC_SECONDS)
     emulator = KubernetesApiEmulator(
         status_subresources={RLJOBS, PODS},
         scale_subresources={RLJOBS: SCALE_PATH},
@@ -76,6 +86,7 @@ async def kube() -> AsyncIterator[KubernetesApiEmulator]:
     emulator = new_emulator()
     async with emulator, kmock.Server(emulator):
         yield emulator
+    emulator.stop_timers()
 
 
 NS = "ns"
@@ -260,8 +271,8 @@ class Cluster:
     def patch_job(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         return self.kube.patch_object(RLJOBS, self.namespace, name, patch)
 
-    def run(self, pod: str, ready: bool = True, ip: str = "127.0.0.1") -> None:
-        self.kube.patch_object(PODS, self.namespace, pod, {"spec": {"nodeName": "node-1"}})
+    def run(self, pod: str, ready: bool = True, ip: str = "127.0.0.1", node: str = "node-1") -> None:
+        self.kube.patch_object(PODS, self.namespace, pod, {"spec": {"nodeName": node}})
         self.kube.patch_status(
             PODS,
             self.namespace,
@@ -338,8 +349,9 @@ class Cluster:
         )
 
     def delete_job(self, name: str) -> None:
+        """`kubectl delete rljob NAME` (background propagation): the garbage collector removes the children
+        afterwards, on its own time."""
         self.kube.delete_object(RLJOBS, self.namespace, name)
-        self.kube.collect_garbage()
 
 
 @pytest.fixture()

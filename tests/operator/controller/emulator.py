@@ -9,10 +9,20 @@ on. This subclass adds it, nothing more:
   delete precondition, 422 `Invalid` on a failed JSON-patch `test`, 404 `NotFound`;
 - the status subresource: patches of the object ignore `status`, patches of `/status` change only it;
 - a scale subresource mapped onto a spec path (like the CRD's `specReplicasPath`);
-- label selectors on list and watch; watches resume from a `resourceVersion` and answer 410 Gone
+- label selectors, and `metadata.name` / `metadata.namespace` field selectors, on list and watch;
+  watches resume from a `resourceVersion` and answer 410 Gone
   when that version has been compacted away (`compact()`), as a real server does after a while;
-- finalizers and `deletionTimestamp`; pods are removed at once unless `graceful_pod_deletion` is set,
-  in which case they terminate until the test (playing kubelet) calls `finish_termination`;
+- finalizers and `deletionTimestamp`; a deleted pod that has a node and has not finished stays, with
+  `deletionTimestamp` and `deletionGracePeriodSeconds`, through its grace period: patches (the kubelet's
+  status writes) do not remove it, only the kubelet stand-in does (`finish_termination`, or on its own
+  `kubelet_seconds` after the delete unless the pod's node is in `lost_nodes`, whose kubelet is gone);
+  an unscheduled or finished pod, or a delete with `gracePeriodSeconds: 0`, goes at once, as on a real
+  server;
+- asynchronous garbage collection: with `gc_seconds`, the dependents of a removed object are deleted
+  that long afterwards (background propagation), not in the same call; `collect_garbage()` runs a pass;
+- a body with a non-finite number (`NaN`, `Infinity`: not JSON) is refused with 400, as Go's decoder does;
+- a `metadata.uid` in a merge patch is a precondition (409 Conflict when it is another object's);
+- watches that ask for bookmarks (`allowWatchBookmarks`) get a BOOKMARK every `bookmark_seconds`;
 - custom resources with a structural schema (`schemas`): unknown fields pruned, defaults applied, and a
   422 `Invalid` Status with `details.causes[]` for an object that breaks its schema (structural.py),
   checked against transcribed real-server responses in `recorded/`.
@@ -29,6 +39,7 @@ import asyncio
 import copy
 import datetime
 import itertools
+import json
 import re
 import uuid
 from collections import defaultdict, deque
@@ -124,11 +135,14 @@ class _Watch:
     resource: Resource
     namespace: str | None
     selector: str
+    fields: dict[str, str] = attrs.field(factory=dict)
     queue: asyncio.Queue[Any] = attrs.field(factory=asyncio.Queue)
 
     def wants(self, raw: Raw) -> bool:
         meta = raw.get("metadata", {})
         if self.namespace is not None and meta.get("namespace") != self.namespace:
+            return False
+        if any(meta.get(k) != v for k, v in self.fields.items()):
             return False
         return selector_matches(self.selector, meta.get("labels") or {})
 
@@ -141,7 +155,18 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     """Resources whose `status` is written only through `/status`."""
     scale_subresources: dict[Resource, tuple[str, ...]] = attrs.field(factory=dict)
     """Resource -> path of its replica count in the object, e.g. ("spec", "roles", "rollout", "replicas")."""
-    graceful_pod_deletion: bool = False
+    graceful_pod_deletion: bool = True
+    """Pods terminate through their grace period (False: a deleted pod goes at once, a server-less shortcut)."""
+    kubelet_seconds: float | None = None
+    """The kubelet stand-in: a terminating pod's containers stop, and the pod goes, this long after the delete
+    (None: only when a test calls `finish_termination`)."""
+    lost_nodes: set[str] = attrs.field(factory=set)
+    """Nodes whose kubelet is gone: their pods never finish terminating (stuck Terminating)."""
+    gc_seconds: float | None = None
+    """Garbage collector: delete the dependents of a removed object this long afterwards (None: only when a
+    test calls `collect_garbage`)."""
+    bookmark_seconds: float = 1.0
+    """How often a watch that allows bookmarks gets one."""
     schemas: dict[Resource, tuple[str, str, dict[str, Any]]] = attrs.field(factory=dict)
     """Resource -> (kind, group, openAPIV3Schema) of custom resources the server prunes, defaults and validates."""
     keep_history: bool = True
@@ -156,6 +181,9 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     _builtin_reactions: int = attrs.field(default=0, init=False)
     _direct: dict[Any, Any] = attrs.field(factory=dict, init=False)
     _keys: dict[Resource, dict[Any, None]] = attrs.field(factory=lambda: defaultdict(dict), init=False)
+    _terminated: set[str] = attrs.field(factory=set, init=False)
+    """uids of terminating pods whose containers stopped (the kubelet is done; finalizers may remain)."""
+    _timers: set[asyncio.TimerHandle] = attrs.field(factory=set, init=False)
     """Object keys by resource, in creation order: lists and watches do not walk every object."""
 
     def __attrs_post_init__(self) -> None:
@@ -175,6 +203,16 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     # --- request dispatch -----------------------------------------------------------------------
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if raw_request.method in ("POST", "PUT", "PATCH"):
+            # Python's json accepts NaN and Infinity; Go's decoder (kube-apiserver) refuses them with 400.
+            text = await raw_request.text()
+            try:
+                json.loads(text or "null", parse_constant=_refuse_constant)
+            except _NonFinite as exc:
+                error = kmock.KubernetesError(400, "BadRequest", f"the body is not valid JSON: {exc}")
+                return await self._render_error(error)
+            except ValueError:
+                pass  # kmock answers what it cannot parse
         # kmock 0.8 cannot parse the cluster-wide `/api/v1/namespaces` path (kopf lists and watches it
         # when scanning namespaces): build that request here and serve it like any other list or watch.
         if raw_request.path.rstrip("/") != "/api/v1/namespaces" or raw_request.method != "GET":
@@ -222,7 +260,12 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     async def _serve_list(self, request: rendering.Request) -> Raw:
         self._require_known(request.resource)
         selector = request.params.get("labelSelector", "")
-        items = [raw for raw in self._all(request.resource, request.namespace) if self._selected(raw, selector)]
+        fields = _field_selector(request.params.get("fieldSelector", ""))
+        items = [
+            raw
+            for raw in self._all(request.resource, request.namespace)
+            if self._selected(raw, selector) and all(raw["metadata"].get(k) == v for k, v in fields.items())
+        ]
         return {
             "apiVersion": "v1",
             "kind": "List",
@@ -235,8 +278,11 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         yield b""  # send the headers now: the stream may stay silent for a while
         selector = request.params.get("labelSelector", "")
         since = request.params.get("resourceVersion")
-        watch = _Watch(request.resource, request.namespace, selector)
+        watch = _Watch(
+            request.resource, request.namespace, selector, _field_selector(request.params.get("fieldSelector", ""))
+        )
         self._watches.append(watch)
+        getter: asyncio.Future[Any] | None = None
         try:
             if since in (None, "", "0"):
                 for raw in self._all(request.resource, request.namespace):
@@ -250,9 +296,16 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                     if revision > int(since) and watch.wants(event["object"]):
                         yield event
             timeout = float(request.params.get("timeoutSeconds") or 0) or None
+            bookmarks = request.params.get("allowWatchBookmarks") == "true"
             async with asyncio.timeout(timeout):
                 while True:
-                    event = await watch.queue.get()
+                    if getter is None:
+                        getter = asyncio.ensure_future(watch.queue.get())
+                    done, _ = await asyncio.wait({getter}, timeout=self.bookmark_seconds if bookmarks else None)
+                    if not done:
+                        yield self._bookmark(request.resource)
+                        continue
+                    event, getter = getter.result(), None
                     if event is CLOSE:
                         yield _gone(since or "0")
                         return
@@ -260,6 +313,8 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         except TimeoutError:
             return
         finally:
+            if getter is not None:
+                getter.cancel()
             self._watches.remove(watch)
 
     async def _serve_create(self, request: rendering.Request) -> Raw:
@@ -289,8 +344,14 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         raise kmock.KubernetesError(405, "MethodNotAllowed", "this emulator replaces only status and scale")
 
     async def _serve_delete(self, request: rendering.Request) -> Raw:
-        preconditions = (request.data or {}).get("preconditions") if isinstance(request.data, Mapping) else None
-        return self.delete_object(request.resource, request.namespace, request.name, preconditions=preconditions)
+        options = request.data if isinstance(request.data, Mapping) else {}
+        return self.delete_object(
+            request.resource,
+            request.namespace,
+            request.name,
+            preconditions=options.get("preconditions"),
+            grace_period_seconds=options.get("gracePeriodSeconds"),
+        )
 
     # --- the state: also called directly by tests playing kubelet, scheduler and GC -------------
 
@@ -342,6 +403,14 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             expected = (patch.get("metadata") or {}).get("resourceVersion")
             if expected is not None and expected != old["metadata"]["resourceVersion"]:
                 raise _conflict(resource, name)
+            uid = (patch.get("metadata") or {}).get("uid")
+            if uid is not None and uid != old["metadata"]["uid"]:
+                raise kmock.KubernetesError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {resource.plural} "{name}": Precondition failed: '
+                    f"UID in precondition: {uid}, UID in object meta: {old['metadata']['uid']}",
+                )
             new = merge_patch(old, patch)
         else:
             raise kmock.KubernetesError(400, "BadRequest", "a patch is a JSON object or a JSON-patch list")
@@ -366,7 +435,9 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if _spec_of(new) != _spec_of(old):
             new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
         key = (resource, namespace, name)
-        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+        # The last finalizer went: the object goes, unless it is a pod its kubelet has not finished with.
+        deleting = new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers")
+        if deleting and not self._still_terminating(resource, new):
             self._store(resource, key, new, "MODIFIED")
             return self._remove(resource, key)
         return self._store(resource, key, new, "MODIFIED")
@@ -391,6 +462,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         namespace: str | None,
         name: str,
         preconditions: Mapping[str, Any] | None = None,
+        grace_period_seconds: int | None = None,
     ) -> Raw:
         old = self._current(resource, namespace, name)
         meta = old["metadata"]
@@ -399,19 +471,52 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                 raise _conflict(resource, name)
         key = (resource, namespace, name)
         if meta.get("deletionTimestamp"):
+            if resource == PODS and grace_period_seconds == 0 and not meta.get("finalizers"):
+                return self._remove(resource, key)  # a forced delete of a pod that was terminating
             return old
-        graceful = self.graceful_pod_deletion and resource == PODS
+        graceful = resource == PODS and self._graceful(old, grace_period_seconds)
         if meta.get("finalizers") or graceful:
             new = copy.deepcopy(old)
             new["metadata"]["deletionTimestamp"] = now_rfc3339()
             if graceful:
-                new["metadata"]["deletionGracePeriodSeconds"] = 30
+                grace = grace_period_seconds
+                if grace is None:
+                    grace = (old.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+                new["metadata"]["deletionGracePeriodSeconds"] = grace
+                self._later(self.kubelet_seconds, self._kubelet_done, namespace, name, meta["uid"])
             return self._store(resource, key, new, "MODIFIED")
         return self._remove(resource, key)
 
+    def _graceful(self, pod: Raw, grace_period_seconds: int | None) -> bool:
+        """A real server deletes a pod at once when no kubelet runs it: unscheduled, or already finished."""
+        if not self.graceful_pod_deletion or grace_period_seconds == 0:
+            return False
+        if not (pod.get("spec") or {}).get("nodeName"):
+            return False
+        return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+    def _still_terminating(self, resource: Resource, raw: Raw) -> bool:
+        return (
+            resource == PODS
+            and raw["metadata"].get("deletionGracePeriodSeconds") is not None
+            and raw["metadata"]["uid"] not in self._terminated
+        )
+
+    def _kubelet_done(self, namespace: str, name: str, uid: str) -> None:
+        current = self.read_object(PODS, namespace, name)
+        if current is None or current["metadata"]["uid"] != uid:
+            return
+        if (current.get("spec") or {}).get("nodeName") in self.lost_nodes:
+            return  # no kubelet confirms anything: the pod stays Terminating
+        self.finish_termination(namespace, name)
+
     def finish_termination(self, namespace: str, name: str) -> None:
-        """Kubelet: a terminating pod's containers have stopped; the pod object goes away."""
-        self._remove(PODS, (PODS, namespace, name))
+        """Kubelet: a terminating pod's containers have stopped; the pod goes once no finalizer holds it."""
+        key = (PODS, namespace, name)
+        current = self._current(PODS, namespace, name)
+        self._terminated.add(current["metadata"]["uid"])
+        if not current["metadata"].get("finalizers"):
+            self._remove(PODS, key)
 
     def collect_garbage(self) -> list[tuple[Resource, str | None, str]]:
         """Garbage collector: delete every object whose owners (by uid) no longer exist."""
@@ -419,10 +524,34 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         removed = []
         for (resource, namespace, name), raw in list(self._live_items()):
             owners = raw["metadata"].get("ownerReferences") or []
+            if raw["metadata"].get("deletionTimestamp"):
+                continue  # already being deleted
             if owners and not any(o.get("uid") in alive for o in owners):
                 self.delete_object(resource, namespace, name)
                 removed.append((resource, namespace, name))
         return removed
+
+    def _later(self, delay: float | None, callback: Any, *args: Any) -> None:
+        """Run `callback(*args)` `delay` seconds from now on the running loop (nothing without either)."""
+        if delay is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+
+        def fire() -> None:
+            self._timers.discard(handle)
+            callback(*args)
+
+        handle = loop.call_later(delay, fire)
+        self._timers.add(handle)
+
+    def stop_timers(self) -> None:
+        """Cancel the kubelet's and garbage collector's pending work (at the end of a test)."""
+        for handle in self._timers:
+            handle.cancel()
+        self._timers.clear()
 
     def compact(self) -> None:
         """Forget every past revision and end live watches with 410 Gone, like etcd compaction."""
@@ -468,8 +597,22 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if not self.keep_history:
             del self._objects[key]
             self._keys[resource].pop(key, None)
+        self._terminated.discard(raw["metadata"].get("uid"))
         self._publish(resource, revision, {"type": "DELETED", "object": raw})
+        self._later(self.gc_seconds, self.collect_garbage)
         return raw
+
+    def _bookmark(self, resource: Resource | None) -> Raw:
+        """A BOOKMARK: no object, only the resourceVersion the watch may resume from."""
+        info = (
+            self.resources.get(f"{resource.group}/{resource.version}/{resource.plural}".lstrip("/"))
+            if resource
+            else None
+        )
+        kind = info.kind if info is not None and info.kind else "Object"
+        api_version = "v1" if resource is None or not resource.group else f"{resource.group}/{resource.version}"
+        metadata = {"resourceVersion": str(self._last_revision)}
+        return {"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api_version, "metadata": metadata}}
 
     def _publish(self, resource: Resource, revision: int, event: Raw) -> None:
         log = self._logs[resource]
@@ -551,6 +694,26 @@ def _conflict(resource: Resource, name: str) -> kmock.KubernetesError:
         f'Operation cannot be fulfilled on {resource.plural} "{name}": the object has been modified; '
         "please apply your changes to the latest version and try again",
     )
+
+
+def _field_selector(selector: str) -> dict[str, str]:
+    """`metadata.name=x,metadata.namespace=y` -> {"name": "x", "namespace": "y"}: the fields every resource has."""
+    fields = {}
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        key, _, value = term.partition("=")
+        key = key.rstrip("=")
+        if key not in ("metadata.name", "metadata.namespace"):
+            raise kmock.KubernetesError(400, "BadRequest", f'"{key}" is not a known field selector')
+        fields[key.removeprefix("metadata.")] = value.lstrip("=")
+    return fields
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NonFinite(f"{name} is not a JSON number")
 
 
 def _gone(since: str) -> Raw:

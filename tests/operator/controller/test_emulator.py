@@ -8,7 +8,7 @@ import json
 import kmock
 import pytest
 
-from tests.operator.controller.conftest import PODS, RLJOBS, cartpole_job
+from tests.operator.controller.conftest import PODS, RLJOBS, cartpole_job, new_emulator
 from tests.operator.controller.emulator import KubernetesApiEmulator
 
 JOBS_URL = "/apis/rljob.io/v1alpha1/namespaces/ns/rljobs"
@@ -108,3 +108,78 @@ async def test_finalizers_hold_deletion_until_released(kube: KubernetesApiEmulat
     await asyncio.sleep(0)
     with pytest.raises(kmock.KubernetesError):
         kube.patch_object(PODS, "ns", "a", {})
+
+
+async def test_a_running_pod_terminates_through_its_grace_period_until_its_kubelet_is_done() -> None:
+    kube = new_emulator(kubelet_seconds=None, gc_seconds=None)  # the test plays kubelet and GC
+    async with kube, kmock.Server(kube):
+        await kube.post(PODS_URL, json=dict(pod("a"), spec={"nodeName": "n1", "terminationGracePeriodSeconds": 45}))
+        await kube.post(PODS_URL, json=pod("unscheduled"))
+        deleted = await (await kube.delete(f"{PODS_URL}/a")).json()
+        assert deleted["metadata"]["deletionTimestamp"] and deleted["metadata"]["deletionGracePeriodSeconds"] == 45
+        # The kubelet's status writes do not remove it: only the kubelet's confirmation does.
+        kube.patch_status(PODS, "ns", "a", {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]})
+        kube.patch_object(PODS, "ns", "a", {"metadata": {"labels": {"x": "1"}}})
+        assert kube.read_object(PODS, "ns", "a")["metadata"]["deletionTimestamp"]
+        kube.finish_termination("ns", "a")
+        assert kube.read_object(PODS, "ns", "a") is None
+        # No kubelet runs an unscheduled pod: it goes at once, as does a forced delete.
+        await kube.delete(f"{PODS_URL}/unscheduled")
+        assert kube.read_object(PODS, "ns", "unscheduled") is None
+        await kube.post(PODS_URL, json=dict(pod("b"), spec={"nodeName": "n1"}))
+        await kube.delete(f"{PODS_URL}/b", json={"gracePeriodSeconds": 0})
+        assert kube.read_object(PODS, "ns", "b") is None
+
+
+async def test_the_kubelet_stand_in_finishes_terminations_except_on_a_lost_node() -> None:
+    kube = new_emulator(kubelet_seconds=0.05, lost_nodes={"gone"})
+    async with kube, kmock.Server(kube):
+        await kube.post(PODS_URL, json=dict(pod("a"), spec={"nodeName": "n1"}))
+        await kube.post(PODS_URL, json=dict(pod("stuck"), spec={"nodeName": "gone"}))
+        await kube.delete(f"{PODS_URL}/a")
+        await kube.delete(f"{PODS_URL}/stuck")
+        assert kube.read_object(PODS, "ns", "a") is not None
+        await asyncio.sleep(0.2)
+        assert kube.read_object(PODS, "ns", "a") is None
+        assert kube.read_object(PODS, "ns", "stuck")["metadata"]["deletionTimestamp"]
+        kube.stop_timers()
+
+
+async def test_garbage_collection_runs_after_the_owner_went_not_with_it() -> None:
+    kube = new_emulator(gc_seconds=0.1)
+    async with kube, kmock.Server(kube):
+        owner = await (await kube.post(JOBS_URL, json=cartpole_job("j"))).json()
+        ref = {"apiVersion": "rljob.io/v1alpha1", "kind": "RLJob", "name": "j", "uid": owner["metadata"]["uid"]}
+        await kube.post(PODS_URL, json=dict(pod("child"), metadata={"name": "child", "ownerReferences": [ref]}))
+        await kube.delete(f"{JOBS_URL}/j")
+        assert kube.read_object(RLJOBS, "ns", "j") is None
+        assert kube.read_object(PODS, "ns", "child") is not None  # the collector has not run yet
+        await asyncio.sleep(0.3)
+        assert kube.read_object(PODS, "ns", "child") is None
+        kube.stop_timers()
+
+
+async def test_non_finite_numbers_are_refused_with_400(kube: KubernetesApiEmulator) -> None:
+    await kube.post(JOBS_URL, json=cartpole_job("j"))
+    body = '{"status": {"phase": "Running", "progress": {"rewardMean": NaN}}}'
+    resp = await kube.patch(f"{JOBS_URL}/j/status", data=body, headers=MERGE)
+    assert resp.status == 400 and (await resp.json())["reason"] == "BadRequest"
+    assert "status" not in kube.read_object(RLJOBS, "ns", "j")
+
+
+async def test_a_merge_patch_with_another_uid_conflicts(kube: KubernetesApiEmulator) -> None:
+    await kube.post(JOBS_URL, json=cartpole_job("j"))
+    resp = await kube.patch(f"{JOBS_URL}/j/status", json={"metadata": {"uid": "other"}, "status": {"phase": "X"}})
+    assert resp.status == 409
+
+
+async def test_watches_that_allow_bookmarks_get_them() -> None:
+    kube = new_emulator(bookmark_seconds=0.1)
+    async with kube, kmock.Server(kube):
+        await kube.post(PODS_URL, json=pod("a"))
+        params = {"watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": "1", "resourceVersion": "1"}
+        async with kube.get(PODS_URL, params=params) as resp:
+            events = [json.loads(line) async for line in resp.content if line.strip()]
+    bookmarks = [e for e in events if e["type"] == "BOOKMARK"]
+    assert bookmarks and bookmarks[0]["object"]["kind"] == "Pod"
+    assert bookmarks[-1]["object"]["metadata"]["resourceVersion"] == str(kube._last_revision)

@@ -175,30 +175,34 @@ async def test_invalid_spec_fails_that_job_and_the_operator_serves_the_others(
 
 
 async def test_new_actor_group_waits_until_every_old_actor_has_terminated() -> None:
-    kube = new_emulator(graceful_pod_deletion=True)
+    kube = new_emulator(kubelet_seconds=None)  # the test plays the kubelet
     cluster = Cluster(kube)
     async with kube, kmock.Server(kube), operator_running(kube) as op:
         manifest = cartpole_job(roles={"actor": {"replicas": 2}, "rollout": {"replicas": 1}, "env": {"replicas": 1}})
         uids = await start_running(cluster, manifest)
         cluster.exit("cp-actor-0", 1)
         await eventually(lambda: cluster.status("cp").get("phase") == "Restarting", what="Restarting")
+        # A finished pod has no containers left to stop: the server deletes it at once. The running rank
+        # terminates through its grace period.
         await eventually(
-            lambda: all(p["metadata"].get("deletionTimestamp") for n, p in cluster.pods("cp").items() if "actor" in n),
-            what="old actors terminating",
+            lambda: (
+                "cp-actor-0" not in cluster.pods("cp")
+                and cluster.pods("cp")["cp-actor-1"]["metadata"].get("deletionTimestamp")
+            ),
+            what="actor 0 gone, actor 1 terminating",
         )
-        kube.finish_termination(NS, "cp-actor-1")
-        # Evidence before the negative assertion: the operator's pod index has dropped actor 1, and a
+        # Evidence before the negative assertion: the operator's pod index has dropped actor 0, and a
         # whole reconcile ran after that (reconciles of one job are serial, so the second one to finish
         # from now started after the index changed).
         await eventually(lambda: _sample_sum(op.metrics, "rljob_operator_child_pods", role="actor") == 1)
         done = _sample_sum(op.metrics, "rljob_operator_reconcile_duration_seconds_count")
         await eventually(
             lambda: _sample_sum(op.metrics, "rljob_operator_reconcile_duration_seconds_count") >= done + 2,
-            what="two reconciles after actor 1 was gone",
+            what="two reconciles after actor 0 was gone",
         )
-        # Actor 0 still terminates: no new actor may start beside it.
-        assert "cp-actor-1" not in cluster.pods("cp") and cluster.phase("cp") == "Restarting"
-        kube.finish_termination(NS, "cp-actor-0")
+        # Actor 1 still terminates: no new actor may start beside it.
+        assert "cp-actor-0" not in cluster.pods("cp") and cluster.phase("cp") == "Restarting"
+        kube.finish_termination(NS, "cp-actor-1")
         await eventually(
             lambda: all(cluster.uid(f"cp-actor-{i}") != uids[f"cp-actor-{i}"] for i in (0, 1)), what="new group"
         )

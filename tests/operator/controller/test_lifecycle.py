@@ -14,12 +14,14 @@ from tests.operator.controller.conftest import (
     FAST,
     NETWORK_POLICIES,
     NS,
+    RESOURCES,
     SERVICES,
     Cluster,
     arithmetic_job,
     cartpole_job,
     code_job,
     eventually,
+    new_emulator,
     operator_running,
     progress_server,
     start_cartpole,
@@ -223,6 +225,27 @@ async def test_progress_is_pulled_from_actor_zero(kube: KubernetesApiEmulator, c
         await server.close()
 
 
+async def test_a_non_finite_progress_value_is_left_out_and_progress_goes_on(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    """JSON has no NaN: a real server refuses a status with one (400), which froze progress and lost the
+    reconcile's actions. An actor reporting a NaN reward (an empty batch, say) or an infinite entropy keeps
+    its step moving; the values that are not numbers are left out."""
+    progress = {"step": 3, "totalSteps": 150, "rewardMean": float("nan"), "entropy": float("inf")}
+    server = await progress_server(progress)
+    try:
+        async with operator_running(kube, progress_url=lambda pod, port: str(server.make_url("/progress"))):
+            await start_cartpole(cluster)
+            await eventually(lambda: cluster.status("cp")["progress"]["step"] == 3, what="progress")
+            assert "rewardMean" not in cluster.status("cp")["progress"]
+            assert "entropy" not in cluster.status("cp")["progress"]
+            progress.update(step=4, rewardMean=12.5)
+            await eventually(lambda: cluster.status("cp")["progress"].get("rewardMean") == 12.5, what="a number")
+            assert cluster.status("cp")["progress"]["step"] == 4
+    finally:
+        await server.close()
+
+
 async def test_volcano_pod_group_covers_every_pod_and_follows_scaling(
     kube: KubernetesApiEmulator, cluster: Cluster
 ) -> None:
@@ -255,3 +278,69 @@ async def test_reward_pods_running_sandboxed_code_without_network_get_a_dns_only
         await eventually(lambda: kube.read_object(NETWORK_POLICIES, NS, "gc-reward-egress") is None, what="deleted")
         cluster.patch_job("gc", {"spec": {"reward": {"sandbox": {"network": False}}}})
         await eventually(lambda: kube.read_object(NETWORK_POLICIES, NS, "gc-reward-egress"), what="recreated")
+
+
+async def test_a_child_the_cluster_cannot_create_is_reported_in_status_and_an_event() -> None:
+    """`gang: volcano` on a cluster without Volcano: the PodGroup create is a 404. The job says so."""
+    kube = new_emulator()
+    del kube.resources["scheduling.volcano.sh/v1beta1/podgroups"]  # no Volcano here
+    cluster = Cluster(kube)
+    async with kube, kmock.Server(kube), operator_running(kube):
+        cluster.create_job(cartpole_job(scheduling={"gang": "volcano"}))
+
+        def condition() -> dict:
+            return next((c for c in cluster.status("cp").get("conditions", []) if c["type"] == "ChildrenCreated"), {})
+
+        await eventually(lambda: condition()["status"] == "False", what="the condition")
+        assert condition()["reason"] == "FailedCreate" and "PodGroup/cp" in condition()["message"]
+        assert cluster.phase("cp") == "Pending" and cluster.pods("cp") == {}  # no pod waits on a missing group
+        await eventually(lambda: "FailedCreate" in cluster.reasons("cp"), what="the Event")
+        # Volcano gets installed: the job goes on by itself.
+        info = RESOURCES["scheduling.volcano.sh/v1beta1/podgroups"]
+        kube.resources["scheduling.volcano.sh/v1beta1/podgroups"] = kmock.ResourceInfo(
+            verbs={"list", "watch", "get", "create", "patch", "delete"}, **info
+        )
+        await eventually(lambda: condition()["status"] == "True", what="created")
+        await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS, what="pods")
+    kube.stop_timers()
+
+
+async def test_an_edit_that_deeper_validation_refuses_leaves_a_started_job_running_on_its_last_valid_spec(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    """`kubectl scale --replicas=3` on a gym job with 2 env replicas passes the CRD but not rljob's validation
+    (each rollout replica drives its own env replicas). The running job keeps its pods and says why."""
+
+    def accepted() -> dict:
+        return next((c for c in cluster.status("cp").get("conditions", []) if c["type"] == "SpecAccepted"), {})
+
+    async with operator_running(kube):
+        await start_cartpole(cluster)
+        uids = {name: pod["metadata"]["uid"] for name, pod in cluster.pods("cp").items()}
+        await _scale_rollouts(kube, "cp", 3)
+        await eventually(lambda: accepted().get("status") == "False", what="the refused edit reported")
+        assert accepted()["reason"] == "InvalidSpec" and "spec.roles.rollout.replicas" in accepted()["message"]
+        await eventually(lambda: "InvalidSpec" in cluster.reasons("cp"), what="the Event")
+        assert cluster.phase("cp") == "Running"
+        assert {name: pod["metadata"]["uid"] for name, pod in cluster.pods("cp").items()} == uids
+        # Back to a valid spec: accepted again, and nothing was restarted.
+        await _scale_rollouts(kube, "cp", 1)
+        await eventually(lambda: accepted().get("status") == "True", what="accepted")
+        assert {name: pod["metadata"]["uid"] for name, pod in cluster.pods("cp").items()} == uids
+        assert cluster.phase("cp") == "Running" and cluster.status("cp")["restarts"] == 0
+
+
+async def test_an_operator_started_after_a_refused_edit_runs_the_job_on_the_spec_in_its_config(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    async with operator_running(kube):
+        await start_cartpole(cluster)
+    uids = {name: pod["metadata"]["uid"] for name, pod in cluster.pods("cp").items()}
+    cluster.patch_job("cp", {"spec": {"roles": {"rollout": {"replicas": 3}}}})  # while no operator runs
+    async with operator_running(kube):
+        await eventually(
+            lambda: any(c["type"] == "SpecAccepted" for c in cluster.status("cp").get("conditions", [])),
+            what="the refused edit reported",
+        )
+        assert cluster.phase("cp") == "Running"
+        assert {name: pod["metadata"]["uid"] for name, pod in cluster.pods("cp").items()} == uids
