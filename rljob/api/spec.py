@@ -791,6 +791,15 @@ class RLJobSpec(SpecModel):
             "a collocated job runs one rollout replica, beside the actor: roles.rollout.replicas must be 1 "
             "(it cannot be scaled)",
         ),
+        # Refuses `kubectl scale --replicas=N` on a gym job past its env replicas at the API server, where the
+        # operator would otherwise keep the job on its last valid spec and report the edit refused.
+        (
+            "self.task.type != 'gym' || !has(self.roles) || !has(self.roles.env) || !has(self.roles.rollout)"
+            " || !has(self.roles.env.replicas) || !has(self.roles.rollout.replicas)"
+            " || self.roles.rollout.replicas <= self.roles.env.replicas",
+            "each rollout replica of a gym job drives its own env replicas: roles.rollout.replicas must be at most "
+            "roles.env.replicas",
+        ),
     )
 
     task: TaskSpec

@@ -65,6 +65,7 @@ VIOLATIONS = [
     ("ipc-without-collocation", LLM, "spec.rollout.weightSync", {"method": "ipc"}, "spec.rollout.weightSync.method"),
     ("collocated-without-ipc", LLM, "spec.roles.rollout.collocated", True, "spec.rollout.weightSync.method"),
     ("collocated-scaled", COLLOCATED, "spec.roles.rollout.replicas", 2, "spec.roles.rollout.replicas"),
+    ("gym-more-rollouts-than-envs", GYM, "spec.roles.rollout.replicas", 3, "spec.roles.rollout.replicas"),
 ]  # fmt: skip
 
 
