@@ -123,23 +123,28 @@ def tokenizer_texts(task: LLMTask, rows: list[dict[str, Any]], extra: list[str] 
 def build_tiny_qwen2(spec_model: ModelSpec, tokenizer: Any, max_length: int, seed: int) -> torch.nn.Module:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    b = spec_model.builtin
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=b.hidden_size,
-        intermediate_size=4 * b.hidden_size,
-        num_hidden_layers=b.num_layers,
-        num_attention_heads=b.num_heads,
-        num_key_value_heads=b.num_heads,
-        max_position_embeddings=max_length,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    config = Qwen2Config(**tiny_text_config(spec_model, tokenizer, max_length))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return Qwen2ForCausalLM(config)
+
+
+def tiny_text_config(spec_model: ModelSpec, tokenizer: Any, max_length: int) -> dict[str, Any]:
+    """The language model of tiny-qwen2 (and of tiny-qwen2-vl) from `model.builtin`, sized for the tokenizer."""
+    b = spec_model.builtin
+    return {
+        "vocab_size": len(tokenizer),
+        "hidden_size": b.hidden_size,
+        "intermediate_size": 4 * b.hidden_size,
+        "num_hidden_layers": b.num_layers,
+        "num_attention_heads": b.num_heads,
+        "num_key_value_heads": b.num_heads,
+        "max_position_embeddings": max_length,
+        "tie_word_embeddings": True,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
 
 
 def build_tiny_qwen2_vl(spec_model: ModelSpec, tokenizer: Any, max_length: int, seed: int) -> torch.nn.Module:
@@ -154,18 +159,8 @@ def build_tiny_qwen2_vl(spec_model: ModelSpec, tokenizer: Any, max_length: int, 
     token = tokenizer.convert_tokens_to_ids
     config = Qwen2VLConfig(
         text_config={
-            "vocab_size": len(tokenizer),
-            "hidden_size": b.hidden_size,
-            "intermediate_size": 4 * b.hidden_size,
-            "num_hidden_layers": b.num_layers,
-            "num_attention_heads": b.num_heads,
-            "num_key_value_heads": b.num_heads,
-            "max_position_embeddings": max_length,
+            **tiny_text_config(spec_model, tokenizer, max_length),
             "rope_scaling": {"type": "mrope", "mrope_section": sections},
-            "tie_word_embeddings": True,
-            "pad_token_id": tokenizer.pad_token_id,
-            "bos_token_id": tokenizer.bos_token_id,
-            "eos_token_id": tokenizer.eos_token_id,
         },
         vision_config={
             "depth": b.vision_layers,

@@ -62,6 +62,13 @@ def samples_of(encoded, out):
     ]
 
 
+def learner_for(job, model, tokenizer) -> LLMLearner:
+    spec = job.spec
+    return LLMLearner(
+        model, spec.algorithm, spec.trainer, pad_id=tokenizer.pad_token_id, temperature=1.0, max_response_tokens=4
+    )
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_the_trainer_recomputes_the_log_probs_the_engine_sampled_with_the_same_images(policy, encoded, temperature):
     model, tokenizer, _ = policy
@@ -104,14 +111,7 @@ def test_the_learner_updates_a_vision_language_policy_and_its_vision_tower(job, 
     out = generate((model, tokenizer, None), encoded, Sampling(n=4, max_tokens=4))
     tower = model.model.visual.blocks[0].mlp.fc1.weight
     before = tower.detach().clone()
-    learner = LLMLearner(
-        model,
-        job.spec.algorithm,
-        job.spec.trainer,
-        pad_id=tokenizer.pad_token_id,
-        temperature=1.0,
-        max_response_tokens=4,
-    )
+    learner = learner_for(job, model, tokenizer)
     stats = learner.update(samples_of(encoded, out))
     assert stats["grad_norm"] > 0 and not torch.equal(before, tower.detach())
 
@@ -124,14 +124,7 @@ def test_a_frozen_vision_tower_stays_as_loaded_while_its_projector_trains(job, p
     before_tower, before_merger = tower.detach().clone(), merger.detach().clone()
     torch.manual_seed(6)
     out = generate((model, tokenizer, None), encoded, Sampling(n=4, max_tokens=4))
-    learner = LLMLearner(
-        model,
-        job.spec.algorithm,
-        job.spec.trainer,
-        pad_id=tokenizer.pad_token_id,
-        temperature=1.0,
-        max_response_tokens=4,
-    )
+    learner = learner_for(job, model, tokenizer)
     learner.update(samples_of(encoded, out))
     assert torch.equal(before_tower, tower.detach()) and not torch.equal(before_merger, merger.detach())
 
