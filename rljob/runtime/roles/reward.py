@@ -62,7 +62,7 @@ def run_reward(context: RoleContext) -> int:
     health.ready()
     context.log.info("scoring with %s", ", ".join(scorer.names) or "no functions (every reward is 0)")
     try:
-        server.serve(context.stop.is_set)
+        server.serve(context.stop.is_set, beat=context.heartbeat.beat)
     finally:
         server.close()
         scorer.close()

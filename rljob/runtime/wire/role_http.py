@@ -1,4 +1,4 @@
-"""The HTTP side of every role: `/healthz`, `/metrics` and, on actor replica 0, `/progress`.
+"""The HTTP side of every role: `/healthz`, `/livez`, `/metrics` and, on actor replica 0, `/progress`.
 
 A stdlib `ThreadingHTTPServer` in a daemon thread: no event loop to share with the role's own
 work, nothing to install. The data plane never goes through here.
@@ -19,6 +19,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from rljob.runtime.wire.liveness import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +130,8 @@ class RoleHTTPServer:
         self._ready = threading.Event()
         self._progress_provider: Callable[[], Progress] | None = None
         self._also: list[tuple[Callable[[], bool], str]] = []
+        self._heartbeat: Heartbeat | None = None
+        self._liveness_limit_s = 0.0
         self._server = ThreadingHTTPServer((host, port), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -148,6 +152,20 @@ class RoleHTTPServer:
         """`/healthz` answers ready only while `check()` is true too (asked at each probe); else 503 saying
         `waiting for <waiting_for>`."""
         self._also.append((check, waiting_for))
+
+    def watch_liveness(self, heartbeat: Heartbeat, limit_s: float) -> None:
+        """`/livez`: 503 `starting` until a loop of `heartbeat` first beats, then 503 once one has not beaten for
+        `limit_s` seconds (0: never), else 200. Answered from this server's thread, whatever the loops do."""
+        self._heartbeat, self._liveness_limit_s = heartbeat, limit_s
+
+    def _not_live_because(self) -> str:
+        """Why `/livez` fails now; "" when it answers 200 (always, without a heartbeat to watch)."""
+        heartbeat = self._heartbeat
+        if heartbeat is None:
+            return ""
+        if not heartbeat.started:
+            return "starting"
+        return heartbeat.stuck(self._liveness_limit_s)
 
     def _not_ready_because(self) -> str:
         """Why `/healthz` is not ready now; "" when it is."""
@@ -183,6 +201,10 @@ class RoleHTTPServer:
                     else:
                         body = f"{why}\n".encode()
                         self._send(HTTPStatus.SERVICE_UNAVAILABLE, body, "text/plain; charset=utf-8")
+                elif path == "/livez":
+                    why = server._not_live_because()
+                    status = HTTPStatus.SERVICE_UNAVAILABLE if why else HTTPStatus.OK
+                    self._send(status, f"{why or 'ok'}\n".encode(), "text/plain; charset=utf-8")
                 elif path == "/metrics":
                     self._send(HTTPStatus.OK, generate_latest(server.registry), CONTENT_TYPE_LATEST)
                 elif path == "/progress" and server._progress_provider is not None:
