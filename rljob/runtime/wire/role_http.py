@@ -7,8 +7,10 @@ work, nothing to install. The data plane never goes through here.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import logging
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -132,6 +134,7 @@ class RoleHTTPServer:
         self._also: list[tuple[Callable[[], bool], str]] = []
         self._heartbeat: Heartbeat | None = None
         self._liveness_limit_s = 0.0
+        self._said_stuck = False
         self._server = ThreadingHTTPServer((host, port), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -165,7 +168,14 @@ class RoleHTTPServer:
             return ""
         if not heartbeat.started:
             return "starting"
-        return heartbeat.stuck(self._liveness_limit_s)
+        why = heartbeat.stuck(self._liveness_limit_s)
+        if why and not self._said_stuck:
+            # Once per hang: what every thread is doing is what tells a deadlock from a native call that never returns.
+            log.error("liveness fails (%s); the stacks of this process's threads follow", why)
+            with contextlib.suppress(Exception):
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        self._said_stuck = bool(why)
+        return why
 
     def _not_ready_because(self) -> str:
         """Why `/healthz` is not ready now; "" when it is."""

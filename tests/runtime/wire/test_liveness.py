@@ -197,3 +197,6 @@ def test_a_role_process_whose_main_loop_hangs_fails_liveness(tmp_path):
         process.kill()
         output = process.communicate(timeout=30)[0].decode()
     assert "serving 2 tests.runtime.wire.hanging_env:Hanging-v0 environments" in output, output
+    # The role says so once, with every thread's stack: the stuck one is inside the environment's step.
+    assert output.count("liveness fails (loop main has not beaten for ") == 1, output
+    assert 'hanging_env.py", line' in output and "in step" in output, output
