@@ -10,7 +10,9 @@ the loop keeps supervising the others meanwhile), and the job fails when a repli
 `maxReplacements` times in a row (the count is forgotten once a replacement has run for 10 minutes, or exits
 0); a dead actor takes the whole actor group down and up again from the latest checkpoint, at most
 `maxRestarts` times. A role that exits with EXIT_FATAL_CONFIG (a configuration error no restart can fix) fails
-the job at once with its message. The job succeeds when actor replica 0 exits 0.
+the job at once with its message. A replica whose `/livez` says one of its loops is stuck (a hung process,
+`spec.roles.<role>.probes.livenessTimeoutSeconds`) is killed and handled as a failure, as the kubelet's
+liveness probe does in a pod. The job succeeds when actor replica 0 exits 0.
 
 An actor replica with `gpusPerReplica: N` runs N ranks, one per GPU, exactly as in its pod: the launcher
 starts one `rljob role actor` per replica, which starts its N ranks (`rljob.runtime.wire.ranks`). Before anything
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -58,6 +61,8 @@ __all__ = ["Child", "HostLayout", "LaunchError", "LocalChild", "LocalRun", "LogS
 
 STOP_GRACE_S = 10.0
 SCALE_LOOK_S = 1.0
+LIVENESS_LOOK_S = 2.0
+"""How often the launcher asks each replica's `/livez` whether a loop of it is stuck."""
 """How often the rollout autoscaler reads actor 0's progress and looks for rollouts that came up."""
 
 TEST_RANKS_PER_REPLICA_ENV = "RLJOB_TEST_RANKS_PER_REPLICA"
@@ -269,6 +274,7 @@ class LocalRun(Supervisor):
             LocalChild(i, run_dir / "logs" / f"{i.role}-{i.replica}.log") for i in identities
         ]
         self.actor_restarts = 0
+        self._next_liveness_look = 0.0
         if autoscale is not None:
             self.scaler = RolloutScaler(
                 autoscale,
@@ -295,10 +301,44 @@ class LocalRun(Supervisor):
         super().start()
 
     def _tick(self) -> None:
+        self._kill_hung()
         if self.scaler is None or time.monotonic() < self._next_scale_look:
             return
         self._next_scale_look = time.monotonic() + SCALE_LOOK_S
         self.scaler.observe(read_progress(self.progress_url))
+
+    # --- liveness (spec.roles.<role>.probes; rljob/runtime/wire/liveness.py) -------------------------------
+
+    def _kill_hung(self) -> None:
+        """Kill a replica whose `/livez` says one of its loops is stuck (past `probes.livenessTimeoutSeconds`), as
+        the kubelet's liveness probe does in a pod: the failure policy then replaces it or restarts the actor
+        group. Locally there is no startup budget: a replica still starting, or not answering, is left alone."""
+        if time.monotonic() < self._next_liveness_look:
+            return
+        self._next_liveness_look = time.monotonic() + LIVENESS_LOOK_S
+        for child in self.children:
+            if child.parked or child.replace_at is not None or child.process is None:
+                continue
+            if child.process.poll() is not None:
+                continue
+            why = self._stuck(child)
+            if why:
+                self.log_sink("launcher", f"{child.name} is hung ({why}): killing it")
+                self._signal(child, signal.SIGKILL)
+
+    def _stuck(self, child: LocalChild) -> str:
+        """The replica's `/livez` 503 when a loop of it is stuck; "" otherwise (live, starting, not answering)."""
+        if child.identity.local_rank != 0:
+            return ""  # its replica's local rank 0 serves the replica's endpoint
+        host = "127.0.0.1" if self.hosts is None else self.hosts(child.identity.role, child.identity.replica).address
+        try:
+            with urllib.request.urlopen(f"http://{host}:{child.identity.metrics_port}/livez", timeout=1.0):
+                return ""
+        except urllib.error.HTTPError as exc:
+            body = exc.read().decode("utf-8", "replace").strip()
+            return body if exc.code == 503 and body.startswith("loop ") else ""
+        except (OSError, ValueError, http.client.HTTPException):
+            return ""
 
     def _start_rollout(self, replica: int) -> None:
         child = self.child("rollout", replica)
