@@ -31,7 +31,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -56,6 +55,7 @@ from rljob.runtime.wire.identity import (
     placed_identities,
     ports_needed,
 )
+from rljob.runtime.wire.role_http import stuck_loop
 
 __all__ = ["Child", "HostLayout", "LaunchError", "LocalChild", "LocalRun", "LogSink", "ReplicaHost", "RunResult"]
 
@@ -332,12 +332,8 @@ class LocalRun(Supervisor):
             return ""  # its replica's local rank 0 serves the replica's endpoint
         host = "127.0.0.1" if self.hosts is None else self.hosts(child.identity.role, child.identity.replica).address
         try:
-            with urllib.request.urlopen(f"http://{host}:{child.identity.metrics_port}/livez", timeout=1.0):
-                return ""
-        except urllib.error.HTTPError as exc:
-            body = exc.read().decode("utf-8", "replace").strip()
-            return body if exc.code == 503 and body.startswith("loop ") else ""
-        except (OSError, ValueError, http.client.HTTPException):
+            return stuck_loop(f"http://{host}:{child.identity.metrics_port}/livez")
+        except http.client.HTTPException:
             return ""
 
     def _start_rollout(self, replica: int) -> None:

@@ -124,6 +124,19 @@ def answers_ready(url: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
+def stuck_loop(url: str, timeout_s: float = 1.0) -> str:
+    """What `url` (another process's `/livez`) says is stuck ("loop X has not beaten for ..."); "" when it answers
+    200, is still starting, or does not answer (a process that does not answer is not known to be hung)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s):
+            return ""
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode("utf-8", "replace").strip()
+        return body if exc.code == HTTPStatus.SERVICE_UNAVAILABLE and body.startswith("loop ") else ""
+    except (urllib.error.URLError, OSError, ValueError):
+        return ""
+
+
 class RoleHTTPServer:
     """Serves one role's health, Prometheus metrics and (optionally) progress on `port` (0: any free port)."""
 
