@@ -38,7 +38,7 @@ def run_reward(context: RoleContext) -> int:
 
     def score(request: Payload) -> Payload:
         nonlocal samples_scored, errors_total
-        scored = scorer.score(request["samples"])
+        scored = scorer.score(request["samples"], beat=context.heartbeat.beat)
         samples_scored += len(scored.rewards)
         errors_total += sum(scored.errors.values())
         for name, message in scored.error_messages.items():
