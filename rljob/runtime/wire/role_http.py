@@ -19,9 +19,11 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from rljob.runtime.process.termination import TERMINATION_LOG, write_termination_message
 from rljob.runtime.wire.liveness import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -148,6 +150,7 @@ class RoleHTTPServer:
         self._heartbeat: Heartbeat | None = None
         self._liveness_limit_s = 0.0
         self._said_stuck = False
+        self._termination_log = TERMINATION_LOG
         self._server = ThreadingHTTPServer((host, port), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -169,10 +172,14 @@ class RoleHTTPServer:
         `waiting for <waiting_for>`."""
         self._also.append((check, waiting_for))
 
-    def watch_liveness(self, heartbeat: Heartbeat, limit_s: float) -> None:
+    def watch_liveness(self, heartbeat: Heartbeat, limit_s: float, termination_log: Path = TERMINATION_LOG) -> None:
         """`/livez`: 503 `starting` until a loop of `heartbeat` first beats, then 503 once one has not beaten for
-        `limit_s` seconds (0: never), else 200. Answered from this server's thread, whatever the loops do."""
+        `limit_s` seconds (0: never), else 200. Answered from this server's thread, whatever the loops do.
+
+        While it fails, the container's termination message (`termination_log`, in a pod) says why, so the pod
+        the kubelet kills for it tells the operator (and `kubectl describe`) which loop hung."""
         self._heartbeat, self._liveness_limit_s = heartbeat, limit_s
+        self._termination_log = termination_log
 
     def _not_live_because(self) -> str:
         """Why `/livez` fails now; "" when it answers 200 (always, without a heartbeat to watch)."""
@@ -187,6 +194,10 @@ class RoleHTTPServer:
             log.error("liveness fails (%s); the stacks of this process's threads follow", why)
             with contextlib.suppress(Exception):
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            write_termination_message(f"hung: {why}", self._termination_log)
+        elif self._said_stuck and not why:
+            log.warning("liveness passes again: the stuck loop got on")
+            write_termination_message("", self._termination_log)
         self._said_stuck = bool(why)
         return why
 

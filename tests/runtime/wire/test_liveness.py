@@ -59,9 +59,12 @@ def test_heartbeat_names_the_stalest_loop_past_the_limit_and_checks_nothing_at_l
     assert heartbeat.stuck(5) == ""
 
 
-def test_livez_starts_503_answers_200_while_a_waiting_loop_beats_and_503_once_it_is_stuck():
+def test_livez_starts_503_answers_200_while_a_waiting_loop_beats_and_503_once_it_is_stuck(tmp_path):
     """A real server and a real loop thread: idle for longer than the limit but beating is alive; the same loop
-    blocked inside one round (no beat) fails `/livez` after the limit, and recovers when it beats again."""
+    blocked inside one round (no beat) fails `/livez` after the limit, and recovers when it beats again. While
+    it fails, the container's termination message says which loop hung (the pod the kubelet kills tells why)."""
+    termination_log = tmp_path / "termination-log"
+    termination_log.write_text("")
     heartbeat = Heartbeat()
     stop, stuck, released = threading.Event(), threading.Event(), threading.Event()
 
@@ -74,7 +77,7 @@ def test_livez_starts_503_answers_200_while_a_waiting_loop_beats_and_503_once_it
             stop.wait(0.05)  # waiting for work that does not come
 
     with RoleHTTPServer(0, CollectorRegistry(), host="127.0.0.1") as server:
-        server.watch_liveness(heartbeat, 0.6)
+        server.watch_liveness(heartbeat, 0.6, termination_log)
         assert livez(server.port) == (503, "starting\n")
         thread = threading.Thread(target=loop, daemon=True)
         thread.start()
@@ -90,8 +93,10 @@ def test_livez_starts_503_answers_200_while_a_waiting_loop_beats_and_503_once_it
             status, body = wait_for(server.port, 503, 5)
             assert status == 503 and body.startswith("loop main has not beaten for "), body
             assert body.endswith("s (limit 0.6s)\n")
+            assert termination_log.read_text().startswith("hung: loop main has not beaten for ")
             released.set()
             assert wait_for(server.port, 200, 5) == (200, "ok\n")
+            assert termination_log.read_text() == ""
         finally:
             stop.set()
             released.set()
