@@ -150,6 +150,8 @@ class RoleHTTPServer:
         self._heartbeat: Heartbeat | None = None
         self._liveness_limit_s = 0.0
         self._said_stuck = False
+        self._liveness_lock = threading.Lock()
+        """Probes may come at once (the kubelet's, a launcher's): one of them says a hang, once."""
         self._termination_log = TERMINATION_LOG
         self._server = ThreadingHTTPServer((host, port), self._handler_class())
         self._server.daemon_threads = True
@@ -189,16 +191,17 @@ class RoleHTTPServer:
         if not heartbeat.started:
             return "starting"
         why = heartbeat.stuck(self._liveness_limit_s)
-        if why and not self._said_stuck:
-            # Once per hang: what every thread is doing is what tells a deadlock from a native call that never returns.
-            log.error("liveness fails (%s); the stacks of this process's threads follow", why)
-            with contextlib.suppress(Exception):
-                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-            write_termination_message(f"hung: {why}", self._termination_log)
-        elif self._said_stuck and not why:
-            log.warning("liveness passes again: the stuck loop got on")
-            write_termination_message("", self._termination_log)
-        self._said_stuck = bool(why)
+        with self._liveness_lock:
+            if why and not self._said_stuck:
+                # Once per hang: every thread's stack tells a deadlock from a native call that never returns.
+                log.error("liveness fails (%s); the stacks of this process's threads follow", why)
+                with contextlib.suppress(Exception):
+                    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                write_termination_message(f"hung: {why}", self._termination_log)
+            elif self._said_stuck and not why:
+                log.warning("liveness passes again: the stuck loop got on")
+                write_termination_message("", self._termination_log)
+            self._said_stuck = bool(why)
         return why
 
     def _not_ready_because(self) -> str:
