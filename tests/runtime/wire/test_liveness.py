@@ -205,3 +205,55 @@ def test_a_role_process_whose_main_loop_hangs_fails_liveness(tmp_path):
     # The role says so once, with every thread's stack: the stuck one is inside the environment's step.
     assert output.count("liveness fails (loop main has not beaten for ") == 1, output
     assert 'hanging_env.py", line' in output and "in step" in output, output
+
+
+def start_roles(job: dict, roles: list[str], tmp_path, replicas: dict[str, int]) -> dict[str, tuple[int, object]]:
+    import yaml
+
+    config = tmp_path / f"{job['metadata']['name']}.yaml"
+    config.write_text(yaml.safe_dump(job))
+    identities = local_identities(
+        job["metadata"]["name"], replicas, str(config), free_ports(ports_needed(replicas)), str(tmp_path)
+    )
+    started = {}
+    for role in roles:
+        identity = next(i for i in identities if i.role == role)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "rljob.cli.main", "role", role],
+            env={**os.environ, **identity.to_env()},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        started[f"{job['metadata']['name']}/{role}"] = (identity.metrics_port, process)
+    return started
+
+
+def test_every_role_left_idle_past_its_limit_stays_live(tmp_path):
+    """Idle is alive: with no actor sending work, the env, gym rollout, llm rollout (generating and weight threads)
+    and reward processes beat while they wait, and `/livez` answers 200 well past a 1 s limit."""
+    import yaml
+
+    probes = {"probes": {"livenessTimeoutSeconds": 1}}
+    gym = yaml.safe_load((REPO / "examples" / "cartpole-ppo.yaml").read_text())
+    gym["spec"]["roles"]["env"] |= probes
+    gym["spec"]["roles"]["rollout"] |= probes
+    llm = yaml.safe_load((REPO / "examples" / "grpo-tiny-arithmetic.yaml").read_text())
+    llm["spec"].setdefault("roles", {})
+    llm["spec"]["roles"]["rollout"] = {**llm["spec"]["roles"].get("rollout", {}), **probes}
+    llm["spec"]["roles"]["reward"] = {**llm["spec"]["roles"].get("reward", {}), **probes}
+    started = {
+        **start_roles(gym, ["env", "rollout"], tmp_path, {"actor": 1, "rollout": 1, "env": 1, "reward": 0}),
+        **start_roles(llm, ["rollout", "reward"], tmp_path, {"actor": 1, "rollout": 1, "env": 0, "reward": 1}),
+    }
+    try:
+        for name, (port, process) in started.items():
+            assert wait_for(port, 200, 120) == (200, "ok\n"), (name, process.poll())
+        until = time.monotonic() + 3.0
+        while time.monotonic() < until:
+            for name, (port, _) in started.items():
+                assert livez(port) == (200, "ok\n"), name
+            time.sleep(0.2)
+    finally:
+        for _, process in started.values():
+            process.kill()
+            process.wait(timeout=30)
