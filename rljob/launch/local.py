@@ -55,14 +55,11 @@ from rljob.runtime.wire.identity import (
     placed_identities,
     ports_needed,
 )
-from rljob.runtime.wire.role_http import stuck_loop
 
 __all__ = ["Child", "HostLayout", "LaunchError", "LocalChild", "LocalRun", "LogSink", "ReplicaHost", "RunResult"]
 
 STOP_GRACE_S = 10.0
 SCALE_LOOK_S = 1.0
-LIVENESS_LOOK_S = 2.0
-"""How often the launcher asks each replica's `/livez` whether a loop of it is stuck."""
 """How often the rollout autoscaler reads actor 0's progress and looks for rollouts that came up."""
 
 TEST_RANKS_PER_REPLICA_ENV = "RLJOB_TEST_RANKS_PER_REPLICA"
@@ -274,7 +271,6 @@ class LocalRun(Supervisor):
             LocalChild(i, run_dir / "logs" / f"{i.role}-{i.replica}.log") for i in identities
         ]
         self.actor_restarts = 0
-        self._next_liveness_look = 0.0
         if autoscale is not None:
             self.scaler = RolloutScaler(
                 autoscale,
@@ -301,40 +297,21 @@ class LocalRun(Supervisor):
         super().start()
 
     def _tick(self) -> None:
-        self._kill_hung()
         if self.scaler is None or time.monotonic() < self._next_scale_look:
             return
         self._next_scale_look = time.monotonic() + SCALE_LOOK_S
         self.scaler.observe(read_progress(self.progress_url))
 
-    # --- liveness (spec.roles.<role>.probes; rljob/runtime/wire/liveness.py) -------------------------------
+    # --- liveness (spec.roles.<role>.probes; the supervisor's `_kill_hung`) ------------------------------------
 
-    def _kill_hung(self) -> None:
-        """Kill a replica whose `/livez` says one of its loops is stuck (past `probes.livenessTimeoutSeconds`), as
-        the kubelet's liveness probe does in a pod: the failure policy then replaces it or restarts the actor
-        group. Locally there is no startup budget: a replica still starting, or not answering, is left alone."""
-        if time.monotonic() < self._next_liveness_look:
-            return
-        self._next_liveness_look = time.monotonic() + LIVENESS_LOOK_S
-        for child in self.children:
-            if child.parked or child.replace_at is not None or child.process is None:
-                continue
-            if child.process.poll() is not None:
-                continue
-            why = self._stuck(child)
-            if why:
-                self.log_sink("launcher", f"{child.name} is hung ({why}): killing it")
-                self._signal(child, signal.SIGKILL)
-
-    def _stuck(self, child: LocalChild) -> str:
-        """The replica's `/livez` 503 when a loop of it is stuck; "" otherwise (live, starting, not answering)."""
+    def _live_url(self, child: LocalChild) -> str | None:  # type: ignore[override]
         if child.identity.local_rank != 0:
-            return ""  # its replica's local rank 0 serves the replica's endpoint
+            return None  # its replica's local rank 0 serves the replica's endpoint
         host = "127.0.0.1" if self.hosts is None else self.hosts(child.identity.role, child.identity.replica).address
-        try:
-            return stuck_loop(f"http://{host}:{child.identity.metrics_port}/livez")
-        except http.client.HTTPException:
-            return ""
+        return f"http://{host}:{child.identity.metrics_port}/livez"
+
+    def _kill(self, child: LocalChild) -> None:  # type: ignore[override]
+        self._signal(child, signal.SIGKILL)
 
     def _start_rollout(self, replica: int) -> None:
         child = self.child("rollout", replica)

@@ -7,24 +7,7 @@ import os
 import pytest
 
 from tests.conftest import REPO
-
-HANGING = """\
-apiVersion: rljob.io/v1alpha1
-kind: RLJob
-metadata:
-  name: hung-env
-spec:
-  task:
-    type: gym
-    gym: {envId: "tests.runtime.wire.hanging_env:Hanging-v0", numEnvs: 2}
-  algorithm: {name: ppo, minibatches: 1}
-  trainer: {steps: 3, batchSize: 64}
-  failurePolicy: {maxReplacements: 1}
-  roles:
-    actor: {replicas: 1}
-    rollout: {replicas: 1}
-    env: {replicas: 1, probes: {livenessTimeoutSeconds: 2}}
-"""
+from tests.runtime.wire.hanging_env import HUNG_ENV_JOB
 
 
 @pytest.mark.slow
@@ -37,7 +20,7 @@ def test_a_replica_whose_loop_hangs_is_killed_and_replaced_until_the_failure_pol
     monkeypatch.setenv("COLUMNS", "400")
     monkeypatch.setenv("PYTHONPATH", f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     manifest = tmp_path / "hung.yaml"
-    manifest.write_text(HANGING)
+    manifest.write_text(HUNG_ENV_JOB)
     run = start_run(manifest, "--quiet")
     output = run.finish(timeout=180)
     assert run.process.returncode == 1, output

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import http.client
 import json
 import logging
 import sys
@@ -135,7 +136,7 @@ def stuck_loop(url: str, timeout_s: float = 1.0) -> str:
     except urllib.error.HTTPError as exc:
         body = exc.read().decode("utf-8", "replace").strip()
         return body if exc.code == HTTPStatus.SERVICE_UNAVAILABLE and body.startswith("loop ") else ""
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
         return ""
 
 

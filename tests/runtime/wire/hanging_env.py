@@ -29,3 +29,24 @@ class HangingEnv(gymnasium.Env):
 
 if "Hanging-v0" not in gymnasium.registry:
     gymnasium.register("Hanging-v0", entry_point=HangingEnv)
+
+
+HUNG_ENV_JOB = """\
+apiVersion: rljob.io/v1alpha1
+kind: RLJob
+metadata:
+  name: hung-env
+spec:
+  task:
+    type: gym
+    gym: {envId: "tests.runtime.wire.hanging_env:Hanging-v0", numEnvs: 2}
+  algorithm: {name: ppo, minibatches: 1}
+  trainer: {steps: 3, batchSize: 64}
+  failurePolicy: {maxReplacements: 1}
+  roles:
+    actor: {replicas: 1}
+    rollout: {replicas: 1}
+    env: {replicas: 1, probes: {livenessTimeoutSeconds: 2}}
+"""
+"""A job whose env replica hangs at its first step: a launcher kills it, its replacement hangs again, and the
+failure policy (maxReplacements 1) ends the job."""
