@@ -607,6 +607,29 @@ class Placement(SpecModel):
     """The pods' PriorityClass."""
 
 
+LIVENESS_TIMEOUT_DEFAULTS: dict[RoleName, int] = {"actor": 1800, "rollout": 600, "env": 300, "reward": 600}
+"""Seconds a role's main loop may go without a heartbeat by default (`probes.livenessTimeoutSeconds` unset)."""
+STARTUP_TIMEOUT_DEFAULTS: dict[RoleName, int] = {"actor": 1800, "rollout": 1800, "env": 300, "reward": 600}
+"""Seconds a role may take to start by default (`probes.startupTimeoutSeconds` unset)."""
+
+
+class ProbesSpec(SpecModel):
+    """Liveness and startup of a role's container: a hung process (a deadlock, a native call that never returns)
+    is restarted. Every role's loops beat a heartbeat (while idle too); its `/livez` endpoint answers 503 once a
+    loop has not beaten for `livenessTimeoutSeconds`, and the kubelet then restarts the container (the operator
+    sees a failed pod: an actor-group restart or a replica replacement). See docs/troubleshooting.md."""
+
+    liveness_timeout_seconds: int | None = Field(default=None, ge=0)
+    """Seconds a loop of the role may go without beating before the container is restarted (the kubelet notices
+    within 30 s more). Unset: actor 1800, rollout 600, env 300, reward 600. Allow for the longest single unit of
+    work: an actor's training step with its weight sync, checkpoint and evaluation; a rollout's largest chunk of
+    generation or weight update; a reward batch's scoring. 0: no liveness probe (nor startup probe)."""
+    startup_timeout_seconds: int | None = Field(default=None, ge=1)
+    """Seconds the role may take from container start to its first heartbeat before it is restarted: image
+    libraries, model download and load, checkpoint resume, engine start and compilation (vLLM: about 30 s on a
+    CPU, minutes for a large model on GPUs). Unset: actor 1800, rollout 1800, env 300, reward 600."""
+
+
 class RoleSpec(SpecModel):
     """One role's pods."""
 
@@ -632,6 +655,8 @@ class RoleSpec(SpecModel):
     volume_mounts: list[VolumeMount] = Field(default_factory=list)
     """Where those volumes are mounted in the role's container."""
     placement: Placement = Field(default_factory=Placement)
+    probes: ProbesSpec = Field(default_factory=ProbesSpec)
+    """Liveness and startup probes of the role's container (per-role defaults when unset)."""
 
 
 class ActorRoleSpec(RoleSpec):
@@ -686,6 +711,16 @@ class RolesSpec(SpecModel):
 
     def get(self, role: RoleName) -> RoleSpec:
         return getattr(self, role)
+
+    def liveness_timeout(self, role: RoleName) -> int:
+        """Seconds `role`'s loops may go without a heartbeat (0: not checked), its default when unset."""
+        value = self.get(role).probes.liveness_timeout_seconds
+        return LIVENESS_TIMEOUT_DEFAULTS[role] if value is None else value
+
+    def startup_timeout(self, role: RoleName) -> int:
+        """Seconds `role` may take to its first heartbeat, its default when unset."""
+        value = self.get(role).probes.startup_timeout_seconds
+        return STARTUP_TIMEOUT_DEFAULTS[role] if value is None else value
 
 
 # --- scheduling, failure policy -----------------------------------------------------------------

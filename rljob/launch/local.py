@@ -10,7 +10,9 @@ the loop keeps supervising the others meanwhile), and the job fails when a repli
 `maxReplacements` times in a row (the count is forgotten once a replacement has run for 10 minutes, or exits
 0); a dead actor takes the whole actor group down and up again from the latest checkpoint, at most
 `maxRestarts` times. A role that exits with EXIT_FATAL_CONFIG (a configuration error no restart can fix) fails
-the job at once with its message. The job succeeds when actor replica 0 exits 0.
+the job at once with its message. A replica whose `/livez` says one of its loops is stuck (a hung process,
+`spec.roles.<role>.probes.livenessTimeoutSeconds`) is killed and handled as a failure, as the kubelet's
+liveness probe does in a pod. The job succeeds when actor replica 0 exits 0.
 
 An actor replica with `gpusPerReplica: N` runs N ranks, one per GPU, exactly as in its pod: the launcher
 starts one `rljob role actor` per replica, which starts its N ranks (`rljob.runtime.wire.ranks`). Before anything
@@ -299,6 +301,17 @@ class LocalRun(Supervisor):
             return
         self._next_scale_look = time.monotonic() + SCALE_LOOK_S
         self.scaler.observe(read_progress(self.progress_url))
+
+    # --- liveness (spec.roles.<role>.probes; the supervisor's `_kill_hung`) ------------------------------------
+
+    def _live_url(self, child: LocalChild) -> str | None:  # type: ignore[override]
+        if child.identity.local_rank != 0:
+            return None  # its replica's local rank 0 serves the replica's endpoint
+        host = "127.0.0.1" if self.hosts is None else self.hosts(child.identity.role, child.identity.replica).address
+        return f"http://{host}:{child.identity.metrics_port}/livez"
+
+    def _kill(self, child: LocalChild) -> None:  # type: ignore[override]
+        self._signal(child, signal.SIGKILL)
 
     def _start_rollout(self, replica: int) -> None:
         child = self.child("rollout", replica)

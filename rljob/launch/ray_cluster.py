@@ -210,6 +210,13 @@ class RoleProcess:
                 self.reader.join(timeout=2)
         return self._take()
 
+    def kill(self) -> None:
+        """SIGKILL the role's process group (a hung role): `poll` then reports its exit."""
+        process = self.process
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+
     def pid(self) -> int | None:
         return None if self.process is None else self.process.pid
 
@@ -538,6 +545,15 @@ class RayRun(Supervisor):
 
     def _exit_code(self, child: RayChild) -> int | None:  # type: ignore[override]
         return child.code
+
+    def _live_url(self, child: RayChild) -> str | None:  # type: ignore[override]
+        if child.handle is None or child.identity is None or not child.host or child.identity.local_rank != 0:
+            return None
+        return f"http://{child.host}:{child.identity.metrics_port}/livez"
+
+    def _kill(self, child: RayChild) -> None:  # type: ignore[override]
+        if child.handle is not None:
+            child.handle.kill.remote()  # its exit comes with the next poll
 
     def _incarnation(self, child: RayChild) -> str:  # type: ignore[override]
         return f"{child.incarnation}/{child.pid}"

@@ -14,6 +14,9 @@ uses for pods:
   with its message;
 - an actor that exits with EXIT_DIVERGED (a non-finite loss or gradient norm) fails the job at once with
   that exit code and its line (the step, the values, the last good checkpoint): a restart would diverge again;
+- a replica whose `/livez` names a stuck loop (a hung process: `spec.roles.<role>.probes.livenessTimeoutSeconds`)
+  is killed, every LIVENESS_LOOK_S, and its exit handled as any other, as the kubelet's liveness probe has it
+  in a pod. A replica still starting or not answering is left alone (no startup budget outside a pod);
 - the job succeeds when actor replica 0 exits 0.
 """
 
@@ -30,6 +33,7 @@ import yaml
 from rljob.api import RLJob
 from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
 from rljob.runtime.wire.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, RoleIdentity
+from rljob.runtime.wire.role_http import stuck_loop
 
 LOG_TAIL = 30
 STOP_ORDER = {"actor": 0, "rollout": 1, "reward": 2, "env": 3}
@@ -37,6 +41,8 @@ STOP_ORDER = {"actor": 0, "rollout": 1, "reward": 2, "env": 3}
 START_ORDER = ("env", "rollout", "reward", "actor")
 """Servers first, then the actors that connect to them; not required (every client waits for its peers) but
 the first log lines read better."""
+LIVENESS_LOOK_S = 2.0
+"""How often the launcher asks each replica's `/livez` whether a loop of it is stuck."""
 
 
 class LaunchError(RuntimeError):
@@ -91,6 +97,7 @@ class Supervisor:
     log_sink: LogSink
     children: list[Child]
     actor_restarts: int = 0
+    _next_liveness_look: float = 0.0
 
     # --- what a launcher provides -----------------------------------------------------------------
 
@@ -112,6 +119,14 @@ class Supervisor:
 
     def _drain(self, child: Child) -> None:
         """Wait until the exited replica's last lines are in `child.tail`."""
+
+    def _live_url(self, child: Child) -> str | None:
+        """The running replica's `/livez`; None when it has none to ask (the liveness check skips it)."""
+        return None
+
+    def _kill(self, child: Child) -> None:
+        """SIGKILL the replica's process (a hung one: its exit is then handled as any other)."""
+        raise NotImplementedError
 
     def _refresh(self) -> None:
         """Called once per supervision round, before any `_exit_code` (a launcher may batch its polls)."""
@@ -158,6 +173,7 @@ class Supervisor:
                     on_tick()
                 self._tick()
                 self._refresh()
+                self._kill_hung()
                 for child in self.children:
                     if child.parked:
                         continue
@@ -193,6 +209,20 @@ class Supervisor:
             return self._result(1, str(reason))
         finally:
             self.stop()
+
+    def _kill_hung(self) -> None:
+        """Kill each running replica whose `/livez` names a stuck loop, saying so (module docstring)."""
+        if time.monotonic() < self._next_liveness_look:
+            return
+        self._next_liveness_look = time.monotonic() + LIVENESS_LOOK_S
+        for child in self.children:
+            if child.parked or child.replace_at is not None or self._exit_code(child) is not None:
+                continue
+            url = self._live_url(child)
+            why = stuck_loop(url) if url else ""
+            if why:
+                self.log_sink("launcher", f"{child.name} is hung ({why}): killing it")
+                self._kill(child)
 
     def _actor_exited(self, child: Child, code: int) -> RunResult | bool | None:
         """A RunResult to end the run, True after restarting the actor group, None to go on."""

@@ -59,3 +59,20 @@ def test_render_reports_a_clash_with_the_field_to_change(tmp_path):
     result = render(str(manifest))
     assert result.exit_code == 1
     assert "spec.logging.prometheusPort" in result.output and "choose another port" in result.output
+
+
+def test_render_shows_each_roles_probes_from_its_spec(tmp_path):
+    text = (EXAMPLES / "cartpole-ppo.yaml").read_text()
+    job = yaml.safe_load(text)
+    job["spec"]["roles"]["env"]["probes"] = {"livenessTimeoutSeconds": 60, "startupTimeoutSeconds": 20}
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump(job))
+    documents = list(yaml.safe_load_all(render(str(manifest)).stdout))
+    assert documents[0]["spec"]["roles"]["env"]["probes"] == {"livenessTimeoutSeconds": 60, "startupTimeoutSeconds": 20}
+    env_pods = [d for d in documents if d["kind"] == "Pod" and d["metadata"]["labels"]["rljob.io/role"] == "env"]
+    assert env_pods
+    for pod in env_pods:
+        (main,) = pod["spec"]["containers"]
+        assert main["startupProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
+        assert main["startupProbe"]["failureThreshold"] == 4
+        assert main["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}

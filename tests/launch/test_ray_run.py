@@ -266,3 +266,22 @@ def test_a_removed_node_with_no_replacement_fails_the_job_after_the_placement_ti
     finally:
         if lonely in test_cluster.worker_nodes:
             test_cluster.remove_node(lonely)
+
+
+@pytest.mark.slow
+def test_a_hung_replica_is_killed_through_its_ray_actor_and_replaced(cluster, start_run, tmp_path, monkeypatch):
+    """As locally: the env's step never returns; the launcher asks its /livez on its node, kills it through its
+    RoleProcess actor, replaces it, and the failure policy ends the job when the replacement hangs too."""
+    from tests.runtime.wire.hanging_env import HUNG_ENV_JOB
+
+    monkeypatch.setenv("COLUMNS", "400")
+    manifest = tmp_path / "hung.yaml"
+    manifest.write_text(HUNG_ENV_JOB)
+    run = start_run(manifest, "--ray", cluster[0].address, "--quiet")
+    output = run.finish(timeout=300)
+    assert run.process.returncode == 1, output
+    assert output.count("env-0 is hung (loop main has not beaten for ") == 2, output
+    assert "env-0 exited with code -9: replacing it in 1s (failure 1 in a row" in output
+    assert "it failed 2 times in a row: spec.failurePolicy.maxReplacements (1) exhausted" in output
+    assert not run.roles()
+    assert wait_until_clean() == ([], [])

@@ -378,7 +378,58 @@ def test_pods_run_the_role_entrypoint_never_restart_and_report_readiness(example
         assert pod["spec"]["restartPolicy"] == "Never"
         assert main["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
         assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in main["ports"]
-        assert "livenessProbe" not in main
+
+
+LIVEZ = {"path": "/livez", "port": "metrics"}
+
+
+def test_every_role_gets_startup_and_liveness_probes_on_livez_with_its_default_budget(
+    example_documents, job_from, settings, validate_manifest
+):
+    """Defaults per role: actor 1800 s to start, rollout 1800, env 300, reward 600; the liveness limit itself is
+    counted by the process (its /livez), the kubelet acts after 3 failures 10 s apart."""
+    jobs = [job_from(example_documents["cartpole-ppo"]), job_from(example_documents["grpo-tiny-arithmetic"])]
+    startup_failures = {"actor": 360, "rollout": 360, "env": 60, "reward": 120}
+    seen = set()
+    for job in jobs:
+        job.metadata.namespace = "default"
+        for pod in pods_by_name(build_children(job, settings)).values():
+            validate_manifest(pod)
+            role = pod["metadata"]["labels"]["rljob.io/role"]
+            main = container(pod)
+            assert main["startupProbe"] == {
+                "httpGet": LIVEZ,
+                "timeoutSeconds": 5,
+                "periodSeconds": 5,
+                "failureThreshold": startup_failures[role],
+            }
+            assert main["livenessProbe"] == {
+                "httpGet": LIVEZ,
+                "timeoutSeconds": 5,
+                "periodSeconds": 10,
+                "failureThreshold": 3,
+            }
+            seen.add(role)
+    assert seen == {"actor", "rollout", "env", "reward"}
+
+
+def test_probe_budgets_come_from_the_role_spec_and_a_liveness_timeout_of_0_renders_no_probes(
+    example_documents, job_from, settings, validate_manifest
+):
+    job = job_from(
+        example_documents["cartpole-ppo"],
+        spec__roles__rollout__probes={"startupTimeoutSeconds": 42, "livenessTimeoutSeconds": 120},
+        spec__roles__env__probes={"livenessTimeoutSeconds": 0},
+    )
+    job.metadata.namespace = "default"
+    assert job.spec.roles.liveness_timeout("rollout") == 120  # what the rollout's own /livez counts against
+    rollout = build_pod(job, settings, "rollout", 0)
+    validate_manifest(rollout)
+    assert container(rollout)["startupProbe"]["failureThreshold"] == 9  # 42 s in 5 s periods, rounded up
+    env = container(build_pod(job, settings, "env", 0))
+    assert "livenessProbe" not in env and "startupProbe" not in env
+    assert env["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container(build_pod(job, settings, "actor", 0))["startupProbe"]["failureThreshold"] == 360
 
 
 def test_role_images_default_by_role_and_engine(example_documents, job_from):

@@ -155,3 +155,23 @@ def test_the_rollouts_own_variables_cannot_be_overridden_in_the_actors_env(collo
     with pytest.raises(InvalidRLJob) as caught:
         build_children(collocated(spec__roles__actor__env=[variable]), settings)
     assert [p.path for p in caught.value.problems] == ["spec.roles.actor.env[0].name"]
+
+
+def test_a_collocated_actor_pod_starts_within_the_larger_startup_budget_and_is_probed_for_liveness(
+    collocated, settings, validate_manifest
+):
+    """The actor's first heartbeat comes after the rollout beside it has started its engine."""
+    job = collocated(
+        spec__roles__actor__probes={"startupTimeoutSeconds": 100, "livenessTimeoutSeconds": 900},
+        spec__roles__rollout__probes={"startupTimeoutSeconds": 600},
+    )
+    pods = pods_of(build_children(job, settings))
+    actor = pods["grpo-tiny-arithmetic-actor-0"]
+    validate_manifest(actor)
+    (main,) = actor["spec"]["containers"]
+    assert main["startupProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
+    assert main["startupProbe"]["failureThreshold"] * main["startupProbe"]["periodSeconds"] == 600
+    assert main["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
+    job = collocated(spec__roles__actor__probes={"startupTimeoutSeconds": 2000})
+    (main,) = pods_of(build_children(job, settings))["grpo-tiny-arithmetic-actor-0"]["spec"]["containers"]
+    assert main["startupProbe"]["failureThreshold"] * main["startupProbe"]["periodSeconds"] == 2000

@@ -56,6 +56,12 @@ from rljob.runtime.wire.identity import (
 CONTAINER_NAME = "main"
 """The container of every role pod; `kubectl logs <pod>` needs no `-c`."""
 HEALTH_PATH = "/healthz"
+LIVENESS_PATH = "/livez"
+LIVENESS_PERIOD_S = 10
+LIVENESS_FAILURES = 3
+"""`/livez` fails once a loop is stuck for the role's livenessTimeoutSeconds; the kubelet acts after this many
+failed probes this far apart (up to 30 s more), so one slow answer never restarts a container."""
+STARTUP_PERIOD_S = 5
 READ_ONLY_ROOT_ROLES: tuple[RoleName, ...] = ("env", "reward")
 """Roles that run untrusted code (code_exec sandboxes, tool environments): their root filesystem is read-only and
 only /tmp (an emptyDir) is writable. The actor and rollout keep a writable root for library caches."""
@@ -226,14 +232,14 @@ def _container(
         "args": ["role", role],
         "env": env,
         "ports": ports,
-        # Ready once the role serves (models loaded, peers reached). No liveness probe: a trainer blocked
-        # in a long collective must not be killed by a timeout; the operator watches pod failures instead.
+        # Ready once the role serves (models loaded, peers reached).
         "readinessProbe": {
             "httpGet": {"path": HEALTH_PATH, "port": "metrics"},
             "periodSeconds": 5,
             "timeoutSeconds": 2,
             "failureThreshold": 3,
         },
+        **_liveness_probes(job, role),
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
@@ -248,6 +254,32 @@ def _container(
     if resources:
         container["resources"] = resources
     return container
+
+
+def _liveness_probes(job: RLJob, role: RoleName) -> dict[str, Any]:
+    """The container's startup and liveness probes, both on `/livez` (rljob.runtime.wire.liveness): the startup
+    probe passes at the role's first heartbeat, within `probes.startupTimeoutSeconds`; after it, the liveness
+    probe fails once a loop of the role has not beaten for `probes.livenessTimeoutSeconds` (the process counts
+    that itself) and the kubelet kills the container: the pod fails (restartPolicy Never) and the failure policy
+    restarts the actor group or replaces the replica. None with a liveness timeout of 0.
+
+    A collocated actor pod also starts the rollout beside it (its engine) before the actor's first beat: its
+    startup budget is the larger of the two roles'."""
+    roles = job.spec.roles
+    if roles.liveness_timeout(role) == 0:
+        return {}
+    startup_s = roles.startup_timeout(role)
+    if role == "actor" and roles.rollout.collocated:
+        startup_s = max(startup_s, roles.startup_timeout("rollout"))
+    probe = {"httpGet": {"path": LIVENESS_PATH, "port": "metrics"}, "timeoutSeconds": 5}
+    return {
+        "startupProbe": {
+            **probe,
+            "periodSeconds": STARTUP_PERIOD_S,
+            "failureThreshold": -(-startup_s // STARTUP_PERIOD_S),
+        },
+        "livenessProbe": {**probe, "periodSeconds": LIVENESS_PERIOD_S, "failureThreshold": LIVENESS_FAILURES},
+    }
 
 
 def _resources(rs: RoleSpec) -> dict[str, Any]:

@@ -211,6 +211,7 @@ class Controller:
         sync_s = 0.0
         backoff = Backoff(first_s=0.2, max_s=10.0)
         while len(batches) < len(self.links):
+            self.context.heartbeat.beat()  # waiting for batches is alive; a request that never returns is not
             if self.context.stop.is_set():
                 raise InterruptedError("stopping")
             pending = [link for link in self.links if link.replica not in batches]
@@ -459,6 +460,7 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
         if health is not None:
             health.ready()
         while learner.step < total:
+            context.heartbeat.beat()
             try:
                 learner.update(_share_batch(None, shapes, device))
             except Diverged as exc:
@@ -480,6 +482,7 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
     last_return: float | None = None
     try:
         while learner.step < total:
+            context.heartbeat.beat()
             step_started = time.perf_counter()
             version = learner.step
             replies, fetch_sync_s = controller.fetch(version)

@@ -63,7 +63,7 @@ def run_env(context: RoleContext) -> int:
     health.ready()
     context.log.info("serving %d %s environments (%d..%d)", count, task.env_id, start, start + count - 1)
     try:
-        server.serve(context.stop.is_set)
+        server.serve(context.stop.is_set, beat=context.heartbeat.beat)
     finally:
         server.close()
         envs.close()

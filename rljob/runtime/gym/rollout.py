@@ -141,6 +141,7 @@ class RolloutEngine:
 
     def produce(self) -> None:
         while not self.context.stop.is_set():
+            self.context.heartbeat.beat("produce")
             with self.lock:
                 startable = self.lock.wait_for(
                     lambda: (
@@ -208,7 +209,7 @@ def run_rollout(context: RoleContext) -> int:
     health.ready()
     context.log.info("driving %d environments, %d steps per batch", engine.collector.num_envs, engine.steps_per_batch)
     try:
-        server.serve(context.stop.is_set)
+        server.serve(context.stop.is_set, beat=context.heartbeat.beat)
     finally:
         server.close()
         thread.join(timeout=5)

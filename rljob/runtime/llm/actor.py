@@ -245,6 +245,7 @@ class Controller:
         """`count` groups usable at `step` (submitted earlier); seconds spent waiting for generation."""
         started = time.perf_counter()
         while len(self.groups) < count:
+            self.context.heartbeat.beat()  # waiting for generations is alive; a poll that never returns is not
             if self.context.stop.is_set():
                 raise InterruptedError("stopping")
             if self.outstanding + len(self.groups) < count:
@@ -512,7 +513,8 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         try:
             if episodes is not None:
                 episodes.env.wait_ready(ENV_WAIT_S, context.stop, context.log)
-            sft_records = Warmup(spec, learner, tokenizer, train_rows, context.log, episodes).run()
+            warmup = Warmup(spec, learner, tokenizer, train_rows, context.log, episodes)
+            sft_records = warmup.run(context.heartbeat.beat)
         finally:
             if episodes is not None:
                 episodes.close()
@@ -525,7 +527,8 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         if health is not None:
             health.ready()
         try:
-            follow(learner, channel)  # rank 0's updates, weight gathers, checkpoints and exports, until it ends
+            # rank 0's updates, weight gathers, checkpoints and exports, until it ends
+            follow(learner, channel, context.heartbeat.beat)
         except Diverged as exc:
             raise exc.with_checkpoint(checkpoints.checkpoints()) from None
         learner.leave_group()
@@ -568,6 +571,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         sync_s = controller.sync(learner.step)
         controller.submit(batch, learner.step)
         while learner.step < total:
+            context.heartbeat.beat()
             step_started = time.perf_counter()
             controller.take_generation_seconds()  # only this step's chunks (not the last evaluation's)
             version = learner.step
@@ -786,6 +790,7 @@ def _evaluate(controller: Controller, rows: list[Row], step: int) -> dict[str, A
         )
     results: list[ChunkResult] = []
     while sum(len(r.chunk.prompts) for r in results) < len(prompts):
+        controller.context.heartbeat.beat()
         for result in controller.rollouts.poll():
             if isinstance(result.chunk.meta, tuple):
                 results.append(result)

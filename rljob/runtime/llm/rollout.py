@@ -163,6 +163,7 @@ class GenerationServer:
         The actor sees a failed broadcast itself; a rollout that stays up without the version it was offered
         would leave that version's chunks waiting, so it exits and is replaced (and re-synced) instead."""
         while not self.context.stop.is_set():
+            self.context.heartbeat.beat("weights")
             with self.lock:
                 if not self.lock.wait_for(lambda: self.pending is not None or self.context.stop.is_set(), timeout=0.5):
                     continue
@@ -239,6 +240,7 @@ class GenerationServer:
 
     def work(self) -> None:
         while not self.context.stop.is_set():
+            self.context.heartbeat.beat("generate")
             self._take_turn()
             chunk = self._next_chunk()
             if chunk is None:
@@ -327,7 +329,7 @@ def run_rollout(context: RoleContext) -> int:
     health.ready()
     context.log.info("generating with the %s engine on %s", spec.rollout.engine, device)
     try:
-        transport.serve(context.stop.is_set)
+        transport.serve(context.stop.is_set, beat=context.heartbeat.beat)
     finally:
         transport.close()
         for thread in threads:

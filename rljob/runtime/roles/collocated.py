@@ -26,6 +26,10 @@ rollout pod (`spec.failurePolicy`, as `rljob.launch.failure_policy` applies it):
   a front end that was SIGKILLed, keeping the GPU memory that the next start would need (this process is PID 1
   of the container, and nothing else would end them).
 
+- a rollout whose `/livez` says one of its loops is stuck (hung past `roles.rollout.probes.livenessTimeoutSeconds`;
+  asked every LIVENESS_LOOK_S) is SIGKILLed, and counts as a failure like any other: the container's own liveness
+  probe asks the actor's `/livez`, which does not cover the rollout's loops.
+
 The actor's `/healthz` (the pod's readiness) answers ready only while the rollout's does too
 (COLLOCATED_ROLLOUT_HEALTH_ENV, `rljob.runtime.wire.health`): the pod is not Ready while the rollout loads,
 restarts or crash-loops, and the job's status shows it.
@@ -58,6 +62,7 @@ from rljob.runtime.wire.identity import (
     EXIT_ROLLOUT_GAVE_UP,
     RoleIdentity,
 )
+from rljob.runtime.wire.role_http import stuck_loop
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
@@ -67,6 +72,8 @@ STABLE_S = 600.0
 STOP_GRACE_S = 10.0
 """How long the rollout gets to exit after SIGTERM before it is killed."""
 GIVE_UP_GRACE_S = 60.0
+LIVENESS_LOOK_S = 2.0
+"""How often the rollout's `/livez` is asked whether it is hung."""
 """After asking the actor to stop for a rollout that cannot run: how long it gets before this process exits."""
 
 
@@ -133,6 +140,7 @@ class CollocatedRollout:
         give_up_grace_s: float = GIVE_UP_GRACE_S,
         termination_log: Path = TERMINATION_LOG,
         read_policy: Callable[[], tuple[int, bool]] | None = None,
+        liveness_look_s: float = LIVENESS_LOOK_S,
     ) -> None:
         if identity.role != "rollout":
             raise ValueError(f"a collocated rollout has the rollout's identity (got {identity.role})")
@@ -164,6 +172,8 @@ class CollocatedRollout:
         self._process: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._supervisor: threading.Thread | None = None
+        self._watcher: threading.Thread | None = None
+        self.liveness_look_s = liveness_look_s
 
     @property
     def name(self) -> str:
@@ -173,6 +183,11 @@ class CollocatedRollout:
     def health_url(self) -> str:
         """The rollout's `/healthz`, in this pod."""
         return f"http://127.0.0.1:{self.identity.metrics_port}/healthz"
+
+    @property
+    def live_url(self) -> str:
+        """The rollout's `/livez`, in this pod."""
+        return f"http://127.0.0.1:{self.identity.metrics_port}/livez"
 
     @property
     def pid(self) -> int | None:
@@ -190,7 +205,22 @@ class CollocatedRollout:
         self._spawn()
         self._supervisor = threading.Thread(target=self._supervise, name="collocated-rollout", daemon=True)
         self._supervisor.start()
+        self._watcher = threading.Thread(target=self._watch_liveness, name="collocated-rollout-liveness", daemon=True)
+        self._watcher.start()
         return self
+
+    def _watch_liveness(self) -> None:
+        """SIGKILL a running rollout whose `/livez` names a stuck loop; `_supervise` then sees it exit."""
+        while not self._stopping.wait(self.liveness_look_s):
+            process = self._process
+            if process is None or process.poll() is not None:
+                continue
+            why = stuck_loop(self.live_url)
+            if not why or self._stopping.is_set() or process is not self._process or process.poll() is not None:
+                continue
+            self.say(f"is hung ({why}): killing it")
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
 
     def _spawn(self) -> None:
         process = subprocess.Popen(
@@ -325,6 +355,8 @@ class CollocatedRollout:
             self._reader.join(timeout=5)
         if self._supervisor is not None and self._supervisor is not threading.current_thread():
             self._supervisor.join(timeout=5)
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
 
 
 def collocated_rollout(actor: RoleIdentity, out: BinaryIO | None = None) -> CollocatedRollout:

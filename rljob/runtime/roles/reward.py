@@ -38,7 +38,7 @@ def run_reward(context: RoleContext) -> int:
 
     def score(request: Payload) -> Payload:
         nonlocal samples_scored, errors_total
-        scored = scorer.score(request["samples"])
+        scored = scorer.score(request["samples"], beat=context.heartbeat.beat)
         samples_scored += len(scored.rewards)
         errors_total += sum(scored.errors.values())
         for name, message in scored.error_messages.items():
@@ -62,7 +62,7 @@ def run_reward(context: RoleContext) -> int:
     health.ready()
     context.log.info("scoring with %s", ", ".join(scorer.names) or "no functions (every reward is 0)")
     try:
-        server.serve(context.stop.is_set)
+        server.serve(context.stop.is_set, beat=context.heartbeat.beat)
     finally:
         server.close()
         scorer.close()

@@ -101,7 +101,7 @@ def run_text_env(context: RoleContext) -> int:
     health.ready()
     context.log.info("serving the text environment %s (maxTurns %d)", label, env_spec.max_turns)
     try:
-        server.serve(context.stop.is_set)
+        server.serve(context.stop.is_set, beat=context.heartbeat.beat)
     finally:
         server.close()
         health.close()

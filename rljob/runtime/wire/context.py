@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from rljob.api import RLJob, load_job_file
 from rljob.runtime.wire.identity import RoleIdentity
+from rljob.runtime.wire.liveness import Heartbeat
 
 
 class FatalConfigError(RuntimeError):
@@ -26,6 +27,8 @@ class RoleContext:
     log: logging.Logger
     stop: threading.Event = field(default_factory=threading.Event)
     """Set by SIGTERM/SIGINT: finish the current unit of work and exit 0."""
+    heartbeat: Heartbeat = field(default_factory=Heartbeat)
+    """Beaten by the role's loops; `/livez` fails once one stops beating (`rljob.runtime.wire.liveness`)."""
 
     @property
     def name(self) -> str:

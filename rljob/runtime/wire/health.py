@@ -16,7 +16,8 @@ from rljob.runtime.wire.role_http import RoleHTTPServer, answers_ready
 
 
 class RoleHealth:
-    """`/healthz` (after `ready()`), `/metrics`; `counters` are read at scrape time, e.g. env steps served.
+    """`/healthz` (after `ready()`), `/livez` (the context's heartbeat against the role's
+    `probes.livenessTimeoutSeconds`), `/metrics`; `counters` are read at scrape time, e.g. env steps served.
 
     In a collocated actor pod (COLLOCATED_ROLLOUT_HEALTH_ENV set) `/healthz` also needs the rollout beside the
     actor to answer its own: the pod is not Ready while that rollout loads, restarts or crash-loops."""
@@ -27,7 +28,10 @@ class RoleHealth:
         self.metrics = RoleMetrics(identity.job, identity.role, identity.replica, registry=self.registry)
         self.counters = counters
         self._live: dict[str, Gauge] = {}
-        self.server = RoleHTTPServer(identity.metrics_port, self.registry).start()
+        self.heartbeat = context.heartbeat
+        self.server = RoleHTTPServer(identity.metrics_port, self.registry)
+        self.server.watch_liveness(self.heartbeat, context.job.spec.roles.liveness_timeout(identity.role))
+        self.server.start()
         rollout = os.environ.get(COLLOCATED_ROLLOUT_HEALTH_ENV)
         if rollout:
             self.server.also_ready_when(functools.partial(answers_ready, rollout), f"the rollout beside it ({rollout})")
@@ -41,7 +45,9 @@ class RoleHealth:
                 self._live[name] = gauge
 
     def ready(self) -> None:
+        """Serving: `/healthz` answers ready, and the main loop's heartbeat starts (the startup probe passes)."""
         self._register()
+        self.heartbeat.beat()
         self.server.mark_ready()
 
     def close(self) -> None:

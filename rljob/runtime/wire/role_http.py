@@ -1,4 +1,4 @@
-"""The HTTP side of every role: `/healthz`, `/metrics` and, on actor replica 0, `/progress`.
+"""The HTTP side of every role: `/healthz`, `/livez`, `/metrics` and, on actor replica 0, `/progress`.
 
 A stdlib `ThreadingHTTPServer` in a daemon thread: no event loop to share with the role's own
 work, nothing to install. The data plane never goes through here.
@@ -7,8 +7,11 @@ work, nothing to install. The data plane never goes through here.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
+import http.client
 import json
 import logging
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -17,8 +20,12 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from rljob.runtime.process.termination import TERMINATION_LOG, write_termination_message
+from rljob.runtime.wire.liveness import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +127,19 @@ def answers_ready(url: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
+def stuck_loop(url: str, timeout_s: float = 1.0) -> str:
+    """What `url` (another process's `/livez`) says is stuck ("loop X has not beaten for ..."); "" when it answers
+    200, is still starting, or does not answer (a process that does not answer is not known to be hung)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s):
+            return ""
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode("utf-8", "replace").strip()
+        return body if exc.code == HTTPStatus.SERVICE_UNAVAILABLE and body.startswith("loop ") else ""
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
+        return ""
+
+
 class RoleHTTPServer:
     """Serves one role's health, Prometheus metrics and (optionally) progress on `port` (0: any free port)."""
 
@@ -128,6 +148,12 @@ class RoleHTTPServer:
         self._ready = threading.Event()
         self._progress_provider: Callable[[], Progress] | None = None
         self._also: list[tuple[Callable[[], bool], str]] = []
+        self._heartbeat: Heartbeat | None = None
+        self._liveness_limit_s = 0.0
+        self._said_stuck = False
+        self._liveness_lock = threading.Lock()
+        """Probes may come at once (the kubelet's, a launcher's): one of them says a hang, once."""
+        self._termination_log = TERMINATION_LOG
         self._server = ThreadingHTTPServer((host, port), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -148,6 +174,36 @@ class RoleHTTPServer:
         """`/healthz` answers ready only while `check()` is true too (asked at each probe); else 503 saying
         `waiting for <waiting_for>`."""
         self._also.append((check, waiting_for))
+
+    def watch_liveness(self, heartbeat: Heartbeat, limit_s: float, termination_log: Path = TERMINATION_LOG) -> None:
+        """`/livez`: 503 `starting` until a loop of `heartbeat` first beats, then 503 once one has not beaten for
+        `limit_s` seconds (0: never), else 200. Answered from this server's thread, whatever the loops do.
+
+        While it fails, the container's termination message (`termination_log`, in a pod) says why, so the pod
+        the kubelet kills for it tells the operator (and `kubectl describe`) which loop hung."""
+        self._heartbeat, self._liveness_limit_s = heartbeat, limit_s
+        self._termination_log = termination_log
+
+    def _not_live_because(self) -> str:
+        """Why `/livez` fails now; "" when it answers 200 (always, without a heartbeat to watch)."""
+        heartbeat = self._heartbeat
+        if heartbeat is None:
+            return ""
+        if not heartbeat.started:
+            return "starting"
+        why = heartbeat.stuck(self._liveness_limit_s)
+        with self._liveness_lock:
+            if why and not self._said_stuck:
+                # Once per hang: every thread's stack tells a deadlock from a native call that never returns.
+                log.error("liveness fails (%s); the stacks of this process's threads follow", why)
+                with contextlib.suppress(Exception):
+                    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                write_termination_message(f"hung: {why}", self._termination_log)
+            elif self._said_stuck and not why:
+                log.warning("liveness passes again: the stuck loop got on")
+                write_termination_message("", self._termination_log)
+            self._said_stuck = bool(why)
+        return why
 
     def _not_ready_because(self) -> str:
         """Why `/healthz` is not ready now; "" when it is."""
@@ -183,6 +239,10 @@ class RoleHTTPServer:
                     else:
                         body = f"{why}\n".encode()
                         self._send(HTTPStatus.SERVICE_UNAVAILABLE, body, "text/plain; charset=utf-8")
+                elif path == "/livez":
+                    why = server._not_live_because()
+                    status = HTTPStatus.SERVICE_UNAVAILABLE if why else HTTPStatus.OK
+                    self._send(status, f"{why or 'ok'}\n".encode(), "text/plain; charset=utf-8")
                 elif path == "/metrics":
                     self._send(HTTPStatus.OK, generate_latest(server.registry), CONTENT_TYPE_LATEST)
                 elif path == "/progress" and server._progress_provider is not None:

@@ -257,8 +257,17 @@ class RequestServer:
             return encode(_Header(id=header.id, error=(type(exc).__name__, str(exc))), None)
         return encode(_Header(id=header.id), result)
 
-    def serve(self, should_stop: Callable[[], bool], idle: Callable[[], None] | None = None) -> None:
+    def serve(
+        self,
+        should_stop: Callable[[], bool],
+        idle: Callable[[], None] | None = None,
+        beat: Callable[[], None] | None = None,
+    ) -> None:
+        """Handle requests until `should_stop()`; `beat()` before each poll (every 0.1 s while idle), so a
+        handler that never returns stops the beats (the role's heartbeat)."""
         while not should_stop():
+            if beat is not None:
+                beat()
             if not self.poll_once(0.1) and idle is not None:
                 idle()
 

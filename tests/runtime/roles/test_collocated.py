@@ -363,3 +363,90 @@ def test_an_actor_process_that_adopts_the_rollout_s_orphans_leaves_no_zombie():
     done = subprocess.run([sys.executable, "-c", ADOPTING_ACTOR], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"gave up {EXIT_ROLLOUT_GAVE_UP} zombies []" in done.stdout.splitlines(), done.stdout
+
+
+def test_a_rollout_whose_livez_names_a_stuck_loop_is_killed_and_started_again():
+    """The container's liveness probe asks the actor's /livez only: the rollout beside it is watched by the actor
+    pod's process, through the rollout's own /livez (here a real RoleHTTPServer whose loop beats once, then
+    never again)."""
+    from rljob.launch.local import free_ports
+
+    (port,) = free_ports(1)
+    actor = pod_identity("job", "ns", "actor", 0, REPLICAS, 9090, collocated_rollout=True)
+    identity = dataclasses.replace(actor.collocated_rollout(), metrics_port=port)
+    body = """
+        from prometheus_client import CollectorRegistry
+        from rljob.runtime.wire.liveness import Heartbeat
+        from rljob.runtime.wire.role_http import RoleHTTPServer
+
+        heartbeat = Heartbeat()
+        server = RoleHTTPServer(int(os.environ["RLJOB_METRICS_PORT"]), CollectorRegistry(), host="127.0.0.1")
+        server.watch_liveness(heartbeat, 0.5)
+        server.start()
+        heartbeat.beat()
+        print("up", flush=True)
+        time.sleep(600)  # the main loop never comes round again
+        """
+    out = Output()
+    rollout = CollocatedRollout(
+        identity,
+        {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO)},
+        out,
+        command=child(body),
+        max_replacements=10,
+        on_give_up=lambda: None,
+        backoff=Backoff(0.05, 0.2),
+        grace_s=5.0,
+        liveness_look_s=0.2,
+    ).start()
+    try:
+        wait_until(lambda: rollout.starts >= 2 and out.lines().count("rollout[0] | up") >= 2)
+    finally:
+        rollout.stop()
+    text = "\n".join(out.lines())
+    assert "rollout[0] is hung (loop main has not beaten for " in text
+    assert "s (limit 0.5s)): killing it" in text
+    assert "rollout[0] exited with code 137: starting it again in " in text
+    assert rollout.gave_up is None
+
+
+def test_a_rollout_that_beats_or_is_still_starting_is_left_alone():
+    from rljob.launch.local import free_ports
+
+    (port,) = free_ports(1)
+    actor = pod_identity("job", "ns", "actor", 0, REPLICAS, 9090, collocated_rollout=True)
+    identity = dataclasses.replace(actor.collocated_rollout(), metrics_port=port)
+    body = """
+        import threading
+        from prometheus_client import CollectorRegistry
+        from rljob.runtime.wire.liveness import Heartbeat
+        from rljob.runtime.wire.role_http import RoleHTTPServer
+
+        heartbeat = Heartbeat()
+        server = RoleHTTPServer(int(os.environ["RLJOB_METRICS_PORT"]), CollectorRegistry(), host="127.0.0.1")
+        server.watch_liveness(heartbeat, 0.5)
+        server.start()
+        print("up", flush=True)
+        time.sleep(1.5)  # starting (no beat yet) for longer than the limit
+        while True:  # then idle, beating
+            heartbeat.beat()
+            time.sleep(0.05)
+        """
+    out = Output()
+    rollout = CollocatedRollout(
+        identity,
+        {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO)},
+        out,
+        command=child(body),
+        max_replacements=10,
+        on_give_up=lambda: None,
+        grace_s=5.0,
+        liveness_look_s=0.2,
+    ).start()
+    try:
+        wait_until(lambda: "rollout[0] | up" in out.lines())
+        time.sleep(3)
+        assert rollout.starts == 1 and rollout.pid is not None
+    finally:
+        rollout.stop()
+    assert not any("is hung" in line for line in out.lines())

@@ -500,13 +500,16 @@ class RewardScorer:
     def names(self) -> list[str]:
         return [term.name for term in self._terms]
 
-    def score(self, samples: list[RewardInput]) -> ScoredBatch:
+    def score(self, samples: list[RewardInput], beat: Callable[[], None] = lambda: None) -> ScoredBatch:
+        """`beat()` each time a call of the batch starts, ends or is abandoned (the role's heartbeat: a large batch
+        of calls that run into `sandbox.timeoutSeconds` is slow, not hung)."""
         calls = [_Call(t, s) for s in range(len(samples)) for t in range(len(self._terms))]
         with self._condition:
             self._pending = len(calls)  # before any call is queued: workers count it down
             for call in calls:
                 self._queue.put((call, samples[call.sample]))
             while True:
+                beat()
                 now = time.monotonic()
                 for call in [c for c in self._running if now - (c.started or now) >= self._terms[c.term].timeout]:
                     call.abandoned = True

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import string
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -294,8 +295,9 @@ class Warmup:
                 start = end
         return " ".join(parts)
 
-    def run(self) -> list[dict[str, Any]]:
-        """`sft.steps` steps; one metrics record per step (`phase: sft`, `sft_step`, `sft_loss`, ...)."""
+    def run(self, beat: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
+        """`sft.steps` steps; one metrics record per step (`phase: sft`, `sft_step`, `sft_loss`, ...); `beat()`
+        before each (the role's heartbeat)."""
         started = time.perf_counter()
         records = []
         total = self.sft.steps
@@ -314,6 +316,7 @@ class Warmup:
             ", environment replies from the env role" if self.episodes is not None else "",
         )
         for k in range(1, total + 1):
+            beat()
             stats = self.step()
             if k == 1:
                 self.log.info("supervised warm-up: first example %s", self.describe(self._first_example()))

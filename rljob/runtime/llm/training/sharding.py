@@ -21,6 +21,7 @@ commits it after a barrier. DCP reshards on load, so a checkpoint saved by 2 ran
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +115,11 @@ class CommandChannel:
         return box[0]
 
 
-def follow(learner: Any, channel: CommandChannel) -> None:
-    """A rank other than 0: join rank 0's collectives in the order it names them, until it says `end`."""
+def follow(learner: Any, channel: CommandChannel, beat: Callable[[], None] = lambda: None) -> None:
+    """A rank other than 0: join rank 0's collectives in the order it names them, until it says `end`; `beat()`
+    before each command (the role's heartbeat)."""
     while True:
+        beat()
         command, *args = channel.receive()
         if command == "update":
             learner.update(args[0])

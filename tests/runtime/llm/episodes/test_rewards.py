@@ -328,6 +328,24 @@ def test_a_failing_call_scores_zero_and_is_counted_while_the_rest_still_score(tm
     assert scorer.score([sample("19")]).errors == {"exact_match": 0, function: 0}
 
 
+def test_scoring_beats_the_heartbeat_as_calls_end_so_a_slow_batch_is_not_taken_for_a_hung_one(tmp_path, scorers):
+    """A batch whose every call runs into the time limit takes calls x limit / concurrency: the reward role's loop
+    beats at each call that ends, so its liveness limit bounds one call, not the batch."""
+    import time
+
+    (tmp_path / "rewards.py").write_text(USER_REWARDS)
+    spec = reward({"module": "rewards.py:hangs"}, timeout=0.5, concurrency=1)
+    scorer = scorers(spec, base_dir=tmp_path)
+    beats: list[float] = []
+    started = time.monotonic()
+    scored = scorer.score([sample("boom")] * 4, beat=lambda: beats.append(time.monotonic()))
+    took = time.monotonic() - started
+    assert scored.errors == {"hangs": 4}
+    assert took >= 2.0  # four calls of at least 0.5 s, one at a time
+    gaps = [b - a for a, b in zip([started, *beats], [*beats, started + took], strict=True)]
+    assert len(beats) >= 4 and max(gaps) < took / 2, gaps
+
+
 CONCURRENCY_PROBE = """\
 import socket
 
