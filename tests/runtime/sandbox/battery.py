@@ -65,7 +65,7 @@ def probe_namespace_calls() -> dict[str, str]:
     Each call is made in a child made for it: one that succeeds changes only that child."""
     import errno
 
-    from tests.runtime import runtime_default_seccomp as profile
+    from tests.runtime.sandbox import runtime_default_seccomp as profile
 
     libc = ctypes.CDLL(None, use_errno=True)
     numbers = profile.syscall_numbers()
@@ -121,7 +121,7 @@ def main() -> None:
     args = parser.parse_args()
     report: dict = {"uid": os.getuid()}
     if args.seccomp:
-        from tests.runtime import runtime_default_seccomp
+        from tests.runtime.sandbox import runtime_default_seccomp
 
         runtime_default_seccomp.install(args.seccomp)
         report["kernel_answers"] = probe_namespace_calls()
