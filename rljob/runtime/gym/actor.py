@@ -500,6 +500,7 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
             # Every rank at this boundary: go on, finish this step and stop, or stop now (no batch).
             stop = agree_to_stop(STOP_NOW if not replies else int(context.stop.is_set()), device, world)
             if stop == STOP_NOW:
+                context.log.info("asked to stop while waiting for step %d's data: that step is abandoned", version + 1)
                 break
             fetched = time.perf_counter()
             batch = _to_batch(replies)

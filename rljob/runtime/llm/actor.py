@@ -592,6 +592,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
                     generate_s += extra_generate_s
                     reward_s += extra_reward_s
             except InterruptedError:  # asked to stop while generating: this step is abandoned, nothing trained
+                context.log.info("asked to stop while generating step %d: that step is abandoned", version + 1)
                 stopping = True
                 break
             stream_after_step = controller.stream.state_dict()
