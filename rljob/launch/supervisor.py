@@ -14,6 +14,11 @@ uses for pods:
   with its message;
 - an actor that exits with EXIT_DIVERGED (a non-finite loss or gradient norm) fails the job at once with
   that exit code and its line (the step, the values, the last good checkpoint): a restart would diverge again;
+- an actor that exits with EXIT_PREEMPTED (it got SIGTERM, every rank stopped at one step boundary and rank 0
+  wrote that step's checkpoint) is not a failure: once actor replica 0 has, the actor group starts again from
+  that checkpoint without charging `maxRestarts`, and goes on at the next step;
+- Ctrl-C (or SIGTERM to the launcher) stops the actors first, giving them `spec.checkpoint.preemptionGraceSeconds`
+  to checkpoint, then the other roles; the result names the checkpoint a rerun resumes from;
 - the job succeeds when actor replica 0 exits 0.
 """
 
@@ -29,7 +34,8 @@ import yaml
 
 from rljob.api import RLJob
 from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
-from rljob.runtime.wire.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, RoleIdentity
+from rljob.runtime.records.checkpoint import CheckpointManager
+from rljob.runtime.wire.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, EXIT_PREEMPTED, RoleIdentity
 
 LOG_TAIL = 30
 STOP_ORDER = {"actor": 0, "rollout": 1, "reward": 2, "env": 3}
@@ -75,6 +81,8 @@ class RunResult:
     reason: str
     actor_restarts: int = 0
     replica_restarts: dict[str, int] = field(default_factory=dict)
+    preemptions: int = 0
+    """Actor group restarts after a preemption (EXIT_PREEMPTED): not charged to maxRestarts."""
 
 
 LogSink = Callable[[str, str], None]
@@ -91,6 +99,7 @@ class Supervisor:
     log_sink: LogSink
     children: list[Child]
     actor_restarts: int = 0
+    preemptions: int = 0
 
     # --- what a launcher provides -----------------------------------------------------------------
 
@@ -106,8 +115,8 @@ class Supervisor:
         """An id of the current incarnation (a pid): the failure policy counts each failure once."""
         raise NotImplementedError
 
-    def _stop_children(self, children: list[Child]) -> None:
-        """Stop these replicas (SIGTERM, then SIGKILL after a grace) and wait for them."""
+    def _stop_children(self, children: list[Child], grace_s: float | None = None) -> None:
+        """Stop these replicas (SIGTERM, then SIGKILL after `grace_s`, the launcher's own by default) and wait."""
         raise NotImplementedError
 
     def _drain(self, child: Child) -> None:
@@ -148,7 +157,35 @@ class Supervisor:
                     self._launch(child)
 
     def stop(self) -> None:
+        # The actors first, with the time a checkpoint takes: they stop at a step boundary and write it.
+        self._stop_children(self._actors(), grace_s=self.preemption_grace_s)
         self._stop_children(sorted(self.children, key=lambda c: STOP_ORDER[c.identity.role]))
+
+    @property
+    def preemption_grace_s(self) -> float:
+        return float(self.job.spec.checkpoint.preemption_grace_seconds)
+
+    def _actors(self) -> list[Child]:
+        return [c for c in self.children if c.identity.role == "actor"]
+
+    def latest_checkpoint(self) -> tuple[int, Path] | None:
+        """The newest checkpoint a rerun (or a restarted actor group) resumes from, by its directory name."""
+        directory = self.job.spec.checkpoint.dir or str(self.run_dir / "checkpoints")
+        found = CheckpointManager(directory).checkpoints()
+        return found[-1] if found else None
+
+    def _interrupted(self) -> RunResult:
+        """Ctrl-C: the actors stop at a step boundary and checkpoint it; say where a rerun resumes."""
+        self._stop_children(self._actors(), grace_s=self.preemption_grace_s)
+        latest = self.latest_checkpoint()
+        if latest is None:
+            return self._result(130, "interrupted (Ctrl-C) before the first checkpoint: a rerun starts at step 1")
+        step, path = latest
+        return self._result(
+            130,
+            f"interrupted (Ctrl-C): the actor checkpointed step {step} ({path}); run the same command again "
+            f"(same --out, spec.checkpoint.resume: auto) to resume at step {step + 1}",
+        )
 
     def supervise(self, on_tick: Callable[[], None] | None = None, poll_s: float = 0.2) -> RunResult:
         """Run until actor 0 succeeds or the failure policy gives up; always leaves no child running."""
@@ -188,7 +225,7 @@ class Supervisor:
                         return failed
                 time.sleep(poll_s)
         except KeyboardInterrupt:
-            return self._result(130, "interrupted (Ctrl-C)")
+            return self._interrupted()
         except GiveUp as reason:
             return self._result(1, str(reason))
         finally:
@@ -200,6 +237,8 @@ class Supervisor:
             return self._result(0, f"reached trainer.steps ({self.job.spec.trainer.steps})")
         if code == 0:
             return None  # a non-zero rank finished its last update; rank 0 is finishing too
+        if code == EXIT_PREEMPTED:
+            return self._actor_preempted(child)
         policy = self.policy
         reason = f"{child.name} exited with code {code}"
         if policy.fails_job("actor"):
@@ -214,6 +253,26 @@ class Supervisor:
         )
         actors = [c for c in self.children if c.identity.role == "actor"]
         self._stop_children(actors)
+        for actor in actors:
+            actor.restarts += 1
+            self._launch(actor)
+        return True
+
+    def _actor_preempted(self, child: Child) -> bool | None:
+        """The actor group stopped at a step boundary on SIGTERM and replica 0 checkpointed it: start it again from
+        there, uncharged. A replica other than 0 waits for replica 0, which may still be writing."""
+        if child.identity.replica != 0:
+            return None
+        self.preemptions += 1
+        latest = self.latest_checkpoint()
+        where = f"step {latest[0]} ({latest[1]})" if latest else "no checkpoint (it stopped before step 1)"
+        self.log_sink(
+            "launcher",
+            f"{child.name} exited with code {EXIT_PREEMPTED} (preempted: stopped on SIGTERM at a step boundary): "
+            f"restarting the actor group from {where}, not counted against failurePolicy.maxRestarts",
+        )
+        actors = self._actors()
+        self._stop_children(actors, grace_s=self.preemption_grace_s)
         for actor in actors:
             actor.restarts += 1
             self._launch(actor)
@@ -285,4 +344,5 @@ class Supervisor:
             reason,
             actor_restarts=self.actor_restarts,
             replica_restarts={c.name: c.restarts for c in self.children if c.restarts},
+            preemptions=self.preemptions,
         )
