@@ -148,3 +148,26 @@ def test_ctrl_c_checkpoints_the_llm_actor_and_a_rerun_resumes_at_the_next_step(r
     assert again.process.returncode == 0, output
     assert resumed_step((again.out / "logs" / "actor-0.log").read_text()) == step
     assert steps_of(again.metrics()) == list(range(1, 11))
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_rank_1_of_an_llm_actor_is_its_vote_and_every_rank_stops_at_one_step(repo, start_run, monkeypatch):
+    """Rank 0 drives the llm loop; rank 1's stop request reaches it through the vote after each update."""
+    monkeypatch.setenv(TEST_RANKS_PER_REPLICA_ENV, "2")
+    run = start_run(repo / GRPO, "--set=spec.trainer.steps=30", *GRPO_SETTINGS)
+    run.wait_for_step(3)
+    (rank1,) = [p for p in run.roles() if p.environ().get("LOCAL_RANK") == "1"]
+    os.kill(rank1.pid, signal.SIGTERM)
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    assert "actor-0 exited with code 75 (preempted" in output, output
+    log = (run.out / "logs" / "actor-0.log").read_text()
+    stopped = preempted_at(log)
+    assert 3 <= stopped < 30
+    assert f"stopped at step {stopped} with rank 0, which checkpointed it" in log  # rank 1, the same step
+    assert "received SIGTERM" not in "".join(line for line in log.splitlines() if line.startswith("rank 0 |"))
+    assert resumed_step(log) == stopped
+    records = run.metrics()
+    assert steps_of(records) == list(range(1, 31))
+    assert [r["samples"] for r in records] == [GRPO_BATCH * 8 * s for s in range(1, 31)]
+    assert not run.roles()
