@@ -168,10 +168,14 @@ class Supervisor:
     def _actors(self) -> list[Child]:
         return [c for c in self.children if c.identity.role == "actor"]
 
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.job.spec.checkpoint.dir or self.run_dir / "checkpoints")
+
     def latest_checkpoint(self) -> tuple[int, Path] | None:
-        """The newest checkpoint a rerun (or a restarted actor group) resumes from, by its directory name."""
-        directory = self.job.spec.checkpoint.dir or str(self.run_dir / "checkpoints")
-        found = CheckpointManager(directory).checkpoints()
+        """The newest checkpoint a rerun (or a restarted actor group) resumes from, by its directory name, as this
+        machine sees `checkpoint_dir` (on Ray the actor may write it on another node)."""
+        found = CheckpointManager(self.checkpoint_dir).checkpoints()
         return found[-1] if found else None
 
     def _interrupted(self) -> RunResult:
@@ -179,11 +183,13 @@ class Supervisor:
         self._stop_children(self._actors(), grace_s=self.preemption_grace_s)
         latest = self.latest_checkpoint()
         if latest is None:
-            return self._result(130, "interrupted (Ctrl-C) before the first checkpoint: a rerun starts at step 1")
+            return self._result(
+                130, f"interrupted (Ctrl-C); no checkpoint in {self.checkpoint_dir} here: a rerun starts at step 1"
+            )
         step, path = latest
         return self._result(
             130,
-            f"interrupted (Ctrl-C): the actor checkpointed step {step} ({path}); run the same command again "
+            f"interrupted (Ctrl-C): the latest checkpoint is step {step} ({path}); run the same command again "
             f"(same --out, spec.checkpoint.resume: auto) to resume at step {step + 1}",
         )
 
@@ -265,7 +271,7 @@ class Supervisor:
             return None
         self.preemptions += 1
         latest = self.latest_checkpoint()
-        where = f"step {latest[0]} ({latest[1]})" if latest else "no checkpoint (it stopped before step 1)"
+        where = f"step {latest[0]} ({latest[1]})" if latest else f"its latest checkpoint in {self.checkpoint_dir}"
         self.log_sink(
             "launcher",
             f"{child.name} exited with code {EXIT_PREEMPTED} (preempted: stopped on SIGTERM at a step boundary): "

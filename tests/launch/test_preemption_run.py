@@ -140,7 +140,7 @@ def test_ctrl_c_checkpoints_the_llm_actor_and_a_rerun_resumes_at_the_next_step(r
     step, _ = checkpoints[0]
     assert steps_of(first.metrics()) == list(range(1, step + 1))
     said = re.sub(r"\s+", " ", output)
-    assert f"the actor checkpointed step {step}" in said and f"to resume at step {step + 1}" in said, output
+    assert f"the latest checkpoint is step {step}" in said and f"to resume at step {step + 1}" in said, output
     assert not first.roles()
 
     again = start_run(repo / GRPO, *settings, name="interrupted")
