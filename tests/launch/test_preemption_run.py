@@ -42,18 +42,20 @@ def resumed_step(log: str) -> int:
 
 def sigterm_mid_step(run) -> None:
     """SIGTERM the actor while it waits for its step's data: the rollout is paused (SIGSTOP) so the step cannot
-    finish, then resumed (SIGCONT) for the actor group that comes next."""
+    finish, then resumed (SIGCONT). Paused during a weight sync (which waits for the rollout whatever the stop),
+    the actor finishes the sync once the rollout is back and abandons the next step instead: the same outcome."""
     rollout = run.role("rollout")
     rollout.suspend()
     try:
-        time.sleep(1.0)  # the actor is in its next step by now, waiting for the paused rollout
+        time.sleep(1.0)  # the actor is waiting for the paused rollout by now
         os.kill(run.role("actor").pid, signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while "(asked to stop)" not in (run.out / "logs" / "actor-0.log").read_text():
-            assert time.monotonic() < deadline, "the actor did not stop"
-            time.sleep(0.2)
+        time.sleep(3.0)
     finally:
         rollout.resume()
+    deadline = time.monotonic() + 90
+    while "(asked to stop)" not in (run.out / "logs" / "actor-0.log").read_text():
+        assert time.monotonic() < deadline, "the actor did not stop"
+        time.sleep(0.2)
 
 
 def preempted_at(log: str) -> int:
