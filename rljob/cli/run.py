@@ -231,6 +231,8 @@ def run(
     if result.exit_code == 0:
         progress.update(task, completed=total)
         console.print(f"[bold green]done[/]: {escape(result.reason)}")
+    elif result.exit_code == 130:
+        console.print(f"[bold yellow]stopped[/]: {escape(result.reason)}")
     else:
         console.print(f"[bold red]failed[/]: {escape(result.reason)}")
     if reached is not None:
@@ -243,6 +245,8 @@ def run(
         console.print(f"model:   {escape(str(model_dir))} (Hugging Face format)")
     if result.actor_restarts or result.replica_restarts:
         console.print(f"restarts: actor group {result.actor_restarts}, replicas {result.replica_restarts}")
+    if result.preemptions:
+        console.print(f"preemptions: actor group {result.preemptions} (resumed from its checkpoint, not counted)")
     console.print(f"metrics: {escape(str(metrics_path))}")
     curve = run_dir / "curve.png"
     if curve.exists():

@@ -377,10 +377,10 @@ class LocalRun(Supervisor):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.process.pid, sig)
 
-    def _stop_children(self, children: list[LocalChild]) -> None:  # type: ignore[override]
+    def _stop_children(self, children: list[LocalChild], grace_s: float | None = None) -> None:  # type: ignore[override]
         for child in children:
             self._signal(child, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
+        deadline = time.monotonic() + (STOP_GRACE_S if grace_s is None else grace_s)
         for child in children:
             if child.process is None:
                 continue

@@ -558,10 +558,11 @@ class RayRun(Supervisor):
     def _incarnation(self, child: RayChild) -> str:  # type: ignore[override]
         return f"{child.incarnation}/{child.pid}"
 
-    def _stop_children(self, children: list[RayChild]) -> None:  # type: ignore[override]
+    def _stop_children(self, children: list[RayChild], grace_s: float | None = None) -> None:  # type: ignore[override]
+        grace_s = STOP_GRACE_S if grace_s is None else grace_s
         live = [c for c in children if c.handle is not None]
-        refs = [c.handle.stop.remote(STOP_GRACE_S) for c in live]
-        ray.wait(refs, num_returns=len(refs), timeout=STOP_GRACE_S + 10)
+        refs = [c.handle.stop.remote(grace_s) for c in live]
+        ray.wait(refs, num_returns=len(refs), timeout=grace_s + 10)
         for child, ref in zip(live, refs, strict=True):
             try:
                 self._record(child, ray.get(ref, timeout=0.01))

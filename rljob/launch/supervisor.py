@@ -17,6 +17,11 @@ uses for pods:
 - a replica whose `/livez` names a stuck loop (a hung process: `spec.roles.<role>.probes.livenessTimeoutSeconds`)
   is killed, every LIVENESS_LOOK_S, and its exit handled as any other, as the kubelet's liveness probe has it
   in a pod. A replica still starting or not answering is left alone (no startup budget outside a pod);
+- an actor that exits with EXIT_PREEMPTED (it got SIGTERM, every rank stopped at one step boundary and rank 0
+  wrote that step's checkpoint) is not a failure: once actor replica 0 has, the actor group starts again from
+  that checkpoint without charging `maxRestarts`, and goes on at the next step;
+- Ctrl-C (or SIGTERM to the launcher) stops the actors first, giving them `spec.checkpoint.preemptionGraceSeconds`
+  to checkpoint, then the other roles; the result names the checkpoint a rerun resumes from;
 - the job succeeds when actor replica 0 exits 0.
 """
 
@@ -32,7 +37,8 @@ import yaml
 
 from rljob.api import RLJob
 from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
-from rljob.runtime.wire.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, RoleIdentity
+from rljob.runtime.records.checkpoint import CheckpointManager
+from rljob.runtime.wire.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, EXIT_PREEMPTED, RoleIdentity
 from rljob.runtime.wire.role_http import stuck_loop
 
 LOG_TAIL = 30
@@ -81,6 +87,8 @@ class RunResult:
     reason: str
     actor_restarts: int = 0
     replica_restarts: dict[str, int] = field(default_factory=dict)
+    preemptions: int = 0
+    """Actor group restarts after a preemption (EXIT_PREEMPTED): not charged to maxRestarts."""
 
 
 LogSink = Callable[[str, str], None]
@@ -98,6 +106,7 @@ class Supervisor:
     children: list[Child]
     actor_restarts: int = 0
     _next_liveness_look: float = 0.0
+    preemptions: int = 0
 
     # --- what a launcher provides -----------------------------------------------------------------
 
@@ -113,8 +122,8 @@ class Supervisor:
         """An id of the current incarnation (a pid): the failure policy counts each failure once."""
         raise NotImplementedError
 
-    def _stop_children(self, children: list[Child]) -> None:
-        """Stop these replicas (SIGTERM, then SIGKILL after a grace) and wait for them."""
+    def _stop_children(self, children: list[Child], grace_s: float | None = None) -> None:
+        """Stop these replicas (SIGTERM, then SIGKILL after `grace_s`, the launcher's own by default) and wait."""
         raise NotImplementedError
 
     def _drain(self, child: Child) -> None:
@@ -163,7 +172,41 @@ class Supervisor:
                     self._launch(child)
 
     def stop(self) -> None:
+        # The actors first, with the time a checkpoint takes: they stop at a step boundary and write it.
+        self._stop_children(self._actors(), grace_s=self.preemption_grace_s)
         self._stop_children(sorted(self.children, key=lambda c: STOP_ORDER[c.identity.role]))
+
+    @property
+    def preemption_grace_s(self) -> float:
+        return float(self.job.spec.checkpoint.preemption_grace_seconds)
+
+    def _actors(self) -> list[Child]:
+        return [c for c in self.children if c.identity.role == "actor"]
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.job.spec.checkpoint.dir or self.run_dir / "checkpoints")
+
+    def latest_checkpoint(self) -> tuple[int, Path] | None:
+        """The newest checkpoint a rerun (or a restarted actor group) resumes from, by its directory name, as this
+        machine sees `checkpoint_dir` (on Ray the actor may write it on another node)."""
+        found = CheckpointManager(self.checkpoint_dir).checkpoints()
+        return found[-1] if found else None
+
+    def _interrupted(self) -> RunResult:
+        """Ctrl-C: the actors stop at a step boundary and checkpoint it; say where a rerun resumes."""
+        self._stop_children(self._actors(), grace_s=self.preemption_grace_s)
+        latest = self.latest_checkpoint()
+        if latest is None:
+            return self._result(
+                130, f"interrupted (Ctrl-C); no checkpoint in {self.checkpoint_dir} here: a rerun starts at step 1"
+            )
+        step, path = latest
+        return self._result(
+            130,
+            f"interrupted (Ctrl-C): the latest checkpoint is step {step} ({path}); run the same command again "
+            f"(same --out, spec.checkpoint.resume: auto) to resume at step {step + 1}",
+        )
 
     def supervise(self, on_tick: Callable[[], None] | None = None, poll_s: float = 0.2) -> RunResult:
         """Run until actor 0 succeeds or the failure policy gives up; always leaves no child running."""
@@ -204,7 +247,7 @@ class Supervisor:
                         return failed
                 time.sleep(poll_s)
         except KeyboardInterrupt:
-            return self._result(130, "interrupted (Ctrl-C)")
+            return self._interrupted()
         except GiveUp as reason:
             return self._result(1, str(reason))
         finally:
@@ -230,6 +273,8 @@ class Supervisor:
             return self._result(0, f"reached trainer.steps ({self.job.spec.trainer.steps})")
         if code == 0:
             return None  # a non-zero rank finished its last update; rank 0 is finishing too
+        if code == EXIT_PREEMPTED:
+            return self._actor_preempted(child)
         policy = self.policy
         reason = f"{child.name} exited with code {code}"
         if policy.fails_job("actor"):
@@ -244,6 +289,26 @@ class Supervisor:
         )
         actors = [c for c in self.children if c.identity.role == "actor"]
         self._stop_children(actors)
+        for actor in actors:
+            actor.restarts += 1
+            self._launch(actor)
+        return True
+
+    def _actor_preempted(self, child: Child) -> bool | None:
+        """The actor group stopped at a step boundary on SIGTERM and replica 0 checkpointed it: start it again from
+        there, uncharged. A replica other than 0 waits for replica 0, which may still be writing."""
+        if child.identity.replica != 0:
+            return None
+        self.preemptions += 1
+        latest = self.latest_checkpoint()
+        where = f"step {latest[0]} ({latest[1]})" if latest else f"its latest checkpoint in {self.checkpoint_dir}"
+        self.log_sink(
+            "launcher",
+            f"{child.name} exited with code {EXIT_PREEMPTED} (preempted: stopped on SIGTERM at a step boundary): "
+            f"restarting the actor group from {where}, not counted against failurePolicy.maxRestarts",
+        )
+        actors = self._actors()
+        self._stop_children(actors, grace_s=self.preemption_grace_s)
         for actor in actors:
             actor.restarts += 1
             self._launch(actor)
@@ -315,4 +380,5 @@ class Supervisor:
             reason,
             actor_restarts=self.actor_restarts,
             replica_restarts={c.name: c.restarts for c in self.children if c.restarts},
+            preemptions=self.preemptions,
         )

@@ -15,6 +15,10 @@ Failure policy (spec.failurePolicy, applied through `rljob.launch.failure_policy
   resumes from its checkpoint; `restarts` +1; past maxRestarts the job fails (BackoffLimitExceeded).
 - an actor pod lost to eviction, preemption or node loss, or gone while the group runs -> the same group
   restart without charging the budget.
+- an actor pod that exits EXIT_PREEMPTED (it got SIGTERM, every rank stopped at one step boundary and rank 0
+  wrote that step's checkpoint) -> the same group restart, not charged (reason ActorPreempted), once actor
+  replica 0 has ended: the new group resumes at the next step. Its pods' terminationGracePeriodSeconds is
+  spec.checkpoint.preemptionGraceSeconds.
 - rollout / env / reward pod failed or gone -> that pod alone is replaced; training goes on; its role's
   `failed` count grows (disruptions are replaced without counting). A replica that keeps failing is
   replaced after an exponential back-off (1 s, 2 s, 4 s ... 60 s from the failed pod's finish); its failures
@@ -83,7 +87,7 @@ from rljob.operator.status import (
     scheduling_problems,
     set_condition,
 )
-from rljob.runtime.wire.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP
+from rljob.runtime.wire.identity import EXIT_DIVERGED, EXIT_FATAL_CONFIG, EXIT_PREEMPTED, EXIT_ROLLOUT_GAVE_UP
 
 Manifest = dict[str, Any]
 EventType = Literal["Normal", "Warning"]
@@ -530,7 +534,14 @@ class _Planner:
         ]
         if not failed and not missing and not taken:
             return
-        charged = [p for p in failed if p.failed and not p.disrupted]
+        # An actor that stopped on SIGTERM at a step boundary (EXIT_PREEMPTED) wrote its checkpoint: not a failure.
+        # Its group agreed to stop, so while replica 0 (which writes the checkpoint) still runs, it is waited for.
+        preempted = [p for p in failed if p.exit_code == EXIT_PREEMPTED]
+        failed_for_real = [p for p in failed if p.exit_code != EXIT_PREEMPTED]
+        writer = next((p for p in actors if p.replica == 0), None)
+        if preempted and not failed_for_real and not missing and not taken and writer and not writer.finished:
+            return
+        charged = [p for p in failed_for_real if p.failed and not p.disrupted]
         if taken:
             # The survivors' failures are the loss of their peer, not their own: only a stop for good counts.
             charged = [p for p in charged if p.exit_code in STOPPED_FOR_GOOD]
@@ -566,6 +577,13 @@ class _Planner:
             self.plan.restart_counted = True
             reason = "ActorFailed"
             message = f"{why}; restarting the actor group ({self.status.restarts}/{policy.max_restarts})"
+        elif preempted and not taken:
+            pod = next((p for p in preempted if p.replica == 0), preempted[0])
+            reason = "ActorPreempted"
+            message = (
+                f"actor pod {pod.name} stopped on SIGTERM after checkpointing its last step (exit code "
+                f"{EXIT_PREEMPTED}); restarting the actor group from that checkpoint (not counted against maxRestarts)"
+            )
         elif taken:
             pod = taken[0]
             reason = "ActorDisrupted"

@@ -54,7 +54,8 @@ class OperatorSettings:
     run_as_group: int = 1000
     """RLJOB_OPERATOR_RUN_AS_GROUP: GID, and fsGroup so mounted volumes are writable."""
     termination_grace_period_seconds: int = 60
-    """RLJOB_OPERATOR_TERMINATION_GRACE_PERIOD_SECONDS: time a role has after SIGTERM (actors save state)."""
+    """RLJOB_OPERATOR_TERMINATION_GRACE_PERIOD_SECONDS: time a rollout, env or reward pod has after SIGTERM (actor
+    pods get the job's `spec.checkpoint.preemptionGraceSeconds`: they write a checkpoint)."""
     volcano_scheduler_name: str = "volcano"
     """RLJOB_OPERATOR_VOLCANO_SCHEDULER_NAME: schedulerName of pods in `gang: volcano` jobs."""
     scheduler_plugins_scheduler_name: str = "scheduler-plugins-scheduler"

@@ -283,5 +283,24 @@ def test_a_hung_replica_is_killed_through_its_ray_actor_and_replaced(cluster, st
     assert output.count("env-0 is hung (loop main has not beaten for ") == 2, output
     assert "env-0 exited with code -9: replacing it in 1s (failure 1 in a row" in output
     assert "it failed 2 times in a row: spec.failurePolicy.maxReplacements (1) exhausted" in output
+
+
+def test_a_sigterm_to_the_actor_on_ray_checkpoints_and_resumes_at_the_next_step_uncharged(
+    cluster, cartpole_manifest, start_run, monkeypatch
+):
+    """The Ray launcher applies the same supervisor: EXIT_PREEMPTED restarts the actor group, not charged."""
+    monkeypatch.setenv("COLUMNS", "400")
+    manifest = cartpole_manifest(steps=20, interval=1000, max_restarts=0, envs=1)
+    run = start_run(manifest, "--ray", cluster[0].address, "--quiet")
+    run.wait_for_step(4, timeout=180)
+    os.kill(run.role("actor").pid, signal.SIGTERM)
+    output = run.finish()
+    assert run.process.returncode == 0, output  # maxRestarts 0: a charged restart would have failed the job
+    assert "actor-0 exited with code 75 (preempted" in output, output
+    log = (run.out / "logs" / "actor-0.log").read_text()
+    stopped = re.findall(r"stopped at step (\d+) of 20 \(asked to stop\)", log)
+    resumed = re.findall(r"resumed from \S*step-\d+ \(step (\d+)", log)
+    assert len(stopped) == 1 and resumed == stopped, log
+    assert [r["step"] for r in run.metrics()] == list(range(1, 21))
     assert not run.roles()
     assert wait_until_clean() == ([], [])

@@ -148,7 +148,11 @@ def _build_pod(
         "subdomain": service_name(job),
         # The operator owns restarts: a failed actor restarts the whole group, other roles are replaced.
         "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": settings.termination_grace_period_seconds,
+        # The actor finishes or abandons its step and writes its checkpoint after SIGTERM (exit EXIT_PREEMPTED):
+        # spec.checkpoint.preemptionGraceSeconds is sized for that; the other roles only stop.
+        "terminationGracePeriodSeconds": job.spec.checkpoint.preemption_grace_seconds
+        if role == "actor"
+        else settings.termination_grace_period_seconds,
         "enableServiceLinks": False,
         "securityContext": {
             "runAsNonRoot": True,

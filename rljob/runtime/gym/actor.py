@@ -56,7 +56,8 @@ from rljob.runtime.records.metrics import (
 )
 from rljob.runtime.weights.sync import SyncRefused, WeightPublisher
 from rljob.runtime.wire.context import FatalConfigError, RoleContext
-from rljob.runtime.wire.ranks import join_actor_group, nccl_usage_problem
+from rljob.runtime.wire.identity import EXIT_PREEMPTED
+from rljob.runtime.wire.ranks import STOP_NOW, agree_to_stop, join_actor_group, nccl_usage_problem
 from rljob.runtime.wire.role_http import ProgressTracker
 from rljob.runtime.wire.transport import RequestClient, RequestTimeout, TransportError, process_tag
 
@@ -370,8 +371,8 @@ def run_actor(context: RoleContext) -> int:
             )
         return _train(context, health, device, rank, world)
     except InterruptedError:
-        context.log.info("stopped before trainer.steps was reached")
-        return 0 if rank else 1
+        context.log.info("stopped before the first step: nothing to checkpoint")
+        return EXIT_PREEMPTED
     except Diverged as exc:
         return diverged_exit(context, exc)
     except RuntimeError as exc:
@@ -459,13 +460,22 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
     if rank != 0:
         if health is not None:
             health.ready()
-        while learner.step < total:
+        stop = 0
+        while learner.step < total and stop != STOP_NOW:
             context.heartbeat.beat()
+            stop = agree_to_stop(int(context.stop.is_set()), device, world)
+            if stop == STOP_NOW:
+                break
             try:
                 learner.update(_share_batch(None, shapes, device))
             except Diverged as exc:
                 raise exc.with_checkpoint(checkpoints.checkpoints()) from None
+            if stop:
+                break
         learner.leave_group()
+        if stop and learner.step < total:
+            context.log.info("stopped at step %d, as every rank agreed; rank 0 checkpoints it", learner.step)
+            return EXIT_PREEMPTED
         return 0
 
     assert health is not None  # global rank 0 is its replica's local rank 0
@@ -480,12 +490,21 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
     health.ready()
     context.log.info("training %d steps from step %d (%d actor ranks)", total, learner.step, world)
     last_return: float | None = None
+    stop = 0
     try:
         while learner.step < total:
             context.heartbeat.beat()
             step_started = time.perf_counter()
             version = learner.step
-            replies, fetch_sync_s = controller.fetch(version)
+            try:
+                replies, fetch_sync_s = controller.fetch(version)
+            except InterruptedError:  # asked to stop while waiting for the step's data: the step is abandoned
+                replies, fetch_sync_s = [], 0.0
+            # Every rank at this boundary: go on, finish this step and stop, or stop now (no batch).
+            stop = agree_to_stop(STOP_NOW if not replies else int(context.stop.is_set()), device, world)
+            if stop == STOP_NOW:
+                context.log.info("asked to stop while waiting for step %d's data: that step is abandoned", version + 1)
+                break
             fetched = time.perf_counter()
             batch = _to_batch(replies)
             if world > 1:
@@ -495,7 +514,8 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
             except Diverged as exc:  # nothing from this update is pushed to rollouts or checkpointed
                 raise exc.with_checkpoint(checkpoints.checkpoints()) from None
             trained = time.perf_counter()
-            push_s = controller.push(learner.step) if learner.step < total else 0.0
+            # A stopping run pushes nothing: its rollouts may be stopping too, and its next step is the next group's.
+            push_s = controller.push(learner.step) if learner.step < total and not stop else 0.0
             transitions = int(batch.rewards.numel())
             env_steps += transitions
             returns = np.concatenate([r["episode_returns"] for r in replies])
@@ -548,7 +568,7 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
                     f"{last_return:.1f}" if last_return is not None else "-",
                 )
             interval = spec.checkpoint.interval
-            if interval and (learner.step % interval == 0 or learner.step == total):
+            if (interval and (learner.step % interval == 0 or learner.step == total)) or stop:
                 checkpoints.save(
                     learner.step,
                     {
@@ -558,10 +578,25 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
                         "episodes": episodes,
                     },
                 )
+            if stop:
+                break
+        if stop == STOP_NOW and learner.step > 0 and learner.step not in dict(checkpoints.checkpoints()):
+            # The abandoned step left nothing behind: the checkpoint is the last finished step's.
+            state = {"learner": learner.state_dict(), "rng": capture_rng_state()}
+            checkpoints.save(learner.step, {**state, "env_steps": env_steps, "episodes": episodes})
     finally:
         controller.close()
         if run_metrics is not None:
             run_metrics.close()
     learner.leave_group()
+    if stop and learner.step < total:
+        context.log.info(
+            "stopped at step %d of %d (asked to stop): checkpoint in %s; the next actor group resumes at step %d",
+            learner.step,
+            total,
+            checkpoint_dir,
+            learner.step + 1,
+        )
+        return EXIT_PREEMPTED
     context.log.info("reached trainer.steps (%d); final return %s", total, last_return)
     return 0

@@ -78,6 +78,7 @@ from rljob.runtime.weights.ipc import IpcWeightPublisher
 from rljob.runtime.weights.sync import FileWeightPublisher, WeightPublisher
 from rljob.runtime.wire.context import FatalConfigError, RoleContext
 from rljob.runtime.wire.health import wait_for_collocated_rollout
+from rljob.runtime.wire.identity import EXIT_PREEMPTED
 from rljob.runtime.wire.ranks import join_actor_group
 from rljob.runtime.wire.role_http import ProgressTracker
 from rljob.runtime.wire.transport import process_tag
@@ -395,8 +396,8 @@ def run_actor(context: RoleContext) -> int:
     try:
         return _train(context, health, rank, world, device)
     except InterruptedError:
-        context.log.info("stopped before trainer.steps was reached")
-        return 0 if rank else 1
+        context.log.info("stopped before the first step: nothing to checkpoint")
+        return EXIT_PREEMPTED
     except Diverged as exc:
         return diverged_exit(context, exc)
     finally:
@@ -527,11 +528,15 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         if health is not None:
             health.ready()
         try:
-            # rank 0's updates, weight gathers, checkpoints and exports, until it ends
-            follow(learner, channel, context.heartbeat.beat)
+            # Rank 0's updates, weight gathers, checkpoints and exports, until it ends; this rank's stop request
+            # is its vote at each step boundary.
+            preempted = follow(learner, channel, context.stop, device, context.heartbeat.beat)
         except Diverged as exc:
             raise exc.with_checkpoint(checkpoints.checkpoints()) from None
         learner.leave_group()
+        if preempted:
+            context.log.info("stopped at step %d with rank 0, which checkpointed it", learner.step)
+            return EXIT_PREEMPTED
         return 0
 
     controller = Controller(context, learner, tokenizer, train_rows)
@@ -567,6 +572,10 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     )
     batch = spec.trainer.batch_size
     algo = spec.algorithm
+    stopping = False
+    stream_after_step = controller.stream.state_dict()
+    """The prompt stream as the last finished step left it (what a checkpoint of that step holds)."""
+    last_saved = learner.step if resumed is not None else -1
     try:
         sync_s = controller.sync(learner.step)
         controller.submit(batch, learner.step)
@@ -575,15 +584,20 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
             step_started = time.perf_counter()
             controller.take_generation_seconds()  # only this step's chunks (not the last evaluation's)
             version = learner.step
-            groups, generate_s = controller.collect(batch, version)
-            reward_started = time.perf_counter()
-            controller.score(groups)
-            reward_s = time.perf_counter() - reward_started
-            filled = 0
-            if algo.dynamic_sampling:
-                groups, extra_generate_s, extra_reward_s, filled = _dynamic_sampling(controller, groups, version)
-                generate_s += extra_generate_s
-                reward_s += extra_reward_s
+            try:
+                groups, generate_s = controller.collect(batch, version)
+                reward_started = time.perf_counter()
+                controller.score(groups)
+                reward_s = time.perf_counter() - reward_started
+                filled = 0
+                if algo.dynamic_sampling:
+                    groups, extra_generate_s, extra_reward_s, filled = _dynamic_sampling(controller, groups, version)
+                    generate_s += extra_generate_s
+                    reward_s += extra_reward_s
+            except InterruptedError:  # asked to stop while generating: this step is abandoned, nothing trained
+                context.log.info("asked to stop while generating step %d: that step is abandoned", version + 1)
+                stopping = True
+                break
             stream_after_step = controller.stream.state_dict()
             if controller.staleness > 0 and learner.step + 1 < total:
                 controller.submit(batch, version + 1)  # generated while this step trains
@@ -599,11 +613,19 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
             except Diverged as exc:  # nothing from this update reaches a rollout or a checkpoint
                 raise exc.with_checkpoint(checkpoints.checkpoints()) from None
             train_s = time.perf_counter() - train_started
-            sync_s += controller.take_room_back()
-            evaluate = bool(evaluation.interval) and (learner.step % evaluation.interval == 0 or learner.step == total)
-            if learner.step < total or evaluate:  # evaluation generates with the weights just trained
+            # Every rank's stop request, at this boundary: a stopping run finishes this step (records, checkpoints
+            # it) but neither syncs, evaluates nor generates (its rollouts may be stopping too).
+            stopping = learner.step < total and channel.vote_to_stop(context.stop.is_set(), device)
+            if not stopping:
+                sync_s += controller.take_room_back()
+            evaluate = (
+                bool(evaluation.interval)
+                and not stopping
+                and (learner.step % evaluation.interval == 0 or learner.step == total)
+            )
+            if not stopping and (learner.step < total or evaluate):  # evaluation uses the weights just trained
                 sync_s += controller.sync(learner.step)
-            if learner.step < total and controller.staleness == 0:
+            if not stopping and learner.step < total and controller.staleness == 0:
                 controller.submit(batch, learner.step)
             samples_seen += len(samples)
             record = _record(controller, groups, samples, stats, accuracy_key, staleness, filled)
@@ -645,7 +667,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
                     "-" if record.get("accuracy") is None else f"{record['accuracy']:.3f}",
                 )
             interval = spec.checkpoint.interval
-            if interval and (learner.step % interval == 0 or learner.step == total):
+            if (interval and (learner.step % interval == 0 or learner.step == total)) or stopping:
                 path = save_checkpoint(
                     checkpoints,
                     learner,
@@ -659,11 +681,41 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
                     },
                     channel,
                 )
-                export_policy(learner, tokenizer, path.parent / "hf-latest", channel)
+                last_saved = learner.step
+                if not stopping:  # the grace period is for the checkpoint; hf-latest waits for the next one
+                    export_policy(learner, tokenizer, path.parent / "hf-latest", channel)
+            if stopping:
+                break
+        if stopping and last_saved != learner.step and learner.step > 0:
+            # Stopped mid-step: the checkpoint is the last finished step's, with the stream as that step left it.
+            save_checkpoint(
+                checkpoints,
+                learner,
+                learner.step,
+                {
+                    "learner": learner.state_dict(),
+                    "rng": capture_rng_state(),
+                    "stream": stream_after_step,
+                    "samples": samples_seen,
+                    "sft_steps": sft_steps_done,
+                },
+                channel,
+            )
     finally:
         controller.close()
         if run_metrics is not None:
             run_metrics.close()
+    if stopping:
+        channel.send("end", True)
+        learner.leave_group()
+        context.log.info(
+            "stopped at step %d of %d (asked to stop): checkpoint in %s; the next actor group resumes at step %d",
+            learner.step,
+            total,
+            checkpoints.directory,
+            learner.step + 1,
+        )
+        return EXIT_PREEMPTED
     if identity.run_dir:
         exported = export_policy(learner, tokenizer, Path(identity.run_dir) / "model", channel)
         context.log.info("exported the trained policy to %s", exported)

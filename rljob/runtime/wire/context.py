@@ -26,7 +26,8 @@ class RoleContext:
     job: RLJob
     log: logging.Logger
     stop: threading.Event = field(default_factory=threading.Event)
-    """Set by SIGTERM/SIGINT: finish the current unit of work and exit 0."""
+    """Set by SIGTERM/SIGINT: finish the current unit of work and exit (0; an actor checkpoints at the step boundary
+    every rank agrees on and exits EXIT_PREEMPTED)."""
     heartbeat: Heartbeat = field(default_factory=Heartbeat)
     """Beaten by the role's loops; `/livez` fails once one stops beating (`rljob.runtime.wire.liveness`)."""
 

@@ -52,6 +52,11 @@ EXIT_DIVERGED = 65
 """Exit status of an actor stopped by a non-finite loss or gradient norm (sysexits EX_DATAERR): it applied
 no update and wrote no checkpoint from the bad weights. A restart from the last good checkpoint would
 diverge the same way, so the local launcher and the operator fail the job (reason Diverged) instead."""
+EXIT_PREEMPTED = 75
+"""Exit status of an actor asked to stop (SIGTERM: a preemption, a drain, a suspend; SIGINT) that stopped at a step
+boundary every rank agreed on and wrote the checkpoint of its last finished step (sysexits EX_TEMPFAIL). Not a
+failure: the local launcher, the Ray launcher and the operator start the actor group again from that checkpoint
+without charging `failurePolicy.maxRestarts`, and the resumed group goes on at the next step."""
 
 
 class IdentityError(RuntimeError):

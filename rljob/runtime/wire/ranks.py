@@ -30,6 +30,7 @@ from rljob.runtime.wire.identity import (
     COLLOCATED_ROLLOUT_METRICS_PORT_ENV,
     EXIT_DIVERGED,
     EXIT_FATAL_CONFIG,
+    EXIT_PREEMPTED,
     RoleIdentity,
 )
 
@@ -107,11 +108,14 @@ class RankGroup:
             reader.join(timeout=5)
 
     def wait(self, poll_s: float = 0.1) -> int:
-        """Until every rank exited 0 (-> 0) or one failed (-> its status, EXIT_FATAL_CONFIG or EXIT_DIVERGED when a
+        """Until every rank exited 0 (-> 0) or stopped for a preemption (-> EXIT_PREEMPTED, when any did), or one
+        failed (-> its status, EXIT_FATAL_CONFIG or EXIT_DIVERGED when a
         rank exited with it; the rest stopped)."""
         while True:
             codes = [p.poll() for p in self.processes]
-            failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            # A rank that stopped for a preemption agreed on it with every other: they end on their own (rank 0
+            # may still be writing the checkpoint), so the others are left to finish, not stopped.
+            failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0, EXIT_PREEMPTED)]
             if failed:
                 local_rank, code = failed[0]
                 self.say(
@@ -125,10 +129,10 @@ class RankGroup:
                 if EXIT_DIVERGED in codes:  # every rank agreed; the first to exit need not be the one that saw it
                     return EXIT_DIVERGED
                 return _exit_status(code)  # type: ignore[arg-type]
-            if all(c == 0 for c in codes):
+            if all(c is not None for c in codes):
                 for reader in self.readers:
                     reader.join(timeout=5)
-                return 0
+                return EXIT_PREEMPTED if EXIT_PREEMPTED in codes else 0
             time.sleep(poll_s)
 
 
@@ -210,3 +214,24 @@ def join_actor_group(identity: RoleIdentity, device: Any, timeout_minutes: float
         world_size=identity.world_size,
         timeout=datetime.timedelta(minutes=timeout_minutes),
     )
+
+
+STOP_RUN = 1
+"""`agree_to_stop`'s answer: finish the current step, write its checkpoint, exit EXIT_PREEMPTED."""
+STOP_NOW = 2
+"""`agree_to_stop`'s answer: abandon the current step (rank 0 has no batch for it), checkpoint the last one, exit."""
+
+
+def agree_to_stop(vote: int, device: Any, world_size: int) -> int:
+    """Every actor rank's answer to "stop?" at a step boundary, the same on all: the largest vote (0 go on,
+    STOP_RUN, STOP_NOW). A rank votes STOP_RUN once asked to stop (SIGTERM/SIGINT); rank 0 votes STOP_NOW when
+    it gave up waiting for the step's data. One all-reduce of one number (gloo on CPU, NCCL on GPU); with one rank
+    its own vote."""
+    if world_size <= 1:
+        return vote
+    import torch
+    import torch.distributed as dist
+
+    box = torch.tensor([vote], dtype=torch.int32, device=device)
+    dist.all_reduce(box, op=dist.ReduceOp.MAX)
+    return int(box.item())

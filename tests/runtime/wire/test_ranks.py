@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch.distributed as dist
 
-from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
+from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, EXIT_PREEMPTED, local_identities, ports_needed
 from rljob.runtime.wire.ranks import nccl_usage_problem, run_rank_group
 
 REPLICAS = {"actor": 2, "rollout": 1, "env": 1, "reward": 0}
@@ -49,6 +49,24 @@ def test_each_rank_gets_its_rank_and_local_rank_and_its_output_is_prefixed():
     assert code == 0
     assert sorted(line for line in lines if line.startswith("rank ")) == ["rank 2 | 2 0 4 2 1", "rank 3 | 3 1 4 2 1"]
     assert "actor[1] started ranks 2..3 of WORLD_SIZE 4 (2 per replica)" in lines
+
+
+def test_a_preempted_rank_leaves_the_others_to_finish_their_checkpoint_and_the_replica_exits_preempted():
+    """Every rank agreed to stop; the first one out must not cut rank 0's checkpoint write short."""
+    code, lines = run_group(
+        f"""
+        import signal
+        signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM", flush=True), sys.exit(1)))
+        if os.environ["LOCAL_RANK"] == "1":
+            sys.exit({EXIT_PREEMPTED})
+        time.sleep(1.5)  # rank 0 writing the checkpoint
+        print("checkpoint written", flush=True)
+        sys.exit({EXIT_PREEMPTED})
+        """
+    )
+    assert code == EXIT_PREEMPTED, lines
+    assert "rank 2 | checkpoint written" in lines
+    assert not any("got SIGTERM" in line or "stopping the other ranks" in line for line in lines), lines
 
 
 def test_a_failed_rank_stops_the_others_and_the_replica_exits_with_its_code():

@@ -21,6 +21,7 @@ commits it after a barrier. DCP reshards on load, so a checkpoint saved by 2 ran
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from torch import Tensor, nn
 
 from rljob.runtime.llm.models.policy import resolve_precision
 from rljob.runtime.records.checkpoint import STATE_FILE, CheckpointError, CheckpointManager
+from rljob.runtime.wire.ranks import agree_to_stop
 
 SHARDED_DIR = "sharded"
 """Subdirectory of a checkpoint with the DCP shards of the model and optimizer."""
@@ -114,14 +116,30 @@ class CommandChannel:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def vote_to_stop(self, asked: bool, device: Any) -> bool:
+        """Rank 0, at a step boundary: whether any rank was asked to stop (each answers in `follow`)."""
+        self.send("vote")
+        return bool(agree_to_stop(int(asked), device, self.world_size))
 
-def follow(learner: Any, channel: CommandChannel, beat: Callable[[], None] = lambda: None) -> None:
+
+def follow(
+    learner: Any,
+    channel: CommandChannel,
+    stop: threading.Event | None = None,
+    device: Any = None,
+    beat: Callable[[], None] = lambda: None,
+) -> bool:
     """A rank other than 0: join rank 0's collectives in the order it names them, until it says `end`; `beat()`
-    before each command (the role's heartbeat)."""
+    before each command (the role's heartbeat).
+
+    Returns whether rank 0 ended for a preemption (a checkpoint written, trainer.steps not reached). `stop` is this
+    rank's own stop request, its vote at each step boundary (rank 0 decides for all, with every vote)."""
     while True:
         beat()
         command, *args = channel.receive()
-        if command == "update":
+        if command == "vote":
+            agree_to_stop(int(stop is not None and stop.is_set()), device, channel.world_size)
+        elif command == "update":
             learner.update(args[0])
         elif command == "gather":
             gather_pass(learner.model)
@@ -131,7 +149,7 @@ def follow(learner: Any, channel: CommandChannel, beat: Callable[[], None] = lam
         elif command == "export":
             full_state_dict(learner.model)
         elif command == "end":
-            return
+            return bool(args and args[0])
         else:
             raise RuntimeError(f"actor rank {channel.rank} got an unknown command {command!r} from rank 0")
 
