@@ -576,6 +576,18 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     stream_after_step = controller.stream.state_dict()
     """The prompt stream as the last finished step left it (what a checkpoint of that step holds)."""
     last_saved = learner.step if resumed is not None else -1
+
+    def write_checkpoint() -> Path:
+        """The last finished step's checkpoint: the learner, RNG, and the prompt stream as that step left it."""
+        state = {
+            "learner": learner.state_dict(),
+            "rng": capture_rng_state(),
+            "stream": stream_after_step,
+            "samples": samples_seen,
+            "sft_steps": sft_steps_done,
+        }
+        return save_checkpoint(checkpoints, learner, learner.step, state, channel)
+
     try:
         sync_s = controller.sync(learner.step)
         controller.submit(batch, learner.step)
@@ -668,19 +680,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
                 )
             interval = spec.checkpoint.interval
             if (interval and (learner.step % interval == 0 or learner.step == total)) or stopping:
-                path = save_checkpoint(
-                    checkpoints,
-                    learner,
-                    learner.step,
-                    {
-                        "learner": learner.state_dict(),
-                        "rng": capture_rng_state(),
-                        "stream": stream_after_step,
-                        "samples": samples_seen,
-                        "sft_steps": sft_steps_done,
-                    },
-                    channel,
-                )
+                path = write_checkpoint()
                 last_saved = learner.step
                 if not stopping:  # the grace period is for the checkpoint; hf-latest waits for the next one
                     export_policy(learner, tokenizer, path.parent / "hf-latest", channel)
@@ -688,19 +688,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
                 break
         if stopping and last_saved != learner.step and learner.step > 0:
             # Stopped mid-step: the checkpoint is the last finished step's, with the stream as that step left it.
-            save_checkpoint(
-                checkpoints,
-                learner,
-                learner.step,
-                {
-                    "learner": learner.state_dict(),
-                    "rng": capture_rng_state(),
-                    "stream": stream_after_step,
-                    "samples": samples_seen,
-                    "sft_steps": sft_steps_done,
-                },
-                channel,
-            )
+            write_checkpoint()
     finally:
         controller.close()
         if run_metrics is not None:
