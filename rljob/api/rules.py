@@ -214,8 +214,6 @@ def vision_problems(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     llm = spec.task.llm
     if llm is not None and llm.env is not None:
         yield "task.llm.env", "vision-language jobs are single-turn: multi-turn text environments take no images yet"
-    if spec.trainer.parallelism == "fsdp2":
-        yield "trainer.parallelism", "vision-language policies train with ddp: fsdp2 does not shard a vision tower yet"
     if spec.sft.steps > 0:
         yield "sft.steps", "the supervised warm-up reads text only: set 0 for a vision-language job"
 

@@ -135,7 +135,8 @@ def loaded_problems(job: RLJob, base_dir: Path, warn: Warn = _stderr) -> list[Pr
 def llm_loaded_problems(job: RLJob, base_dir: Path) -> list[Problem]:
     """Read the dataset, find the model, load the reward functions, fill the warm-up's demonstrations and build
     the text environment (if any)."""
-    from rljob.runtime.llm.data.images import ImageError, check_images, images_base_dir
+    from rljob.api.rules import vision_job
+    from rljob.runtime.llm.data.images import ImageError, check_images, images_base_dir, sharded_image_problem
     from rljob.runtime.llm.data.rows import DatasetError, load_rows
     from rljob.runtime.llm.episodes.rewards import check_reward_columns, check_reward_spec
     from rljob.runtime.llm.episodes.textenv import check_text_env
@@ -153,6 +154,10 @@ def llm_loaded_problems(job: RLJob, base_dir: Path) -> list[Problem]:
     vision = checkpoint_problems(job, base_dir)
     if vision:
         return vision
+    if spec.trainer.parallelism == "fsdp2" and (vision_job(spec) or checkpoint_is_vision_language(job, base_dir)):
+        problem = sharded_image_problem(rows, spec.task.llm.dataset)
+        if problem is not None:
+            return [Problem("spec.trainer.parallelism", problem)]
     found = (
         check_reward_spec(spec.reward, base_dir)
         + check_reward_columns(spec.reward, rows)
@@ -167,11 +172,20 @@ def checkpoint_problems(job: RLJob, base_dir: Path) -> list[Problem]:
     """A local or hub checkpoint that turns out to be a vision-language model (its config has a vision tower) must
     meet the rules the builtin one meets from the spec alone (`rljob.api.rules.vision_problems`)."""
     from rljob.api.rules import vision_problems
+
+    if not checkpoint_is_vision_language(job, base_dir):
+        return []
+    return [Problem(f"spec.{path}", message) for path, message in vision_problems(job.spec)]
+
+
+def checkpoint_is_vision_language(job: RLJob, base_dir: Path) -> bool:
+    """Whether the job's local or hub checkpoint is a vision-language model (False for a builtin model, and for a
+    checkpoint that cannot be read: the roles say why, with the field, as `check_model_source` found)."""
     from rljob.runtime.llm.models.policy import is_vision_language, model_source
 
     spec = job.spec
     if spec.model.source == "builtin":
-        return []
+        return False
     try:
         from transformers import AutoConfig
 
@@ -179,10 +193,8 @@ def checkpoint_problems(job: RLJob, base_dir: Path) -> list[Problem]:
             model_source(spec.model, base_dir), trust_remote_code=spec.model.trust_remote_code
         )
     except (OSError, ValueError):
-        return []  # the roles say why it cannot be loaded, with the field (check_model_source found it)
-    if not is_vision_language(config):
-        return []
-    return [Problem(f"spec.{path}", message) for path, message in vision_problems(spec)]
+        return False
+    return is_vision_language(config)
 
 
 def gym_loaded_problems(job: RLJob, warn: Warn = _stderr) -> list[Problem]:

@@ -26,7 +26,6 @@ def with_changes(**spec_changes) -> dict:
     ("changes", "said"),
     [
         ({"rollout__engine": "vllm"}, "spec.rollout.engine: vision-language jobs generate with hf"),
-        ({"trainer__parallelism": "fsdp2"}, "spec.trainer.parallelism: vision-language policies train with ddp"),
         ({"model__builtin__architecture": "tiny-qwen2"}, "spec.model.builtin.architecture: the shapes dataset's"),
         (
             {"sft": {"steps": 5, "responseTemplate": "{answer}"}},
@@ -35,7 +34,7 @@ def with_changes(**spec_changes) -> dict:
         ({"task__llm__env": {"builtin": "calculator"}}, "spec.task.llm.env: vision-language jobs are single-turn"),
         ({"task__llm__dataset__minPixels": 5000}, "spec.task.llm.dataset.minPixels: must be at most maxPixels 1024"),
     ],
-    ids=["vllm", "fsdp2", "text-model", "warm-up", "text-env", "pixel-bounds"],
+    ids=["vllm", "text-model", "warm-up", "text-env", "pixel-bounds"],
 )
 def test_a_vision_language_job_refuses_what_it_cannot_run_yet(changes, said):
     with pytest.raises(InvalidRLJob) as refused:
@@ -46,3 +45,24 @@ def test_a_vision_language_job_refuses_what_it_cannot_run_yet(changes, said):
 def test_the_examples_are_accepted():
     validate_job(VLM)
     validate_job(yaml.safe_load((REPO / "examples" / "grpo-qwen2.5-vl-geometry3k.yaml").read_text()))
+
+
+def test_fsdp2_shards_a_vision_language_policy_when_every_row_has_an_image(tmp_path):
+    """The vision tower's shards are gathered collectively: a row without an image would leave one rank's pass
+    without the tower and hang the group, so such a dataset is refused where it is read, naming the row."""
+    from rljob.runtime.preflight import preflight
+
+    sharded = with_changes(trainer__parallelism="fsdp2", roles__actor__replicas=2)
+    assert preflight(validate_job(sharded), load=True) == []
+    rows = tmp_path / "rows.jsonl"
+    image = tmp_path / "red.png"
+    from PIL import Image
+
+    Image.new("RGB", (32, 32), "red").save(image)
+    rows.write_text('{"prompt": "colour?", "answer": "r", "images": ["red.png"]}\n{"prompt": "count?", "answer": "1"}\n')
+    sharded["spec"]["task"]["llm"]["dataset"] = {"path": str(rows), "minPixels": 1024, "maxPixels": 1024}
+    (problem,) = preflight(validate_job(sharded), load=True)
+    assert problem.path == "spec.trainer.parallelism"
+    assert "row 1 of the dataset has no image" in problem.message and "trainer.parallelism: ddp" in problem.message
+    sharded["spec"]["trainer"]["parallelism"] = "ddp"
+    assert preflight(validate_job(sharded), load=True) == []  # ddp runs text-only rows beside image rows

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from rljob.algorithms import group_advantages, informative_groups, overlong_penalty
 from rljob.api.rules import response_budget
 from rljob.api.spec import AlgorithmSpec
-from rljob.runtime.llm.data.images import ImageError, VisionCache, VisionInputs
+from rljob.runtime.llm.data.images import ImageError, VisionCache, VisionInputs, sharded_image_problem
 from rljob.runtime.llm.data.prompts import PromptEncoder
 from rljob.runtime.llm.data.rows import PromptStream, Row, split_off
 from rljob.runtime.llm.engines.base import Sampling, chunk_size
@@ -43,6 +43,7 @@ from rljob.runtime.llm.models.policy import (
     ModelSourceError,
     enable_gradient_checkpointing,
     freeze_vision_tower,
+    is_vision_language,
     load_policy,
 )
 from rljob.runtime.llm.replicas.membership import RolloutMembership
@@ -452,6 +453,10 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         model, tokenizer = load_job_policy(context, device, all_rows)
     if spec.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
+    if spec.trainer.parallelism == "fsdp2" and is_vision_language(model.config):
+        problem = sharded_image_problem(all_rows, task.dataset)
+        if problem is not None:
+            raise FatalConfigError(f"spec.trainer.parallelism: {problem}")
     if spec.model.freeze_vision_tower:
         frozen = freeze_vision_tower(model)
         context.log.info("model.freezeVisionTower: %d vision tower parameters kept as loaded", frozen)

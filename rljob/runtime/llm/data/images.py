@@ -88,6 +88,23 @@ def image_values(row: dict[str, Any], dataset: DatasetSpec) -> list[Any]:
     return list(value) if isinstance(value, list | tuple) else [value]
 
 
+def sharded_image_problem(rows: list[dict[str, Any]], dataset: DatasetSpec) -> str | None:
+    """Why `trainer.parallelism: fsdp2` cannot train a vision-language policy on these rows, or None.
+
+    fsdp2 shards the vision tower's blocks too, and gathering a block's shards is a collective: every actor rank
+    must run the tower at every pass, or the ranks' collectives stop pairing and the group hangs. A pass of
+    text-only prompts on one rank would skip it, so every row needs an image."""
+    missing = [number for number, row in enumerate(rows) if not image_values(row, dataset)]
+    if not missing:
+        return None
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    return (
+        f"fsdp2 shards a vision-language policy's vision tower over the actor ranks, and every rank must run it at "
+        f"every pass: row {missing[0]} of the dataset has no image{more}. Give every row an image, or train with "
+        "trainer.parallelism: ddp"
+    )
+
+
 def decode_image(value: Any, base_dir: Path | None, where: str) -> Any:
     """A PIL image (RGB) from one of the forms above; `where` ("row 3's images[0]") goes into every error."""
     from PIL import Image, UnidentifiedImageError
