@@ -205,12 +205,6 @@ def vision_problems(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
             "the shapes dataset's prompts are images: use tiny-qwen2-vl (or a vision-language checkpoint) "
             f"(got {spec.model.builtin.architecture!r})",
         )
-    if spec.rollout.engine == "vllm":
-        yield (
-            "rollout.engine",
-            "vision-language jobs generate with hf: rljob does not yet send images to vLLM (multi_modal_data); "
-            "set hf or leave it unset",
-        )
     llm = spec.task.llm
     if llm is not None and llm.env is not None:
         yield "task.llm.env", "vision-language jobs are single-turn: multi-turn text environments take no images yet"

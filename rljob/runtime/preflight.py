@@ -221,9 +221,13 @@ def engine_problems(job: RLJob) -> list[Problem]:
     """What the rollout role would exit 78 with for want of its engine, said before anything starts."""
     if job.spec.task.type != "llm" or job.spec.rollout.engine != "vllm":
         return []
-    from rljob.runtime.llm.engines.vllm import NOT_INSTALLED, vllm_installed
+    from rljob.api.rules import vision_job
+    from rljob.runtime.llm.engines.vllm import NOT_INSTALLED, vision_problem, vllm_installed
 
-    return [] if vllm_installed() else [Problem("", NOT_INSTALLED)]
+    if not vllm_installed():
+        return [Problem("", NOT_INSTALLED)]
+    problem = vision_problem() if vision_job(job.spec) else None
+    return [] if problem is None else [Problem("", problem)]
 
 
 def most_replicas(job: RLJob, role: str) -> tuple[int, str]:

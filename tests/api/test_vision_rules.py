@@ -25,7 +25,6 @@ def with_changes(**spec_changes) -> dict:
 @pytest.mark.parametrize(
     ("changes", "said"),
     [
-        ({"rollout__engine": "vllm"}, "spec.rollout.engine: vision-language jobs generate with hf"),
         ({"model__builtin__architecture": "tiny-qwen2"}, "spec.model.builtin.architecture: the shapes dataset's"),
         (
             {"sft": {"steps": 5, "responseTemplate": "{answer}"}},
@@ -34,7 +33,7 @@ def with_changes(**spec_changes) -> dict:
         ({"task__llm__env": {"builtin": "calculator"}}, "spec.task.llm.env: vision-language jobs are single-turn"),
         ({"task__llm__dataset__minPixels": 5000}, "spec.task.llm.dataset.minPixels: must be at most maxPixels 1024"),
     ],
-    ids=["vllm", "text-model", "warm-up", "text-env", "pixel-bounds"],
+    ids=["text-model", "warm-up", "text-env", "pixel-bounds"],
 )
 def test_a_vision_language_job_refuses_what_it_cannot_run_yet(changes, said):
     with pytest.raises(InvalidRLJob) as refused:

@@ -140,7 +140,7 @@ class Controller:
         self.bad_images: set[int] = set()
         """Rows skipped because an image cannot be read (each named once in the log)."""
         self.answer_key = self.task.dataset.answer_key
-        self.prompts = PromptEncoder(self.task, tokenizer, Path.cwd())
+        self.prompts = PromptEncoder(self.task, tokenizer, Path.cwd(), keep_pixels=spec.rollout.engine == "vllm")
         self._vision = VisionCache()
         self._encoded: dict[int, array[int] | None] = {}
         """Each row's prompt ids once encoded, 4 bytes a token (a list of fresh Python ints takes ~36: tens of GB

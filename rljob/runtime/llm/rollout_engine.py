@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig
 
 from rljob.runtime.llm.engines.base import GenerationEngine, WeightSyncSettings, job_cache_len
 from rljob.runtime.llm.engines.hf import HFEngine, compiles_decode, generate_buckets
@@ -18,11 +19,12 @@ from rljob.runtime.llm.engines.vllm import (
     check_cpu_head_size,
     max_model_len,
     startup_failure,
+    vision_problem,
     vllm_installed,
     weights_layout,
 )
 from rljob.runtime.llm.engines.vllm_worker import TensorLayout
-from rljob.runtime.llm.models.policy import ModelSourceError, export_hf, model_source
+from rljob.runtime.llm.models.policy import ModelSourceError, export_hf, is_vision_language, model_source
 from rljob.runtime.llm.setup import load_job_policy, rollout_gpus, sent_dtype
 from rljob.runtime.wire.context import FatalConfigError, RoleContext
 
@@ -61,6 +63,11 @@ def start_vllm_engine(context: RoleContext, sync: WeightSyncSettings) -> VLLMEng
     model_dir, layout, owned = engine_model(context, dtype, on_cpu)
     seed = spec.trainer.seed * 1000 + context.identity.replica
     sleep_mode = spec.roles.rollout.collocated and not on_cpu
+    unloadable = vision_problem() if is_vision_language(AutoConfig.from_pretrained(model_dir)) else None
+    if unloadable is not None:
+        if owned is not None:
+            shutil.rmtree(owned, ignore_errors=True)
+        raise FatalConfigError(unloadable)
     try:
         return VLLMEngine(model_dir, layout, spec.rollout, max_len, dtype, sync, seed, on_cpu, owned, sleep_mode)
     except Exception as exc:
@@ -78,7 +85,7 @@ def engine_model(context: RoleContext, dtype: torch.dtype, on_cpu: bool) -> tupl
     from a model built on the meta device (no weights read, no memory taken)."""
     spec = context.job.spec
     if spec.model.source != "builtin":
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
         try:
             source = model_source(spec.model)
@@ -88,8 +95,9 @@ def engine_model(context: RoleContext, dtype: torch.dtype, on_cpu: bool) -> tupl
         config = AutoConfig.from_pretrained(source, trust_remote_code=remote)
         if on_cpu:
             check_cpu_head_size(spec, config)
-        with torch.device("meta"):
-            skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=remote)
+        auto = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+        with torch.device("meta"):  # the names the actor sends: its own model class's
+            skeleton = auto.from_config(config, trust_remote_code=remote)
         return source, weights_layout(skeleton, dtype), None
     model, tokenizer = load_job_policy(context, torch.device("cpu"))
     model = model.to(dtype)

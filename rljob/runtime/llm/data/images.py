@@ -41,14 +41,24 @@ class ImageError(ValueError):
 @dataclass(frozen=True)
 class VisionInputs:
     """A prompt's images as the policy reads them: `pixel_values` [patches, patch features] float32 and
-    `image_grid_thw` [images, 3] int64 (frames, patch rows, patch columns of each image)."""
+    `image_grid_thw` [images, 3] int64 (frames, patch rows, patch columns of each image).
+
+    For a vLLM rollout, which runs the model's image processor itself, the images also travel as their pixels:
+    `rgb` (every image's RGB bytes, one after the other, uint8) and `rgb_shapes` [images, 2] (height, width),
+    more compact than the patches. `pixel_values` is empty in what such a rollout receives."""
 
     pixel_values: np.ndarray
     image_grid_thw: np.ndarray
+    rgb: np.ndarray | None = None
+    rgb_shapes: np.ndarray | None = None
 
     @property
     def images(self) -> int:
         return int(self.image_grid_thw.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.pixel_values.nbytes + (0 if self.rgb is None else self.rgb.nbytes)
 
     @staticmethod
     def concat(parts: list[VisionInputs | None]) -> VisionInputs | None:
@@ -57,18 +67,42 @@ class VisionInputs:
         held = [p for p in parts if p is not None and p.images]
         if not held:
             return None
+        pixels = all(p.rgb is not None and p.rgb_shapes is not None for p in held)
         return VisionInputs(
-            np.concatenate([p.pixel_values for p in held]), np.concatenate([p.image_grid_thw for p in held])
+            np.concatenate([p.pixel_values for p in held]),
+            np.concatenate([p.image_grid_thw for p in held]),
+            np.concatenate([p.rgb for p in held if p.rgb is not None]) if pixels else None,
+            np.concatenate([p.rgb_shapes for p in held if p.rgb_shapes is not None]) if pixels else None,
         )
 
     def to_wire(self) -> dict[str, np.ndarray]:
+        """The patches, or (when the images carry their pixels: for a vLLM rollout) the pixels instead."""
+        if self.rgb is not None and self.rgb_shapes is not None:
+            return {"image_rgb": self.rgb, "image_shapes": self.rgb_shapes, "image_grid_thw": self.image_grid_thw}
         return {"pixel_values": self.pixel_values, "image_grid_thw": self.image_grid_thw}
 
     @staticmethod
     def from_wire(payload: dict[str, Any]) -> VisionInputs | None:
+        if "image_rgb" in payload:
+            grid = np.asarray(payload["image_grid_thw"])
+            rgb, shapes = np.asarray(payload["image_rgb"], dtype=np.uint8), np.asarray(payload["image_shapes"])
+            return VisionInputs(np.zeros((0, 0), dtype=np.float32), grid, rgb, shapes)
         if "pixel_values" not in payload:
             return None
         return VisionInputs(np.asarray(payload["pixel_values"]), np.asarray(payload["image_grid_thw"]))
+
+    def pil_images(self) -> list[Any]:
+        """The images as PIL images, in order (from `rgb`: what a vLLM engine's processor reads)."""
+        from PIL import Image
+
+        if self.rgb is None or self.rgb_shapes is None:
+            raise ValueError("these images travelled as patches only, not as pixels")
+        images, offset = [], 0
+        for height, width in self.rgb_shapes.tolist():
+            size = height * width * 3
+            images.append(Image.fromarray(self.rgb[offset : offset + size].reshape(height, width, 3), "RGB"))
+            offset += size
+        return images
 
 
 def image_column(row: dict[str, Any], dataset: DatasetSpec) -> str | None:
@@ -206,8 +240,12 @@ class VisionPrompts:
     `image_processor` is the policy's (a Qwen2-VL image processor: `merge_size`, `__call__(images=...)` returning
     `pixel_values` and `image_grid_thw`); `tokenizer` knows the model's vision tokens."""
 
-    def __init__(self, tokenizer: Any, image_processor: Any, image_token: str = "<|image_pad|>") -> None:
+    def __init__(
+        self, tokenizer: Any, image_processor: Any, image_token: str = "<|image_pad|>", keep_pixels: bool = False
+    ) -> None:
         self.tokenizer = tokenizer
+        self.keep_pixels = keep_pixels
+        """Whether `VisionInputs` also carry the images' pixels (for a vLLM rollout)."""
         self.image_processor = image_processor
         self.image_token = image_token
         self.image_token_id = tokenizer.convert_tokens_to_ids(image_token)
@@ -241,7 +279,12 @@ class VisionPrompts:
         expanded: list[int] = []
         for token in ids:
             expanded.extend([token] * next(counts) if token == self.image_token_id else [token])
-        return expanded, VisionInputs(np.asarray(processed["pixel_values"], dtype=np.float32), grid)
+        pixels = np.asarray(processed["pixel_values"], dtype=np.float32)
+        if not self.keep_pixels:
+            return expanded, VisionInputs(pixels, grid)
+        arrays = [np.asarray(image.convert("RGB"), dtype=np.uint8) for image in images]
+        rgb = np.concatenate([a.reshape(-1) for a in arrays])
+        return expanded, VisionInputs(pixels, grid, rgb, np.asarray([a.shape[:2] for a in arrays], dtype=np.int64))
 
 
 def images_base_dir(dataset: DatasetSpec, base_dir: Path | None) -> Path | None:
@@ -271,8 +314,8 @@ class VisionCache:
         return entry
 
     def put(self, key: int, value: VisionInputs) -> None:
-        self.bytes += value.pixel_values.nbytes
+        self.bytes += value.nbytes
         self._entries[key] = value
         while self.bytes > self.max_bytes and len(self._entries) > 1:
             oldest = next(iter(self._entries))
-            self.bytes -= self._entries.pop(oldest).pixel_values.nbytes
+            self.bytes -= self._entries.pop(oldest).nbytes

