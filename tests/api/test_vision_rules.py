@@ -58,7 +58,9 @@ def test_fsdp2_shards_a_vision_language_policy_when_every_row_has_an_image(tmp_p
     from PIL import Image
 
     Image.new("RGB", (32, 32), "red").save(image)
-    rows.write_text('{"prompt": "colour?", "answer": "r", "images": ["red.png"]}\n{"prompt": "count?", "answer": "1"}\n')
+    rows.write_text(
+        '{"prompt": "colour?", "answer": "r", "images": ["red.png"]}\n{"prompt": "count?", "answer": "1"}\n'
+    )
     sharded["spec"]["task"]["llm"]["dataset"] = {"path": str(rows), "minPixels": 1024, "maxPixels": 1024}
     (problem,) = preflight(validate_job(sharded), load=True)
     assert problem.path == "spec.trainer.parallelism"
