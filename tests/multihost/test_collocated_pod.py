@@ -10,14 +10,7 @@ synced.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-import threading
-import time
-from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,6 +18,7 @@ from rljob.operator.manifests import build_children
 from rljob.operator.naming import CONFIG_KEY
 from rljob.operator.settings import OperatorSettings
 from tests.multihost.conftest import load_example
+from tests.multihost.kubelet import Kubelet, wait_for
 from tests.multihost.lab import NetnsLab
 
 pytestmark = pytest.mark.slow
@@ -32,68 +26,6 @@ pytestmark = pytest.mark.slow
 STEPS = 16
 COLLOCATED = ["spec.roles.rollout.collocated=true", "spec.rollout.weightSync.method=ipc"]
 SHORT = [f"spec.trainer.steps={STEPS}", "spec.trainer.batchSize=16", "spec.logging.tensorboard=false"]
-LIMIT_S = 300
-
-
-class Kubelet:
-    """Runs the containers of a job's pods in the lab, one process per pod, and keeps every line they print."""
-
-    def __init__(self, lab: NetnsLab, config_file: Path, home: Path) -> None:
-        self.lab, self.config_file, self.home = lab, config_file, home
-        self.lines: list[str] = []
-        self.processes: dict[str, subprocess.Popen[str]] = {}
-        self._readers: list[threading.Thread] = []
-        self._lock = threading.Lock()
-
-    def start(self, pod: dict[str, Any]) -> None:
-        labels = pod["metadata"]["labels"]
-        (main,) = pod["spec"]["containers"]
-        env = {"PATH": os.environ["PATH"], "HOME": str(self.home), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-        env.update({e["name"]: e["value"] for e in main["env"]})  # the namespace is set: every variable has a value
-        env["RLJOB_CONFIG"] = str(self.config_file)  # where the ConfigMap volume would be mounted
-        command = [str(Path(sys.executable).parent / main["command"][0]), *main["args"]]
-        prefix = self.lab.command_prefix(labels["rljob.io/role"], int(labels["rljob.io/replica"]))
-        process = subprocess.Popen(
-            [*prefix, *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        name = pod["metadata"]["name"]
-        self.processes[name] = process
-        reader = threading.Thread(target=self._read, args=(name, process), daemon=True)
-        reader.start()
-        self._readers.append(reader)
-
-    def _read(self, name: str, process: subprocess.Popen[str]) -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            with self._lock:
-                self.lines.append(f"{name} | {line.rstrip()}")
-
-    def output(self) -> list[str]:
-        with self._lock:
-            return list(self.lines)
-
-    def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.terminate()
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        for reader in self._readers:
-            reader.join(timeout=5)
-
-
-def wait_for(condition, what: str, timeout_s: float = LIMIT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_the_collocated_actor_pod_trains_with_the_rollout_beside_it(tmp_path):
