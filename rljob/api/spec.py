@@ -470,9 +470,11 @@ class RewardFunction(SpecModel):
 
     name: str | None = None
     """Label used in metrics; defaults to the builtin or function name."""
-    builtin: Literal["exact_match", "math_verify", "format", "length_penalty", "code_exec"] | None = None
-    """A builtin function: `exact_match`, `math_verify`, `format` (args.pattern), `length_penalty`, or `code_exec`
-    (args.tests)."""
+    builtin: (
+        Literal["exact_match", "math_verify", "multiple_choice", "format", "length_penalty", "code_exec"] | None
+    ) = None
+    """A builtin function: `exact_match`, `math_verify`, `multiple_choice` (the option letter picked; args
+    choices_key), `format` (args.pattern), `length_penalty`, or `code_exec` (args.tests)."""
     module: (
         Annotated[
             str,

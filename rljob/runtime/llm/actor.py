@@ -87,7 +87,7 @@ from rljob.runtime.wire.transport import process_tag
 GROUP_TIMEOUT_MINUTES = 10
 ENV_WAIT_S = 600.0
 """How long the warm-up waits for an env replica to answer (they start beside the actor)."""
-CORRECTNESS_FUNCTIONS = ("exact_match", "math_verify", "code_exec")
+CORRECTNESS_FUNCTIONS = ("exact_match", "math_verify", "multiple_choice", "code_exec")
 
 
 @dataclass

@@ -207,9 +207,24 @@ def split_off(rows: list[Row], size: int, seed: int) -> tuple[list[Row], list[Ro
 # --- rendering ----------------------------------------------------------------------------------
 
 
+def is_options(value: Any) -> bool:
+    """A list of texts or numbers (a multiple-choice row's `choices`): a template shows it as lettered options."""
+    return (
+        isinstance(value, list | tuple)
+        and 0 < len(value) <= 26
+        and all(isinstance(v, str | int | float) and not isinstance(v, bool) for v in value)
+    )
+
+
+def lettered(options: list[Any] | tuple[Any, ...]) -> str:
+    """`["3", "4"]` -> "A. 3\nB. 4": how `{choices}` reads in a prompt template (the `multiple_choice` reward
+    reads the letter back)."""
+    return "\n".join(f"{chr(ord('A') + i)}. {option}" for i, option in enumerate(options))
+
+
 def render_prompt(task: LLMTask, row: Row, tokenizer: Any) -> str:
     """The text the model continues: the template filled from the row, in the chat template when asked."""
-    fields = {k: v for k, v in row.items() if isinstance(k, str)}
+    fields = {k: lettered(v) if is_options(v) else v for k, v in row.items() if isinstance(k, str)}
     fields["prompt"] = row[task.dataset.prompt_key]
     text = task.prompt_template.format_map(fields)
     if not task.apply_chat_template:

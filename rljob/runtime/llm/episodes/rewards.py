@@ -164,6 +164,55 @@ def math_verify(
     return float(verify(gold, parse(response, parsing_timeout=None), timeout_seconds=None))
 
 
+_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_BOXED_LETTER = re.compile(r"\\boxed\{\s*\(?([A-Z])\)?\s*\}")
+_STATED_LETTER = re.compile(r"(?i:answer)(?: is)?\s*:?\s*\(?([A-Z])\)?(?![A-Za-z])")
+_LONE_LETTER = re.compile(r"(?<![A-Za-z])\(?([A-Z])\)?(?![A-Za-z])")
+
+
+def gold_choice(row: dict[str, Any], answer_key: str, choices_key: str) -> str:
+    """The row's correct option as a letter: its answer is a letter (`B`), an option's index (1) or an option's text
+    (looked up in the row's choices)."""
+    gold = row.get(answer_key) if answer_key in row else _gold(row, answer_key)
+    choices = row.get(choices_key)
+    if isinstance(gold, int) and not isinstance(gold, bool):
+        return _LETTERS[gold]
+    text = str(gold).strip()
+    if len(text.strip("()")) == 1 and text.strip("()").upper() in _LETTERS:
+        return text.strip("()").upper()
+    if isinstance(choices, list | tuple):
+        for index, choice in enumerate(choices):
+            if str(choice).strip() == text:
+                return _LETTERS[index]
+    raise KeyError(f"the row's {answer_key!r} ({text!r}) is neither an option letter nor one of its {choices_key!r}")
+
+
+def chosen_letter(response: str, options: int) -> str | None:
+    """The option a response picks: `\\boxed{B}`, else "answer: B" / "the answer is (B)", else the last lone capital
+    letter among the options (A up to the option count)."""
+    valid = _LETTERS[: max(options, 1)]
+    for pattern in (_BOXED_LETTER, _STATED_LETTER):
+        found = [m.upper() for m in pattern.findall(response) if m.upper() in valid]
+        if found:
+            return found[-1]
+    found = [m for m in _LONE_LETTER.findall(response) if m in valid]
+    return found[-1] if found else None
+
+
+def multiple_choice(
+    prompt: str, response: str, row: dict[str, Any], *, answer_key: str = "answer", choices_key: str = "choices"
+) -> float:
+    """1 when the response picks the row's correct option by its letter (or states that option's exact text)."""
+    gold = gold_choice(row, answer_key, choices_key)
+    choices = row.get(choices_key)
+    options = len(choices) if isinstance(choices, list | tuple) else len(_LETTERS)
+    picked = chosen_letter(response, options)
+    if picked is None and isinstance(choices, list | tuple):
+        said = [i for i, choice in enumerate(choices) if str(choice).strip() and str(choice).strip() in response]
+        picked = _LETTERS[said[0]] if len(said) == 1 else None
+    return float(picked == gold)
+
+
 def format_match(prompt: str, response: str, row: dict[str, Any], *, pattern: str, search: bool = False) -> float:
     if search:
         return float(re.search(pattern, response) is not None)
@@ -222,6 +271,7 @@ BUILTINS: dict[str, RewardFn] = {
     "exact_match": exact_match,
     "math_verify": math_verify,
     "format": format_match,
+    "multiple_choice": multiple_choice,
     "length_penalty": length_penalty,
     "code_exec": code_exec,
 }
@@ -451,7 +501,7 @@ class RewardScorer:
             label = spec.name or spec.builtin or (spec.module or "").rpartition(":")[2]
             labels[label] = labels.get(label, 0) + 1
             kwargs = dict(spec.args)
-            if spec.builtin in ("exact_match", "math_verify"):
+            if spec.builtin in ("exact_match", "math_verify", "multiple_choice"):
                 kwargs.setdefault("answer_key", answer_key)
             self._terms.append(
                 _Term(

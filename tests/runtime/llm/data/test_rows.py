@@ -137,6 +137,12 @@ def test_render_fills_the_template_from_the_row():
     assert render_prompt(task, ROWS[2], tokenizer=None) == "[squares] Q: 2*2? A:"
 
 
+def test_a_list_of_options_renders_as_lettered_lines_for_a_multiple_choice_template():
+    task = LLMTask(dataset=DatasetSpec(builtin="arithmetic"), prompt_template="{prompt}\n{choices}\nAnswer:")
+    row = {"prompt": "2+2?", "choices": ["3", 4, "five"], "answer": "B"}
+    assert render_prompt(task, row, tokenizer=None) == "2+2?\nA. 3\nB. 4\nC. five\nAnswer:"
+
+
 def test_render_puts_the_system_prompt_first():
     task = LLMTask(dataset=DatasetSpec(builtin="arithmetic"), system_prompt="Answer with a number.")
     assert render_prompt(task, {"prompt": "1+2=", "answer": "3"}, tokenizer=None) == "Answer with a number.\n1+2="

@@ -28,6 +28,7 @@ from rljob.runtime.llm.episodes.rewards import (
     length_penalty,
     load_user_function,
     math_verify,
+    multiple_choice,
 )
 from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, local_identities, ports_needed
 from rljob.runtime.wire.transport import RequestClient
@@ -99,6 +100,32 @@ def test_final_answer_takes_the_last_number_else_the_last_line():
     assert final_answer("first 3, then 1,000,000.") == "1000000"
     assert final_answer("a 1, 2") == "2"
     assert final_answer("Thinking...\n  The Capital Is PARIS. \n") == "the capital is paris"
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("B", 1.0),
+        ("The answer is (B).", 1.0),
+        ("<think>A looks wrong, C too</think> \\boxed{B}", 1.0),  # the boxed letter, not the last lone one
+        ("Answer: C", 0.0),
+        ("the answer is a circle, so B", 1.0),  # the article "a" is not option A
+        ("4", 1.0),  # the correct option's text, stated alone
+        ("4 or five", 0.0),  # two options' texts: no pick
+        ("E", 0.0),  # not an option of this row (three options)
+        ("", 0.0),
+    ],
+)
+def test_multiple_choice_scores_the_option_letter_the_response_picks(response, expected):
+    row = {"prompt": "2+2?", "choices": ["3", "4", "five"], "answer": "B"}
+    assert multiple_choice("", response, row) == expected
+
+
+def test_multiple_choice_reads_an_answer_given_as_a_letter_an_index_or_the_options_text():
+    for answer in ("B", "(b)", 1, "4"):
+        assert multiple_choice("", "B", {"choices": ["3", "4"], "answer": answer}) == 1.0, answer
+    with pytest.raises(KeyError, match="neither an option letter nor one of its 'choices'"):
+        multiple_choice("", "B", {"choices": ["3", "4"], "answer": "seven"})
 
 
 def test_exact_match_reads_the_answer_key_it_is_given():
