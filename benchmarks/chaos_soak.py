@@ -47,7 +47,7 @@ JOBS: dict[str, tuple[str, list[str]]] = {
     "grpo": (
         "examples/grpo-tiny-arithmetic.yaml",
         [
-            "spec.trainer.steps=160",
+            "spec.trainer.steps=300",
             "spec.checkpoint.interval=20",
             "spec.evaluation.interval=0",
             "spec.roles.rollout.replicas=2",
@@ -56,7 +56,7 @@ JOBS: dict[str, tuple[str, list[str]]] = {
     ),
     "cartpole": (
         "examples/cartpole-ppo.yaml",
-        ["spec.trainer.steps=150", "spec.checkpoint.interval=10", "spec.roles.env.replicas=2"],
+        ["spec.trainer.steps=600", "spec.checkpoint.interval=20", "spec.roles.env.replicas=2"],
     ),
 }
 COMMON = [
@@ -215,7 +215,7 @@ def percentile(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", nargs="+", choices=sorted(JOBS), default=sorted(JOBS))
-    parser.add_argument("--rate", type=float, default=4.0, help="faults per minute")
+    parser.add_argument("--rate", type=float, default=10.0, help="faults per minute")
     parser.add_argument("--freeze-s", type=float, default=8.0, help="how long a frozen process stays stopped")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit-s", type=float, default=1200.0, help="a run still going after this is stopped")
