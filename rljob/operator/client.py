@@ -29,6 +29,8 @@ _PLURALS = {
     "Service": "services",
     "ConfigMap": "configmaps",
     "Event": "events",
+    "ResourceQuota": "resourcequotas",
+    "LimitRange": "limitranges",
     "PodGroup": "podgroups",
     "NetworkPolicy": "networkpolicies",
     "KopfPeering": "kopfpeerings",

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from rljob.api import API_VERSION, KIND, InvalidRLJob, RLJob, validate_job
 from rljob.api.status import TERMINAL_PHASES, Progress, RLJobStatus
+from rljob.operator.admission import QUOTA_EXCEEDED, admission_problem, refused_for_quota
 from rljob.operator.client import ApiError, KubeClient
 from rljob.operator.manifests import build_children
 from rljob.operator.manifests.config import restart_relevant
@@ -45,6 +46,9 @@ Raw = dict[str, Any]
 
 REJECTED = (400, 403, 422)
 """Statuses of a create the server will not accept as is (quota, admission webhooks, pod security)."""
+ADMISSION_BACKOFF_MAX_SECONDS = 60.0
+"""A job waiting for quota looks again after 1, 2, 4 ... seconds, at most this long (and at once when a
+ResourceQuota of its namespace changes: its usage moves whenever pods come and go)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,13 @@ class JobWorker:
         self.status_version: str | None = None
         """The job's resourceVersion at which `written` was the status on the server: the precondition of the
         next status write, so a write planned on a status someone changed since is refused (409)."""
+        self.admission_attempts = 0
+        """Passes in a row that found the job's pods not fitting the namespace's quotas: the back-off's exponent."""
+        self.quota_refusal: tuple[str, str] | None = None
+        self.quota_refusal_until = 0.0
+        """After the server refused a pod for quota (a race with another job) and the pods created with it were
+        deleted again: why, and until when (monotonic) the job waits before trying again."""
+        self.quota_reads_denied = False
         self.last_valid: tuple[RLJob | None, InvalidRLJob | None, dict[str, Raw], list[Raw]] | None = None
         """The job and children of the last spec that passed validation: a started job runs on with it when an
         edit passes the CRD but not rljob's validation."""
@@ -338,6 +349,14 @@ class JobWorker:
             deleted=set(self.deleting),
         )
         result = plan(obs)
+        if result.create and job is not None:
+            # All of the pods this pass creates fit the namespace's quotas, or none is created (a partial gang
+            # would hold its nodes while it waits for the rest).
+            obs.admission, obs.admission_retry_seconds = await self.check_admission(
+                [desired_pods[n] for n in result.create]
+            )
+            if obs.admission is not None:
+                result = plan(obs)
         await self.write_status(result)  # the scaling's time and step first: a replay never scales twice
         await self.post_events(result)
         if result.scale_rollouts is not None:
@@ -354,8 +373,38 @@ class JobWorker:
         if job is not None and result.rollout_members is not None:
             # Before the pods are touched: a rollout deleted now has left the membership the actor reads.
             await self.write_members(job, result.rollout_members)
-        await self.act(result, pods, desired_pods)
-        return self.next_delay(result)
+        refused = await self.act(result, pods, desired_pods)
+        return ctl.config.coalesce_seconds if refused else self.next_delay(result)
+
+    async def check_admission(self, pods: list[Raw]) -> tuple[tuple[str, str] | None, float]:
+        """(reason, message) why `pods` may not be created now, and how soon to look again; (None, 0) when
+        they all fit. Reads the namespace's ResourceQuotas and LimitRanges live (they are not watched in full)."""
+        now = time.monotonic()
+        if self.quota_refusal is not None and now < self.quota_refusal_until:
+            return self.quota_refusal, self.quota_refusal_until - now
+        self.quota_refusal = None
+        client = self.controller.client
+        try:
+            quotas = await client.list("v1", "ResourceQuota", self.key[0])
+            ranges = await client.list("v1", "LimitRange", self.key[0])
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            # An RBAC without these reads (an older chart): the server's quota admission still decides, and a
+            # refused create rolls the pass's pods back (act).
+            if not self.quota_reads_denied:
+                logger.warning("rljob %s/%s: cannot read quotas, pods are created unchecked: %s", *self.key, exc)
+            self.quota_reads_denied = True
+            return None, 0.0
+        problem = admission_problem(pods, quotas, ranges)
+        if problem is None:
+            self.admission_attempts = 0
+            return None, 0.0
+        return problem, self.admission_backoff()
+
+    def admission_backoff(self) -> float:
+        self.admission_attempts += 1
+        return min(2.0 ** (self.admission_attempts - 1), ADMISSION_BACKOFF_MAX_SECONDS)
 
     async def read_live(self) -> None:
         """Read the job and its pods from the server, not from kopf's caches: every resync, and after kopf
@@ -576,7 +625,8 @@ class JobWorker:
             except ApiError as exc:
                 logger.warning("rljob %s/%s: cannot post event %s: %s", *self.key, event.reason, exc)
 
-    async def act(self, result: Plan, pods: list[PodState], desired: dict[str, Raw]) -> None:
+    async def act(self, result: Plan, pods: list[PodState], desired: dict[str, Raw]) -> bool:
+        """Carry out the plan; True when the server refused a pod for quota and this pass's pods were deleted."""
         ctl = self.controller
         namespace = self.key[0]
         by_name = {p.name: p for p in pods}
@@ -591,19 +641,29 @@ class JobWorker:
                     raise
             self.deleting[pod.uid] = horizon
 
+        created: dict[str, str] = {}
+        over_quota: list[str] = []
+
         async def create(name: str) -> None:
             try:
-                await ctl.client.create(namespace, desired[name])
+                made = await ctl.client.create(namespace, desired[name])
             except ApiError as exc:
+                if exc.status == 403 and refused_for_quota(str(exc)):
+                    over_quota.append(str(exc))
+                    return
                 if exc.status in REJECTED:
                     await self.report_rejection(name, exc)
                     return
                 if not exc.exists:
                     raise
+            else:
+                created[name] = (made.get("metadata") or {}).get("uid") or ""
             self.expected[name] = horizon
 
         await _gather(delete(n) for n in result.delete if n in by_name)
         await _gather(create(n) for n in result.create)
+        if over_quota:
+            await self.roll_back(created, over_quota[0], len(result.create))
         for role, reason in result.replaced:
             ctl.metrics.replacements.labels(role, reason).inc()
         if result.restart_counted:
@@ -616,6 +676,30 @@ class JobWorker:
             except ApiError as exc:
                 if exc.status not in (404, 409):
                     raise
+        return bool(over_quota)
+
+    async def roll_back(self, created: dict[str, str], refusal: str, attempted: int) -> None:
+        """The server refused a pod for quota although the check passed (another job took the quota meanwhile):
+        delete the pods this pass created, so none holds a node waiting for the rest, and wait with back-off."""
+        client = self.controller.client
+        horizon = time.monotonic() + self.controller.config.expectation_seconds
+        for name, uid in created.items():
+            try:
+                await client.delete("v1", "Pod", self.key[0], name, uid=uid or None)
+            except ApiError as exc:
+                if exc.status not in (404, 409):
+                    raise
+            self.expected.pop(name, None)
+            if uid:
+                self.deleting[uid] = horizon
+        message = (
+            f"{attempted} pods not created: the server refused one for quota ({refusal}); "
+            f"the {len(created)} created with it were deleted again"
+        )
+        logger.warning("rljob %s/%s: %s", *self.key, message)
+        delay = self.admission_backoff()
+        self.quota_refusal = (QUOTA_EXCEEDED, message)
+        self.quota_refusal_until = time.monotonic() + delay
 
     async def report_rejection(self, name: str, exc: ApiError) -> None:
         """The server refused a pod (quota, admission, policy): say so once per distinct reason, as the
@@ -723,6 +807,13 @@ class Controller:
         if _newer(worker.body, body):
             worker.body = body  # an event older than what a status write answered tells nothing new
         worker.wake.set()
+
+    def quota_changed(self, namespace: str) -> None:
+        """A ResourceQuota of the namespace changed (raised, or its usage moved as pods came and went): the
+        jobs there that wait for quota look again now."""
+        for key, worker in list(self.workers.items()):
+            if key[0] == namespace and worker.admission_attempts:
+                worker.wake.set()
 
     def standing_by(self) -> bool:
         return self.peering is not None and self.peering.paused

@@ -67,6 +67,17 @@ OPERATOR_API_ACCESS: tuple[ApiAccess, ...] = (
     ),
     ApiAccess("", "events", ("create",), "namespaced", "an Event on every transition"),
     ApiAccess(
+        "",
+        "resourcequotas",
+        ("list", "watch"),
+        "namespaced",
+        "quota-aware admission: a job's pods are created only when all fit; a job waiting for quota looks again "
+        "when a quota or its usage changes",
+    ),
+    ApiAccess(
+        "", "limitranges", ("list",), "namespaced", "quota-aware admission: the defaults LimitRanger gives containers"
+    ),
+    ApiAccess(
         "scheduling.volcano.sh",
         "podgroups",
         ("get", "create", "patch"),

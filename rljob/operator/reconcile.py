@@ -66,6 +66,7 @@ from rljob.launch.autoscale import SCALED_ROLLOUTS, Sample, decide, record, rewi
 from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
 from rljob.launch.health import DIVERGED, HEALTH_TYPES, NON_FINITE_UPDATE, Streak, checks, health_summary, observe
 from rljob.launch.stall import PROGRESS_DEADLINE_EXCEEDED, PROGRESSING, STALLED, stalled_message
+from rljob.operator.admission import LIMIT_RANGE_EXCEEDED, QUOTA_EXCEEDED
 from rljob.operator.manifests.members import elastic_rollouts
 from rljob.operator.naming import ANNOTATION_CONFIG_HASH as CONFIG_HASH
 from rljob.operator.naming import LABEL_JOB, LABEL_ROLE
@@ -167,6 +168,12 @@ class Observation:
     foreign_children: list[str] = field(default_factory=list)
     """`Kind/name` of children (ConfigMap, Service, PodGroup, NetworkPolicy) whose name another owner still
     holds, typically a deleted namesake's that the garbage collector has not removed yet."""
+    admission: tuple[str, str] | None = None
+    """(reason, message) why the pods this pass would create may not be created now: the namespace's
+    ResourceQuotas or LimitRanges (rljob/operator/admission.py), or the server refused one of them. None of them
+    is created (never a partial gang); Ready says why."""
+    admission_retry_seconds: float = 1.0
+    """How soon a job waiting for admission looks again (the controller's back-off)."""
 
 
 @dataclass
@@ -198,6 +205,7 @@ class _Planner:
         self.pods = {p.name: p for p in obs.pods}
         self.live = [p for p in obs.pods if not p.terminating]
         self.new_failures: dict[str, int] = {}
+        self.waiting_admission: tuple[str, str] | None = None
         self.desired_hash = next(
             (h for m in obs.desired_pods.values() if (h := m["metadata"].get("annotations", {}).get(CONFIG_HASH))),
             "",
@@ -773,6 +781,14 @@ class _Planner:
             if restarting and _role_of(manifest) == "actor" and actors_present:
                 continue  # the new group starts only when every old actor is gone
             self.plan.create.append(name)
+        if self.plan.create and self.obs.admission is not None:
+            self.plan.create = []  # all or nothing: created pods would hold their nodes waiting for the rest
+            self.waiting_admission = self.obs.admission
+            self.requeue(self.obs.admission_retry_seconds)
+        elif self.plan.create:
+            before = get_condition(self.status, READY)
+            if before is not None and before.reason in (QUOTA_EXCEEDED, LIMIT_RANGE_EXCEEDED):
+                self.event("Normal", "Admitted", f"{len(self.plan.create)} pods fit the namespace's quotas now")
         if restarting and not actors_present:
             set_condition(self.status, RESTARTING, False, "Recreated", "the actor group was recreated", self.now)
             self.transition("Starting", "Recreated", "the actor group was recreated")
@@ -799,7 +815,9 @@ class _Planner:
                 reason, problems = "CrashLoopBackOff", looping
         ready_pods = [n for n in obs.desired_pods if n in self.pods and self.pods[n].ready]
         all_ready = len(ready_pods) == len(obs.desired_pods)
-        if problems:
+        if self.waiting_admission is not None:
+            self.warn_condition(READY, *self.waiting_admission)
+        elif problems:
             self.warn_condition(READY, reason, describe_pods(problems))
         elif all_ready:
             set_condition(self.status, READY, True, "AllPodsReady", f"{len(ready_pods)} pods ready", self.now)

@@ -42,6 +42,8 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "v1/services": {"kind": "Service", "namespaced": True},
     "v1/configmaps": {"kind": "ConfigMap", "namespaced": True},
     "v1/events": {"kind": "Event", "namespaced": True},
+    "v1/resourcequotas": {"kind": "ResourceQuota", "namespaced": True},
+    "v1/limitranges": {"kind": "LimitRange", "namespaced": True},
     "v1/namespaces": {"kind": "Namespace", "namespaced": False},
     "kopf.dev/v1/kopfpeerings": {"kind": "KopfPeering", "namespaced": True},
     "kopf.dev/v1/clusterkopfpeerings": {"kind": "ClusterKopfPeering", "namespaced": False},
