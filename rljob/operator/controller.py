@@ -147,6 +147,10 @@ class ConfigSync:
     failed: list[str] = field(default_factory=list)
     """`Kind/name: why` of children the server refused to create (a CRD that is not installed, a quota, an
     admission webhook): reported in status and an Event; the pass that creates them completes the sync."""
+    storage_checked: bool = False
+    """Whether the checkpoint claim's StorageClass was looked at (`storage_problem` is then current)."""
+    storage_problem: str | None = None
+    """Why the checkpoint claim will not bind (no StorageClass named and none is the cluster's default)."""
     foreign: list[str] = field(default_factory=list)
     """`Kind/name` of children whose name another owner holds (a deleted namesake's, until the garbage
     collector removes them): never adopted; the pass that finds none completes the sync."""
@@ -194,6 +198,9 @@ class JobWorker:
         """After the server refused a pod for quota (a race with another job) and the pods created with it were
         deleted again: why, and until when (monotonic) the job waits before trying again."""
         self.quota_reads_denied = False
+        self.storage_problem: str | None = None
+        """Why the job's checkpoint claim will not bind, as the last children sync found (None: it will, or the job
+        has none)."""
         self.last_valid: tuple[RLJob | None, InvalidRLJob | None, dict[str, Raw], list[Raw]] | None = None
         """The job and children of the last spec that passed validation: a started job runs on with it when an
         edit passes the CRD but not rljob's validation."""
@@ -331,6 +338,8 @@ class JobWorker:
         recheck = time.monotonic() - self.children_checked >= ctl.config.resync_seconds
         if active and (self.synced_generation != generation or recheck):
             sync = await self.sync_children(job, others)
+        if sync.storage_checked:
+            self.storage_problem = sync.storage_problem
         progress = await self.pull_progress(job, raws) if job is not None else None
         obs = Observation(
             job=job,
@@ -347,6 +356,7 @@ class JobWorker:
             failed_children=sync.failed,
             refused_edit=refused,
             deleted=set(self.deleting),
+            storage_problem=self.storage_problem if active else None,
         )
         result = plan(obs)
         if result.create and job is not None:
@@ -494,7 +504,9 @@ class JobWorker:
         for manifest in others:
             name = manifest["metadata"]["name"]
             try:
-                await ctl.client.create(namespace, manifest)
+                made = await ctl.client.create(namespace, manifest)
+                if manifest["kind"] == "PersistentVolumeClaim":
+                    await self.check_claim(made, sync)
                 continue
             except ApiError as exc:
                 if exc.status == 0:
@@ -503,7 +515,9 @@ class JobWorker:
                     sync.failed.append(f"{manifest['kind']}/{name}: {_create_error(manifest, exc)}")
                     continue
             existing = await ctl.client.get(manifest["apiVersion"], manifest["kind"], namespace, name)
-            if not controlled_by(existing, self.body["metadata"].get("uid")):
+            if manifest["kind"] == "PersistentVolumeClaim":
+                await self.check_claim(existing, sync)
+            if not controlled_by(existing, self.body["metadata"].get("uid")) and not _retained_claim(existing, job):
                 # A namesake's (a deleted job of the same name whose children the garbage collector has not
                 # removed yet, or a stranger's): adopting it would lose it a moment later. Wait until it is gone.
                 sync.foreign.append(f"{manifest['kind']}/{name}")
@@ -525,6 +539,30 @@ class JobWorker:
         if edited and not any(m["kind"] == "NetworkPolicy" for m in others):
             await self.delete_reward_egress_policy(job)
         return sync
+
+    async def check_claim(self, claim: Raw, sync: ConfigSync) -> None:
+        """Whether the checkpoint claim can bind: it names a StorageClass, is bound, or the cluster has a default
+        StorageClass (which a claim without a class gets, also one made before the default was set)."""
+        sync.storage_checked = True
+        spec, phase = claim.get("spec") or {}, (claim.get("status") or {}).get("phase")
+        if spec.get("storageClassName") or spec.get("volumeName") or phase == "Bound":
+            return
+        try:
+            classes = await self.controller.client.list_cluster("storage.k8s.io/v1", "StorageClass")
+        except ApiError as exc:
+            if exc.status in (403, 404):
+                sync.storage_checked = False  # cannot tell: say nothing rather than guess
+                return
+            raise
+        if any(_default_class(c) for c in classes):
+            return
+        name = claim["metadata"]["name"]
+        sync.storage_problem = (
+            f"the checkpoint claim {name} names no StorageClass and the cluster has no default one, so it stays "
+            "unbound and the actor pods Pending: set spec.checkpoint.storage.storageClassName (or the chart's "
+            "jobDefaults.checkpointStorage.storageClassName), mark a default StorageClass, name a claim of your own "
+            "in spec.checkpoint.volumeClaim, or set spec.checkpoint.storage.persistent: false"
+        )
 
     async def delete_reward_egress_policy(self, job: RLJob) -> None:
         """After a spec edit that leaves the job without sandboxed rewards (or gives them network): the
@@ -725,6 +763,29 @@ class JobWorker:
             now = time.monotonic()
             delays.append(max(min(list(self.expected.values()) + list(self.deleting.values())) - now, 0.05))
         return max(min(delays), 0.0)
+
+
+DEFAULT_CLASS_ANNOTATIONS = (
+    "storageclass.kubernetes.io/is-default-class",
+    "storageclass.beta.kubernetes.io/is-default-class",
+)
+
+
+def _default_class(storage_class: Raw) -> bool:
+    annotations = (storage_class.get("metadata") or {}).get("annotations") or {}
+    return any(annotations.get(key) == "true" for key in DEFAULT_CLASS_ANNOTATIONS)
+
+
+def _retained_claim(existing: Raw, job: RLJob) -> bool:
+    """A checkpoint claim kept from an earlier job of this name (`checkpoint.storage.retain`): no owner, this job's
+    label. The job mounts it again and resumes from its checkpoints."""
+    meta = existing.get("metadata") or {}
+    return (
+        existing.get("kind", "PersistentVolumeClaim") == "PersistentVolumeClaim"
+        and not meta.get("ownerReferences")
+        and (meta.get("labels") or {}).get(LABEL_JOB) == job.name
+        and (meta.get("labels") or {}).get("app.kubernetes.io/component") == "checkpoints"
+    )
 
 
 def _create_error(manifest: Raw, exc: ApiError) -> str:

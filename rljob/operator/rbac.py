@@ -99,7 +99,21 @@ OPERATOR_API_ACCESS: tuple[ApiAccess, ...] = (
         "reward pods running sandboxed code without network may send DNS only: created if absent, patched or "
         "deleted when a spec edit changes what the job needs",
     ),
+    ApiAccess(
+        "",
+        "persistentvolumeclaims",
+        ("get", "create"),
+        "namespaced",
+        "the job's checkpoint claim, created if absent (checkpoints outlive the actor pod); read back to see it bind",
+    ),
     ApiAccess("", "namespaces", ("list", "watch"), "cluster", "kopf follows namespaces matching --namespace globs"),
+    ApiAccess(
+        "storage.k8s.io",
+        "storageclasses",
+        ("list",),
+        "cluster",
+        "a checkpoint claim that names no StorageClass binds only where the cluster has a default one: say so",
+    ),
     ApiAccess(
         "apiextensions.k8s.io",
         "customresourcedefinitions",

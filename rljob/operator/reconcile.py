@@ -99,6 +99,9 @@ STUCK_TERMINATING = "PodStuckTerminating"
 """Ready's reason while a pod terminates well past its grace period (a lost node)."""
 STUCK_MARGIN_SECONDS = 30
 """A pod is stuck terminating once its grace period and as long again (at most this, at least 1 s) are over."""
+CHECKPOINT_STORAGE = "CheckpointStorage"
+"""False with reason NoDefaultStorageClass while the checkpoint claim the operator made cannot bind."""
+NO_DEFAULT_STORAGE_CLASS = "NoDefaultStorageClass"
 CHILDREN_CREATED = "ChildrenCreated"
 """False with reason FailedCreate while the server refuses one of the job's other children."""
 FAILED_CHILDREN_RETRY_SECONDS = 5.0
@@ -172,6 +175,8 @@ class Observation:
     """(reason, message) why the pods this pass would create may not be created now: the namespace's
     ResourceQuotas or LimitRanges (rljob/operator/admission.py), or the server refused one of them. None of them
     is created (never a partial gang); Ready says why."""
+    storage_problem: str | None = None
+    """Why the job's checkpoint claim will not bind (no StorageClass named, no default one in the cluster)."""
     admission_retry_seconds: float = 1.0
     """How soon a job waiting for admission looks again (the controller's back-off)."""
 
@@ -764,8 +769,21 @@ class _Planner:
                 set_condition(self.status, CHILDREN_CREATED, True, "Created", message, self.now)
                 self.event("Normal", "Created", message)
 
+    def report_storage(self) -> None:
+        """CheckpointStorage: False (NoDefaultStorageClass, a Warning Event when new) while the job's checkpoint
+        claim cannot bind; True again once it can."""
+        problem = self.obs.storage_problem
+        current = get_condition(self.status, CHECKPOINT_STORAGE)
+        if problem is not None:
+            self.warn_condition(CHECKPOINT_STORAGE, NO_DEFAULT_STORAGE_CLASS, problem)
+        elif current is not None and current.status == "False":
+            message = "the checkpoint claim can bind"
+            set_condition(self.status, CHECKPOINT_STORAGE, True, "StorageClassFound", message, self.now)
+            self.event("Normal", "StorageClassFound", message)
+
     def create_missing(self) -> None:
         self.report_children()
+        self.report_storage()
         if self.obs.failed_children:
             return  # pods would wait on what is missing (their config volume, their PodGroup)
         if self.obs.foreign_children:

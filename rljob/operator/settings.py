@@ -8,6 +8,7 @@ One typed object, built once (from the environment in the operator's Deployment,
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Literal
@@ -19,6 +20,7 @@ IMAGE_PULL_POLICIES: tuple[str, ...] = ("Always", "IfNotPresent", "Never")
 
 DEFAULT_REGISTRY = "ghcr.io/rljob"
 ENV_PREFIX = "RLJOB_OPERATOR_"
+_QUANTITY = re.compile(r"^[0-9.]+([eE][0-9]+|[KMGTPE]i?|[kmun])?$")
 
 
 class SettingsError(ValueError):
@@ -66,6 +68,12 @@ class OperatorSettings:
     gpu_shared_memory: bool = True
     """RLJOB_OPERATOR_GPU_SHARED_MEMORY: mount a memory-backed /dev/shm in GPU pods that do not mount one
     (NCCL and vLLM need more than the container runtime's 64 MiB)."""
+    checkpoint_volume_size: str = "50Gi"
+    """RLJOB_OPERATOR_CHECKPOINT_VOLUME_SIZE: size of the checkpoint claim the operator makes for a job that sets no
+    `spec.checkpoint.storage.size`."""
+    checkpoint_storage_class: str = ""
+    """RLJOB_OPERATOR_CHECKPOINT_STORAGE_CLASS: StorageClass of that claim when the job names none; empty: the
+    cluster's default StorageClass."""
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
     """RLJOB_OPERATOR_EXTRA_POD_LABELS: `key=value,key=value` added to every job pod (cost centres, policy)."""
 
@@ -85,6 +93,11 @@ class OperatorSettings:
                 )
         if self.termination_grace_period_seconds < 0:
             raise SettingsError(f"{ENV_PREFIX}TERMINATION_GRACE_PERIOD_SECONDS must be >= 0")
+        if not _QUANTITY.match(self.checkpoint_volume_size):
+            raise SettingsError(
+                f"{ENV_PREFIX}CHECKPOINT_VOLUME_SIZE must be a Kubernetes quantity such as 50Gi "
+                f"(got {self.checkpoint_volume_size!r})"
+            )
         if self.gang_schedule_timeout_seconds < 1:
             raise SettingsError(f"{ENV_PREFIX}GANG_SCHEDULE_TIMEOUT_SECONDS must be >= 1")
 

@@ -11,18 +11,23 @@ from rljob.operator.manifests.gang import build_pod_group
 from rljob.operator.manifests.network import build_reward_egress_policy
 from rljob.operator.manifests.pods import build_job_pods
 from rljob.operator.manifests.service import build_service
+from rljob.operator.manifests.storage import build_checkpoint_claim
 from rljob.operator.settings import OperatorSettings
 
 
 def build_children(job: RLJob, settings: OperatorSettings) -> list[dict[str, Any]]:
-    """ConfigMap, Service, PodGroup (when the gang scheduler has one), the reward pods' egress NetworkPolicy
-    (when they run sandboxed code without network), then every pod of every role.
+    """ConfigMap, Service, the checkpoint PersistentVolumeClaim (when the operator makes one), PodGroup (when the
+    gang scheduler has one), the reward pods' egress NetworkPolicy (when they run sandboxed code without
+    network), then every pod of every role.
 
     The order only lets pods find their config and group when they are admitted; it never encodes
     start-up order: all pods are created together and roles wait for their peers' readiness.
     """
     ensure_buildable(job)
     children = [build_config_map(job, settings), build_service(job, settings)]
+    claim = build_checkpoint_claim(job, settings)
+    if claim is not None:
+        children.append(claim)
     group = build_pod_group(job, settings)
     if group is not None:
         children.append(group)

@@ -25,6 +25,7 @@ from rljob.operator.manifests.checks import (
     CONFIG_VOLUME,
     SHM_VOLUME,
     TMP_VOLUME,
+    checkpoint_claim,
     checkpoint_dir_in_pod,
     ensure_buildable,
     weights_through_files,
@@ -317,7 +318,7 @@ def _volumes(
         if checkpoint is not None:
             volumes.append(checkpoint)
             mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_dir_in_pod(job)})
-    claim = job.spec.checkpoint.volume_claim
+    claim = checkpoint_claim(job)
     if role == "rollout" and weights_through_files(job) and claim:
         # The rollouts read the weight files the actor writes under `<checkpoint.dir>/weights/`.
         volumes.append({"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
@@ -342,10 +343,11 @@ def _checkpoint_volume(job: RLJob, user_paths: list[str]) -> dict[str, Any] | No
     - `checkpoint.volumeClaim` set: that PersistentVolumeClaim; checkpoints outlive pods, so a restarted
       actor group resumes (with several actor pods on several nodes the claim must be ReadWriteMany).
     - no claim, and one of the role's own volumes is mounted at the directory or above it: theirs.
-    - otherwise an emptyDir: checkpoints survive a container restart but not a recreated pod, so an
-      actor-group restart starts again from step 0. Set a volumeClaim for jobs that must resume.
+    - otherwise the claim the operator makes (`<job>-checkpoints`, rljob/operator/manifests/storage.py), unless
+      `checkpoint.storage.persistent: false` (or no checkpoints are written): an emptyDir, whose checkpoints
+      survive a container restart but not a recreated pod, so an actor-group restart starts again at step 1.
     """
-    claim = job.spec.checkpoint.volume_claim
+    claim = checkpoint_claim(job)
     if claim:
         return {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
     ckpt = posixpath.normpath(checkpoint_dir_in_pod(job))

@@ -400,13 +400,13 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             for item in (limit_range.get("spec") or {}).get("limits") or []:
                 if item.get("type") != "Container":
                     continue
-                for container in pod["spec"].get("containers") or []:
+                for container in (pod.get("spec") or {}).get("containers") or []:
                     resources = container.setdefault("resources", {})
                     for key, value in (item.get("default") or {}).items():
                         resources.setdefault("limits", {}).setdefault(key, value)
                     for key, value in (item.get("defaultRequest") or {}).items():
                         resources.setdefault("requests", {}).setdefault(key, value)
-        for container in pod["spec"].get("containers") or []:
+        for container in (pod.get("spec") or {}).get("containers") or []:
             resources = container.get("resources") or {}
             for key, value in (resources.get("limits") or {}).items():
                 resources.setdefault("requests", {}).setdefault(key, value)
