@@ -819,6 +819,15 @@ class HealthSpec(SpecModel):
 # --- the spec -----------------------------------------------------------------------------------
 
 
+class IsolationSpec(SpecModel):
+    """Who may connect to the job's pods (on Kubernetes; see docs/security.md)."""
+
+    network_policy: bool | None = None
+    """A NetworkPolicy letting into the job's pods only its own pods, the operator (to the metrics port, for
+    `/progress`) and the monitoring the chart names (to the metrics port). Unset: the operator's default (chart
+    value `networkPolicy.enabled`, true). It takes a CNI that enforces NetworkPolicies (Calico, Cilium, ...)."""
+
+
 class RLJobSpec(SpecModel):
     """Desired state of an RLJob."""
 
@@ -878,6 +887,7 @@ class RLJobSpec(SpecModel):
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
     health: HealthSpec = Field(default_factory=HealthSpec)
     """Training-health checks: entropy collapse and rollout/trainer mismatch (see docs/troubleshooting.md)."""
+    isolation: IsolationSpec = Field(default_factory=IsolationSpec)
     suspend: bool = False
     """Delete the pods and keep status; false again recreates them and resumes from the checkpoint."""
     active_deadline_seconds: int | None = Field(default=None, ge=1)

@@ -32,7 +32,13 @@ from rljob.operator.manifests.config import restart_relevant
 from rljob.operator.manifests.members import build_rollout_members
 from rljob.operator.manifests.network import NETWORK_POLICY_API
 from rljob.operator.metrics import OperatorMetrics
-from rljob.operator.naming import CONFIG_KEY, LABEL_JOB, LABEL_ROLE, reward_egress_policy_name
+from rljob.operator.naming import (
+    CONFIG_KEY,
+    LABEL_JOB,
+    LABEL_ROLE,
+    isolation_policy_name,
+    reward_egress_policy_name,
+)
 from rljob.operator.peering import PeeringGate
 from rljob.operator.podstate import PodState, observe_pod
 from rljob.operator.progress import ProgressReader
@@ -536,8 +542,8 @@ class JobWorker:
                     sync.patches.append((existing, {"spec": patch}))
             elif manifest["kind"] == "NetworkPolicy" and existing.get("spec") != manifest["spec"]:
                 sync.patches.append((existing, {"spec": manifest["spec"]}))
-        if edited and not any(m["kind"] == "NetworkPolicy" for m in others):
-            await self.delete_reward_egress_policy(job)
+        if edited:
+            await self.delete_unneeded_policies(job, others)
         return sync
 
     async def check_claim(self, claim: Raw, sync: ConfigSync) -> None:
@@ -564,19 +570,23 @@ class JobWorker:
             "in spec.checkpoint.volumeClaim, or set spec.checkpoint.storage.persistent: false"
         )
 
-    async def delete_reward_egress_policy(self, job: RLJob) -> None:
-        """After a spec edit that leaves the job without sandboxed rewards (or gives them network): the
-        policy this job made, if any, goes. A namesake the job does not control is left alone."""
+    async def delete_unneeded_policies(self, job: RLJob, others: list[Raw]) -> None:
+        """After a spec edit that leaves the job without sandboxed rewards (or gives them network), or switches
+        its isolation off: the policies this job made and no longer needs go. A namesake the job does not control
+        is left alone."""
         client = self.controller.client
-        name = reward_egress_policy_name(job)
-        try:
-            existing = await client.get(NETWORK_POLICY_API, "NetworkPolicy", self.key[0], name)
-            if controlled_by(existing, self.body["metadata"].get("uid")):
-                uid = existing["metadata"]["uid"]
-                await client.delete(NETWORK_POLICY_API, "NetworkPolicy", self.key[0], name, uid=uid)
-        except ApiError as exc:
-            if not exc.not_found:
-                raise
+        wanted = {m["metadata"]["name"] for m in others if m["kind"] == "NetworkPolicy"}
+        for name in (reward_egress_policy_name(job), isolation_policy_name(job)):
+            if name in wanted:
+                continue
+            try:
+                existing = await client.get(NETWORK_POLICY_API, "NetworkPolicy", self.key[0], name)
+                if controlled_by(existing, self.body["metadata"].get("uid")):
+                    uid = existing["metadata"]["uid"]
+                    await client.delete(NETWORK_POLICY_API, "NetworkPolicy", self.key[0], name, uid=uid)
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
 
     async def scale_rollouts(self, replicas: int) -> None:
         """The autoscaler's count, through the scale subresource; the new generation then creates or deletes

@@ -41,6 +41,11 @@ def reward_egress_policy_name(job: RLJob) -> str:
     return f"{job.name}-reward-egress"
 
 
+def isolation_policy_name(job: RLJob) -> str:
+    """The NetworkPolicy admitting into a job's pods only its own pods, the operator and monitoring."""
+    return f"{job.name}-isolation"
+
+
 def pod_group_name(job: RLJob) -> str:
     return job.name
 

@@ -27,7 +27,8 @@ Failure policy (spec.failurePolicy, applied through `rljob.launch.failure_policy
   once a replacement stays Ready for the policy's stable time (10 minutes) or exits 0.
 - actor replica 0 exits 0 -> Succeeded; pods still running are deleted (finished ones stay for logs).
 - a spec edit that changes what pods run (anything but rollout replicas and autoscale, health, suspend,
-  failurePolicy, activeDeadlineSeconds and ttlSecondsAfterFinished) -> controlled restart of every pod, not charged.
+  failurePolicy, activeDeadlineSeconds, ttlSecondsAfterFinished and isolation) -> controlled restart of every
+  pod, not charged.
 - spec.roles.rollout.autoscale (llm jobs) -> on each pass the actor's fresh `trainerWait` / `rolloutIdle` are
   added to `status.autoscale.samples` and `rljob.launch.autoscale.decide` picks the rollout count; a change is
   the plan's `scale_rollouts` (written through the scale subresource, after the status that records the
@@ -38,6 +39,9 @@ Failure policy (spec.failurePolicy, applied through `rljob.launch.failure_policy
   plan's `rollout_members` (the Ready rollout pods that stay) is what the actor feeds: the controller
   writes it to the membership ConfigMap (rljob/operator/manifests/members.py). A gym job's rollout count is
   part of its config hash: a new count is a controlled restart, as above.
+- quota-aware admission: the pods a pass would create are first charged against the namespace's ResourceQuotas
+  (rljob/operator/admission.py, in the controller); when they do not all fit, none is created and Ready says
+  QuotaExceeded with the quota and the amounts, retried with back-off (`Observation.admission`).
 - a collocated job (`roles.rollout.collocated`) has no rollout pods: its rollout runs in the actor pod, whose
   process restarts it (rljob/runtime/roles/collocated.py); the pod's failure is an actor failure as above, and the
   rollout counts as ready with its actor pod. No membership is kept. An actor pod that ends with

@@ -76,6 +76,20 @@ class OperatorSettings:
     cluster's default StorageClass."""
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
     """RLJOB_OPERATOR_EXTRA_POD_LABELS: `key=value,key=value` added to every job pod (cost centres, policy)."""
+    network_policy: bool = True
+    """RLJOB_OPERATOR_NETWORK_POLICY: give each job a NetworkPolicy that admits only its own pods, the operator and
+    monitoring (a job's `spec.isolation.networkPolicy` wins)."""
+    operator_namespace: str = ""
+    """RLJOB_OPERATOR_OPERATOR_NAMESPACE: the operator's namespace, from which it reads `/progress` on the metrics
+    port; empty: any namespace (pods with `operator_pod_labels`)."""
+    operator_pod_labels: Mapping[str, str] = field(default_factory=lambda: {"app.kubernetes.io/name": "rljob-operator"})
+    """RLJOB_OPERATOR_OPERATOR_POD_LABELS: `key=value,...` labels of the operator's pods (the chart's selector)."""
+    monitoring_namespace_labels: Mapping[str, str] = field(default_factory=dict)
+    """RLJOB_OPERATOR_MONITORING_NAMESPACE_LABELS: `key=value,...` of the namespaces whose pods (those with
+    `monitoring_pod_labels`) may scrape the metrics port; with both empty, no one else may."""
+    monitoring_pod_labels: Mapping[str, str] = field(default_factory=dict)
+    """RLJOB_OPERATOR_MONITORING_POD_LABELS: `key=value,...` of the pods (Prometheus) that may scrape the metrics
+    port."""
 
     def __post_init__(self) -> None:
         if self.image_pull_policy not in IMAGE_PULL_POLICIES:
@@ -129,7 +143,7 @@ def _parse(name: str, raw: str, default: object) -> object:
             raise SettingsError(f"{var} must be an integer (got {raw!r})") from None
     if name == "image_pull_secrets":
         return tuple(s.strip() for s in raw.split(",") if s.strip())
-    if name == "extra_pod_labels":
+    if name.endswith("_labels"):
         labels = {}
         for item in raw.split(","):
             key, sep, value = item.partition("=")

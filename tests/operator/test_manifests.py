@@ -65,7 +65,7 @@ def test_every_child_of_every_example_validates_against_kubernetes(path, setting
 def test_children_come_in_creation_order_config_service_group_then_every_pod(example_documents, job_from, settings):
     job = job_from(example_documents["grpo-qwen-math-h100"])
     kinds = [c["kind"] for c in build_children(job, settings)]
-    assert kinds == ["ConfigMap", "Service", "PodGroup"] + ["Pod"] * 8
+    assert kinds == ["ConfigMap", "Service", "PodGroup", "NetworkPolicy"] + ["Pod"] * 8
     names = [c["metadata"]["name"] for c in build_children(job, settings) if c["kind"] == "Pod"]
     assert names == [
         "grpo-qwen-math-actor-0",
@@ -633,7 +633,7 @@ def test_filesystem_weight_sync_without_a_shared_volume_is_an_invalid_spec(examp
 
 
 def egress_policies(children):
-    return [c for c in children if c["kind"] == "NetworkPolicy"]
+    return [c for c in children if c["kind"] == "NetworkPolicy" and "Egress" in c["spec"]["policyTypes"]]
 
 
 def test_reward_pods_running_code_exec_without_network_may_send_dns_only(
