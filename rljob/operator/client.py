@@ -28,6 +28,7 @@ _PLURALS = {
     "Pod": "pods",
     "Service": "services",
     "ConfigMap": "configmaps",
+    "Secret": "secrets",
     "Event": "events",
     "ResourceQuota": "resourcequotas",
     "LimitRange": "limitranges",

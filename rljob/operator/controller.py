@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,7 @@ from rljob.operator.manifests import build_children
 from rljob.operator.manifests.config import restart_relevant
 from rljob.operator.manifests.members import build_rollout_members
 from rljob.operator.manifests.network import NETWORK_POLICY_API
+from rljob.operator.manifests.secret import build_job_secret
 from rljob.operator.metrics import OperatorMetrics
 from rljob.operator.naming import (
     CONFIG_KEY,
@@ -466,7 +468,8 @@ class JobWorker:
     def children_of(self, job: RLJob) -> tuple[dict[str, Raw], list[Raw]]:
         """The pods (by name) and the other children the builders make for `job`."""
         desired_pods: dict[str, Raw] = {}
-        others: list[Raw] = []
+        # The job's transport key: drawn here (builders stay pure), written once; an existing Secret is kept.
+        others: list[Raw] = [build_job_secret(job, secrets.token_hex(32).encode())]
         for child in build_children(job, self.controller.settings):
             if child["kind"] == "Pod":
                 desired_pods[child["metadata"]["name"]] = child

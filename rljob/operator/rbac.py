@@ -68,6 +68,13 @@ OPERATOR_API_ACCESS: tuple[ApiAccess, ...] = (
     ApiAccess("", "events", ("create",), "namespaced", "an Event on every transition"),
     ApiAccess(
         "",
+        "secrets",
+        ("get", "create"),
+        "namespaced",
+        "the job's transport key, created once if absent; read back only to see whether this job owns it",
+    ),
+    ApiAccess(
+        "",
         "resourcequotas",
         ("list", "watch"),
         "namespaced",

@@ -24,13 +24,15 @@ from rljob.runtime.wire.identity import (
     SYNC_PORT,
     pod_identity,
 )
+from rljob.runtime.wire.transport import TRANSPORT_KEY_FILE_ENV
 
 CONFIG_VOLUME = "rljob-config"
 CHECKPOINT_VOLUME = "rljob-checkpoints"
 SHM_VOLUME = "rljob-dshm"
 MEMBERS_VOLUME = "rljob-rollouts"
 TMP_VOLUME = "rljob-tmp"
-RESERVED_VOLUMES = (CONFIG_VOLUME, CHECKPOINT_VOLUME, SHM_VOLUME, MEMBERS_VOLUME, TMP_VOLUME)
+SECRET_VOLUME = "rljob-secret"
+RESERVED_VOLUMES = (CONFIG_VOLUME, CHECKPOINT_VOLUME, SHM_VOLUME, MEMBERS_VOLUME, TMP_VOLUME, SECRET_VOLUME)
 CONFIG_DIR_IN_POD = posixpath.dirname(CONFIG_PATH_IN_POD)
 MEMBERS_DIR_IN_POD = "/etc/rljob-rollouts"
 """Where llm actor pods mount the rollout membership ConfigMap (a directory mount: the kubelet refreshes it)."""
@@ -43,7 +45,7 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 def reserved_env_names() -> frozenset[str]:
     """Variables the operator sets from the pod's identity; a role's `env` must not override them."""
     identity = pod_identity("job", "ns", "actor", 0, {r: 1 for r in ROLE_NAMES}, 9090, collocated_rollout=True)
-    return frozenset(replace(identity, rollout_members_file=MEMBERS_DIR_IN_POD).to_env())
+    return frozenset(replace(identity, rollout_members_file=MEMBERS_DIR_IN_POD).to_env()) | {TRANSPORT_KEY_FILE_ENV}
 
 
 def checkpoint_dir_in_pod(job: RLJob) -> str:
