@@ -74,7 +74,7 @@ from rljob.operator.admission import LIMIT_RANGE_EXCEEDED, QUOTA_EXCEEDED
 from rljob.operator.manifests.members import elastic_rollouts
 from rljob.operator.naming import ANNOTATION_CONFIG_HASH as CONFIG_HASH
 from rljob.operator.naming import LABEL_JOB, LABEL_ROLE
-from rljob.operator.podstate import PodState
+from rljob.operator.podstate import SCHEDULING_GATED, PodState
 from rljob.operator.status import (
     FAILED,
     READY,
@@ -819,8 +819,17 @@ class _Planner:
         obs = self.obs
         self.count_roles()
         unschedulable = scheduling_problems(obs.pods)
+        gated = [f"{p.name}: {p.gated}" for p in obs.pods if p.gated and not p.terminating]
         if unschedulable:
             self.warn_condition(SCHEDULED, "Unschedulable", describe_pods(unschedulable))
+        elif gated:
+            # The queue's admission decides (Kueue gates a group's pods until it admits them all): say so, quoting
+            # the server; the queue's own reason is on its Workload.
+            message = (
+                f"{describe_pods(gated)}; the pods wait for the queue to admit the whole group "
+                "(Kueue: `kubectl describe workloads` in the job's namespace names the quota it waits for)"
+            )
+            set_condition(self.status, SCHEDULED, False, SCHEDULING_GATED, message, self.now)
         else:
             scheduled = all(name in self.pods and self.pods[name].scheduled for name in obs.desired_pods)
             if scheduled:

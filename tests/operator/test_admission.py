@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -21,6 +22,7 @@ from rljob.operator.admission import (
 )
 from rljob.operator.reconcile import plan
 from tests.operator.test_reconcile import observe
+from tests.operator.test_reconcile import pod as pod_state
 
 
 def pod(name: str, requests: dict[str, Any] | None = None, limits: dict[str, Any] | None = None, **spec: Any) -> dict:
@@ -126,3 +128,15 @@ def test_a_plan_waiting_for_admission_creates_nothing_and_says_why_in_ready() ->
 
     admitted = plan(observe(result.status, []))
     assert len(admitted.create) == 4 and "Admitted" in [e.reason for e in admitted.events]
+
+
+def test_pods_gated_by_a_queue_say_so_in_scheduled_quoting_the_server() -> None:
+    gate = "Scheduling is blocked due to non-empty scheduling gates"
+    names = ["cp-actor-0", "cp-rollout-0", "cp-env-0", "cp-env-1"]
+    condition = {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated", "message": gate}
+    gated = [replace(pod_state(name, "Pending", False, conditions=[condition]), scheduled=False) for name in names]
+    result = plan(observe(RLJobStatus(), gated))
+    scheduled = next(c for c in result.status.conditions if c.type == "Scheduled")
+    assert (scheduled.status, scheduled.reason) == ("False", "SchedulingGated")
+    assert gate in scheduled.message and "kubectl describe workloads" in scheduled.message
+    assert result.status.phase == "Pending" and result.create == []
