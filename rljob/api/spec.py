@@ -18,6 +18,7 @@ from rljob.api.kubernetes import (
     Affinity,
     EnvVar,
     FreeForm,
+    Quantity,
     ResourceRequirements,
     Toleration,
     Volume,
@@ -564,6 +565,22 @@ class SFTSpec(SpecModel):
 # --- checkpoint, logging ------------------------------------------------------------------------
 
 
+class CheckpointStorage(SpecModel):
+    """The PersistentVolumeClaim the operator makes for checkpoints (`<job>-checkpoints`) when the job names no
+    `volumeClaim` and mounts no volume of its own at `dir` in actor pods: checkpoints outlive the actor pod."""
+
+    persistent: bool = True
+    """false: an emptyDir instead; checkpoints go with the actor pod (a new actor group starts again at step 1)."""
+    size: Quantity | None = None
+    """Requested size, e.g. `200Gi`; default: the operator's (chart value `jobDefaults.checkpointStorage.size`)."""
+    storage_class_name: str | None = None
+    """Default: the operator's (chart value `jobDefaults.checkpointStorage.storageClassName`), else the cluster's
+    default StorageClass."""
+    retain: bool = False
+    """Keep the claim when the RLJob is deleted (it gets no owner reference): the job applied again under the same
+    name resumes from its checkpoints. Delete it by hand (`kubectl delete pvc <job>-checkpoints`) when done."""
+
+
 class CheckpointSpec(SpecModel):
     """Where and how often the actor saves its state."""
 
@@ -572,7 +589,10 @@ class CheckpointSpec(SpecModel):
     dir: str | None = None
     """Default: `<run dir>/checkpoints` locally, `/checkpoints` in pods."""
     volume_claim: str | None = None
-    """A PersistentVolumeClaim mounted at `dir` in actor pods, so checkpoints outlive them."""
+    """A PersistentVolumeClaim of your own mounted at `dir` in actor pods. Unset (and no volume of the actor's own
+    at `dir`): the operator makes one, see `storage`."""
+    storage: CheckpointStorage = Field(default_factory=CheckpointStorage)
+    """The claim the operator makes when `volumeClaim` is unset (on Kubernetes; `rljob run` writes to `dir`)."""
     keep: int = Field(default=3, ge=1)
     """Newest checkpoints kept; older ones are deleted."""
     resume: str = Field(default="auto", min_length=1)
@@ -801,6 +821,15 @@ class HealthSpec(SpecModel):
 # --- the spec -----------------------------------------------------------------------------------
 
 
+class IsolationSpec(SpecModel):
+    """Who may connect to the job's pods (on Kubernetes; see docs/security.md)."""
+
+    network_policy: bool | None = None
+    """A NetworkPolicy letting into the job's pods only its own pods, the operator (to the metrics port, for
+    `/progress`) and the monitoring the chart names (to the metrics port). Unset: the operator's default (chart
+    value `networkPolicy.enabled`, true). It takes a CNI that enforces NetworkPolicies (Calico, Cilium, ...)."""
+
+
 class RLJobSpec(SpecModel):
     """Desired state of an RLJob."""
 
@@ -860,6 +889,7 @@ class RLJobSpec(SpecModel):
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
     health: HealthSpec = Field(default_factory=HealthSpec)
     """Training-health checks: entropy collapse and rollout/trainer mismatch (see docs/troubleshooting.md)."""
+    isolation: IsolationSpec = Field(default_factory=IsolationSpec)
     suspend: bool = False
     """Delete the pods and keep status; false again recreates them and resumes from the checkpoint."""
     active_deadline_seconds: int | None = Field(default=None, ge=1)

@@ -19,7 +19,7 @@ from rljob.api.crd import crd_yaml
 from rljob.api.loading import iter_job_files
 from rljob.cli import role as role_cli
 from rljob.cli import run as run_cli
-from rljob.cli.advice import print_advisories
+from rljob.cli.advice import print_advisories, print_cluster_notes
 from rljob.cli.operator import operator
 from rljob.operator.manifests import build_children
 from rljob.operator.manifests.checks import build_problems
@@ -83,6 +83,11 @@ def validate(
     """Check manifests as the operator and `rljob run` do: every problem is printed with its field path and how to
     fix it."""
     failed = False
+    try:
+        settings = OperatorSettings.from_env()
+    except SettingsError as exc:
+        typer.secho(str(exc), fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
     for path, result in iter_job_files(files):
         if isinstance(result, InvalidRLJob):
             failed = True
@@ -102,6 +107,7 @@ def validate(
                     continue
                 typer.echo(f"ok {path}: {_summary(job)}")
                 print_advisories(job, str(path))
+                print_cluster_notes(job, str(path), settings)
     if failed:
         raise typer.Exit(1)
 
@@ -127,6 +133,8 @@ def render(
         typer.secho(str(exc), fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
     print_advisories(job, str(file))
+    if only is not RenderPart.job:
+        print_cluster_notes(job, str(file), OperatorSettings.from_env())
     documents = (
         []
         if only is RenderPart.children

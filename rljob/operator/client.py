@@ -28,7 +28,12 @@ _PLURALS = {
     "Pod": "pods",
     "Service": "services",
     "ConfigMap": "configmaps",
+    "Secret": "secrets",
     "Event": "events",
+    "ResourceQuota": "resourcequotas",
+    "LimitRange": "limitranges",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
+    "StorageClass": "storageclasses",
     "PodGroup": "podgroups",
     "NetworkPolicy": "networkpolicies",
     "KopfPeering": "kopfpeerings",
@@ -65,7 +70,7 @@ def object_path(api_version: str, kind: str, namespace: str, name: str | None = 
 
 
 def _cluster_path(api_version: str, kind: str) -> str:
-    """The collection of a cluster-scoped kind (the ClusterKopfPeering)."""
+    """The collection of a cluster-scoped kind (the ClusterKopfPeering, StorageClasses)."""
     plural = _PLURALS.get(kind)
     if plural is None:
         raise ValueError(f"the operator does not read {kind} objects")
@@ -139,6 +144,11 @@ class KubeClient:
         """LIST with label and field selectors (a live read: the watch caches can miss what vanished)."""
         query = [(k, v) for k, v in (("labelSelector", labels), ("fieldSelector", fields)) if v]
         result = await self._call("list", "GET", object_path(api_version, kind, namespace), query=query)
+        return list(result.get("items") or [])
+
+    async def list_cluster(self, api_version: str, kind: str) -> list[Manifest]:
+        """LIST a cluster-scoped kind (the StorageClasses)."""
+        result = await self._call("list", "GET", _cluster_path(api_version, kind))
         return list(result.get("items") or [])
 
     async def list_named(

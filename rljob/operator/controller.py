@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -25,13 +26,21 @@ from pydantic import ValidationError
 
 from rljob.api import API_VERSION, KIND, InvalidRLJob, RLJob, validate_job
 from rljob.api.status import TERMINAL_PHASES, Progress, RLJobStatus
+from rljob.operator.admission import QUOTA_EXCEEDED, admission_problem, refused_for_quota
 from rljob.operator.client import ApiError, KubeClient
 from rljob.operator.manifests import build_children
 from rljob.operator.manifests.config import restart_relevant
 from rljob.operator.manifests.members import build_rollout_members
 from rljob.operator.manifests.network import NETWORK_POLICY_API
+from rljob.operator.manifests.secret import build_job_secret
 from rljob.operator.metrics import OperatorMetrics
-from rljob.operator.naming import CONFIG_KEY, LABEL_JOB, LABEL_ROLE, reward_egress_policy_name
+from rljob.operator.naming import (
+    CONFIG_KEY,
+    LABEL_JOB,
+    LABEL_ROLE,
+    isolation_policy_name,
+    reward_egress_policy_name,
+)
 from rljob.operator.peering import PeeringGate
 from rljob.operator.podstate import PodState, observe_pod
 from rljob.operator.progress import ProgressReader
@@ -45,6 +54,9 @@ Raw = dict[str, Any]
 
 REJECTED = (400, 403, 422)
 """Statuses of a create the server will not accept as is (quota, admission webhooks, pod security)."""
+ADMISSION_BACKOFF_MAX_SECONDS = 60.0
+"""A job waiting for quota looks again after 1, 2, 4 ... seconds, at most this long (and at once when a
+ResourceQuota of its namespace changes: its usage moves whenever pods come and go)."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +155,10 @@ class ConfigSync:
     failed: list[str] = field(default_factory=list)
     """`Kind/name: why` of children the server refused to create (a CRD that is not installed, a quota, an
     admission webhook): reported in status and an Event; the pass that creates them completes the sync."""
+    storage_checked: bool = False
+    """Whether the checkpoint claim's StorageClass was looked at (`storage_problem` is then current)."""
+    storage_problem: str | None = None
+    """Why the checkpoint claim will not bind (no StorageClass named and none is the cluster's default)."""
     foreign: list[str] = field(default_factory=list)
     """`Kind/name` of children whose name another owner holds (a deleted namesake's, until the garbage
     collector removes them): never adopted; the pass that finds none completes the sync."""
@@ -183,6 +199,16 @@ class JobWorker:
         self.status_version: str | None = None
         """The job's resourceVersion at which `written` was the status on the server: the precondition of the
         next status write, so a write planned on a status someone changed since is refused (409)."""
+        self.admission_attempts = 0
+        """Passes in a row that found the job's pods not fitting the namespace's quotas: the back-off's exponent."""
+        self.quota_refusal: tuple[str, str] | None = None
+        self.quota_refusal_until = 0.0
+        """After the server refused a pod for quota (a race with another job) and the pods created with it were
+        deleted again: why, and until when (monotonic) the job waits before trying again."""
+        self.quota_reads_denied = False
+        self.storage_problem: str | None = None
+        """Why the job's checkpoint claim will not bind, as the last children sync found (None: it will, or the job
+        has none)."""
         self.last_valid: tuple[RLJob | None, InvalidRLJob | None, dict[str, Raw], list[Raw]] | None = None
         """The job and children of the last spec that passed validation: a started job runs on with it when an
         edit passes the CRD but not rljob's validation."""
@@ -320,6 +346,8 @@ class JobWorker:
         recheck = time.monotonic() - self.children_checked >= ctl.config.resync_seconds
         if active and (self.synced_generation != generation or recheck):
             sync = await self.sync_children(job, others)
+        if sync.storage_checked:
+            self.storage_problem = sync.storage_problem
         progress = await self.pull_progress(job, raws) if job is not None else None
         obs = Observation(
             job=job,
@@ -336,8 +364,17 @@ class JobWorker:
             failed_children=sync.failed,
             refused_edit=refused,
             deleted=set(self.deleting),
+            storage_problem=self.storage_problem if active else None,
         )
         result = plan(obs)
+        if result.create and job is not None:
+            # All of the pods this pass creates fit the namespace's quotas, or none is created (a partial gang
+            # would hold its nodes while it waits for the rest).
+            obs.admission, obs.admission_retry_seconds = await self.check_admission(
+                [desired_pods[n] for n in result.create]
+            )
+            if obs.admission is not None:
+                result = plan(obs)
         await self.write_status(result)  # the scaling's time and step first: a replay never scales twice
         await self.post_events(result)
         if result.scale_rollouts is not None:
@@ -354,8 +391,38 @@ class JobWorker:
         if job is not None and result.rollout_members is not None:
             # Before the pods are touched: a rollout deleted now has left the membership the actor reads.
             await self.write_members(job, result.rollout_members)
-        await self.act(result, pods, desired_pods)
-        return self.next_delay(result)
+        refused = await self.act(result, pods, desired_pods)
+        return ctl.config.coalesce_seconds if refused else self.next_delay(result)
+
+    async def check_admission(self, pods: list[Raw]) -> tuple[tuple[str, str] | None, float]:
+        """(reason, message) why `pods` may not be created now, and how soon to look again; (None, 0) when
+        they all fit. Reads the namespace's ResourceQuotas and LimitRanges live (they are not watched in full)."""
+        now = time.monotonic()
+        if self.quota_refusal is not None and now < self.quota_refusal_until:
+            return self.quota_refusal, self.quota_refusal_until - now
+        self.quota_refusal = None
+        client = self.controller.client
+        try:
+            quotas = await client.list("v1", "ResourceQuota", self.key[0])
+            ranges = await client.list("v1", "LimitRange", self.key[0])
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            # An RBAC without these reads (an older chart): the server's quota admission still decides, and a
+            # refused create rolls the pass's pods back (act).
+            if not self.quota_reads_denied:
+                logger.warning("rljob %s/%s: cannot read quotas, pods are created unchecked: %s", *self.key, exc)
+            self.quota_reads_denied = True
+            return None, 0.0
+        problem = admission_problem(pods, quotas, ranges)
+        if problem is None:
+            self.admission_attempts = 0
+            return None, 0.0
+        return problem, self.admission_backoff()
+
+    def admission_backoff(self) -> float:
+        self.admission_attempts += 1
+        return min(2.0 ** (self.admission_attempts - 1), ADMISSION_BACKOFF_MAX_SECONDS)
 
     async def read_live(self) -> None:
         """Read the job and its pods from the server, not from kopf's caches: every resync, and after kopf
@@ -401,7 +468,8 @@ class JobWorker:
     def children_of(self, job: RLJob) -> tuple[dict[str, Raw], list[Raw]]:
         """The pods (by name) and the other children the builders make for `job`."""
         desired_pods: dict[str, Raw] = {}
-        others: list[Raw] = []
+        # The job's transport key: drawn here (builders stay pure), written once; an existing Secret is kept.
+        others: list[Raw] = [build_job_secret(job, secrets.token_hex(32).encode())]
         for child in build_children(job, self.controller.settings):
             if child["kind"] == "Pod":
                 desired_pods[child["metadata"]["name"]] = child
@@ -445,7 +513,9 @@ class JobWorker:
         for manifest in others:
             name = manifest["metadata"]["name"]
             try:
-                await ctl.client.create(namespace, manifest)
+                made = await ctl.client.create(namespace, manifest)
+                if manifest["kind"] == "PersistentVolumeClaim":
+                    await self.check_claim(made, sync)
                 continue
             except ApiError as exc:
                 if exc.status == 0:
@@ -454,7 +524,9 @@ class JobWorker:
                     sync.failed.append(f"{manifest['kind']}/{name}: {_create_error(manifest, exc)}")
                     continue
             existing = await ctl.client.get(manifest["apiVersion"], manifest["kind"], namespace, name)
-            if not controlled_by(existing, self.body["metadata"].get("uid")):
+            if manifest["kind"] == "PersistentVolumeClaim":
+                await self.check_claim(existing, sync)
+            if not controlled_by(existing, self.body["metadata"].get("uid")) and not _retained_claim(existing, job):
                 # A namesake's (a deleted job of the same name whose children the garbage collector has not
                 # removed yet, or a stranger's): adopting it would lose it a moment later. Wait until it is gone.
                 sync.foreign.append(f"{manifest['kind']}/{name}")
@@ -473,23 +545,51 @@ class JobWorker:
                     sync.patches.append((existing, {"spec": patch}))
             elif manifest["kind"] == "NetworkPolicy" and existing.get("spec") != manifest["spec"]:
                 sync.patches.append((existing, {"spec": manifest["spec"]}))
-        if edited and not any(m["kind"] == "NetworkPolicy" for m in others):
-            await self.delete_reward_egress_policy(job)
+        if edited:
+            await self.delete_unneeded_policies(job, others)
         return sync
 
-    async def delete_reward_egress_policy(self, job: RLJob) -> None:
-        """After a spec edit that leaves the job without sandboxed rewards (or gives them network): the
-        policy this job made, if any, goes. A namesake the job does not control is left alone."""
-        client = self.controller.client
-        name = reward_egress_policy_name(job)
+    async def check_claim(self, claim: Raw, sync: ConfigSync) -> None:
+        """Whether the checkpoint claim can bind: it names a StorageClass, is bound, or the cluster has a default
+        StorageClass (which a claim without a class gets, also one made before the default was set)."""
+        sync.storage_checked = True
+        spec, phase = claim.get("spec") or {}, (claim.get("status") or {}).get("phase")
+        if spec.get("storageClassName") or spec.get("volumeName") or phase == "Bound":
+            return
         try:
-            existing = await client.get(NETWORK_POLICY_API, "NetworkPolicy", self.key[0], name)
-            if controlled_by(existing, self.body["metadata"].get("uid")):
-                uid = existing["metadata"]["uid"]
-                await client.delete(NETWORK_POLICY_API, "NetworkPolicy", self.key[0], name, uid=uid)
+            classes = await self.controller.client.list_cluster("storage.k8s.io/v1", "StorageClass")
         except ApiError as exc:
-            if not exc.not_found:
-                raise
+            if exc.status in (403, 404):
+                sync.storage_checked = False  # cannot tell: say nothing rather than guess
+                return
+            raise
+        if any(_default_class(c) for c in classes):
+            return
+        name = claim["metadata"]["name"]
+        sync.storage_problem = (
+            f"the checkpoint claim {name} names no StorageClass and the cluster has no default one, so it stays "
+            "unbound and the actor pods Pending: set spec.checkpoint.storage.storageClassName (or the chart's "
+            "jobDefaults.checkpointStorage.storageClassName), mark a default StorageClass, name a claim of your own "
+            "in spec.checkpoint.volumeClaim, or set spec.checkpoint.storage.persistent: false"
+        )
+
+    async def delete_unneeded_policies(self, job: RLJob, others: list[Raw]) -> None:
+        """After a spec edit that leaves the job without sandboxed rewards (or gives them network), or switches
+        its isolation off: the policies this job made and no longer needs go. A namesake the job does not control
+        is left alone."""
+        client = self.controller.client
+        wanted = {m["metadata"]["name"] for m in others if m["kind"] == "NetworkPolicy"}
+        for name in (reward_egress_policy_name(job), isolation_policy_name(job)):
+            if name in wanted:
+                continue
+            try:
+                existing = await client.get(NETWORK_POLICY_API, "NetworkPolicy", self.key[0], name)
+                if controlled_by(existing, self.body["metadata"].get("uid")):
+                    uid = existing["metadata"]["uid"]
+                    await client.delete(NETWORK_POLICY_API, "NetworkPolicy", self.key[0], name, uid=uid)
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
 
     async def scale_rollouts(self, replicas: int) -> None:
         """The autoscaler's count, through the scale subresource; the new generation then creates or deletes
@@ -576,7 +676,8 @@ class JobWorker:
             except ApiError as exc:
                 logger.warning("rljob %s/%s: cannot post event %s: %s", *self.key, event.reason, exc)
 
-    async def act(self, result: Plan, pods: list[PodState], desired: dict[str, Raw]) -> None:
+    async def act(self, result: Plan, pods: list[PodState], desired: dict[str, Raw]) -> bool:
+        """Carry out the plan; True when the server refused a pod for quota and this pass's pods were deleted."""
         ctl = self.controller
         namespace = self.key[0]
         by_name = {p.name: p for p in pods}
@@ -591,19 +692,29 @@ class JobWorker:
                     raise
             self.deleting[pod.uid] = horizon
 
+        created: dict[str, str] = {}
+        over_quota: list[str] = []
+
         async def create(name: str) -> None:
             try:
-                await ctl.client.create(namespace, desired[name])
+                made = await ctl.client.create(namespace, desired[name])
             except ApiError as exc:
+                if exc.status == 403 and refused_for_quota(str(exc)):
+                    over_quota.append(str(exc))
+                    return
                 if exc.status in REJECTED:
                     await self.report_rejection(name, exc)
                     return
                 if not exc.exists:
                     raise
+            else:
+                created[name] = (made.get("metadata") or {}).get("uid") or ""
             self.expected[name] = horizon
 
         await _gather(delete(n) for n in result.delete if n in by_name)
         await _gather(create(n) for n in result.create)
+        if over_quota:
+            await self.roll_back(created, over_quota[0], len(result.create))
         for role, reason in result.replaced:
             ctl.metrics.replacements.labels(role, reason).inc()
         if result.restart_counted:
@@ -616,6 +727,30 @@ class JobWorker:
             except ApiError as exc:
                 if exc.status not in (404, 409):
                     raise
+        return bool(over_quota)
+
+    async def roll_back(self, created: dict[str, str], refusal: str, attempted: int) -> None:
+        """The server refused a pod for quota although the check passed (another job took the quota meanwhile):
+        delete the pods this pass created, so none holds a node waiting for the rest, and wait with back-off."""
+        client = self.controller.client
+        horizon = time.monotonic() + self.controller.config.expectation_seconds
+        for name, uid in created.items():
+            try:
+                await client.delete("v1", "Pod", self.key[0], name, uid=uid or None)
+            except ApiError as exc:
+                if exc.status not in (404, 409):
+                    raise
+            self.expected.pop(name, None)
+            if uid:
+                self.deleting[uid] = horizon
+        message = (
+            f"{attempted} pods not created: the server refused one for quota ({refusal}); "
+            f"the {len(created)} created with it were deleted again"
+        )
+        logger.warning("rljob %s/%s: %s", *self.key, message)
+        delay = self.admission_backoff()
+        self.quota_refusal = (QUOTA_EXCEEDED, message)
+        self.quota_refusal_until = time.monotonic() + delay
 
     async def report_rejection(self, name: str, exc: ApiError) -> None:
         """The server refused a pod (quota, admission, policy): say so once per distinct reason, as the
@@ -641,6 +776,29 @@ class JobWorker:
             now = time.monotonic()
             delays.append(max(min(list(self.expected.values()) + list(self.deleting.values())) - now, 0.05))
         return max(min(delays), 0.0)
+
+
+DEFAULT_CLASS_ANNOTATIONS = (
+    "storageclass.kubernetes.io/is-default-class",
+    "storageclass.beta.kubernetes.io/is-default-class",
+)
+
+
+def _default_class(storage_class: Raw) -> bool:
+    annotations = (storage_class.get("metadata") or {}).get("annotations") or {}
+    return any(annotations.get(key) == "true" for key in DEFAULT_CLASS_ANNOTATIONS)
+
+
+def _retained_claim(existing: Raw, job: RLJob) -> bool:
+    """A checkpoint claim kept from an earlier job of this name (`checkpoint.storage.retain`): no owner, this job's
+    label. The job mounts it again and resumes from its checkpoints."""
+    meta = existing.get("metadata") or {}
+    return (
+        existing.get("kind", "PersistentVolumeClaim") == "PersistentVolumeClaim"
+        and not meta.get("ownerReferences")
+        and (meta.get("labels") or {}).get(LABEL_JOB) == job.name
+        and (meta.get("labels") or {}).get("app.kubernetes.io/component") == "checkpoints"
+    )
 
 
 def _create_error(manifest: Raw, exc: ApiError) -> str:
@@ -723,6 +881,13 @@ class Controller:
         if _newer(worker.body, body):
             worker.body = body  # an event older than what a status write answered tells nothing new
         worker.wake.set()
+
+    def quota_changed(self, namespace: str) -> None:
+        """A ResourceQuota of the namespace changed (raised, or its usage moved as pods came and went): the
+        jobs there that wait for quota look again now."""
+        for key, worker in list(self.workers.items()):
+            if key[0] == namespace and worker.admission_attempts:
+                worker.wake.set()
 
     def standing_by(self) -> bool:
         return self.peering is not None and self.peering.paused

@@ -62,6 +62,12 @@ def register(registry: kopf.OperatorRegistry) -> None:
         controller.pod_index = kwargs[POD_INDEX]
         controller.job_event(event["type"], dict(event["object"]))
 
+    @kopf.on.event("v1", "resourcequotas", registry=registry, id="quota-changed")
+    async def quota_changed(namespace: str, memo: kopf.Memo, **_: Any) -> None:
+        """Jobs waiting for quota (Ready=False QuotaExceeded) look again when a quota or its usage changes."""
+        controller: Controller = memo.controller
+        controller.quota_changed(namespace)
+
     @kopf.on.cleanup(registry=registry, id="stop-workers")
     async def stop_workers(memo: kopf.Memo, **_: Any) -> None:
         """Stop the job workers and close connections while kopf shuts down: kopf waits for leftover tasks."""

@@ -41,6 +41,16 @@ def reward_egress_policy_name(job: RLJob) -> str:
     return f"{job.name}-reward-egress"
 
 
+def job_secret_name(job: RLJob) -> str:
+    """The Secret holding the job's transport key (rljob/operator/manifests/secret.py)."""
+    return f"{job.name}-secret"
+
+
+def isolation_policy_name(job: RLJob) -> str:
+    """The NetworkPolicy admitting into a job's pods only its own pods, the operator and monitoring."""
+    return f"{job.name}-isolation"
+
+
 def pod_group_name(job: RLJob) -> str:
     return job.name
 

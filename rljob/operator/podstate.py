@@ -16,6 +16,10 @@ IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImag
 CRASH_LOOP_REASON = "CrashLoopBackOff"
 
 
+SCHEDULING_GATED = "SchedulingGated"
+"""PodScheduled's reason while a pod has scheduling gates (Kueue's admission gate)."""
+
+
 @dataclass(frozen=True)
 class PodState:
     """One observed pod of a job."""
@@ -51,6 +55,9 @@ class PodState:
     grace_seconds: int | None = None
     """`metadata.deletionGracePeriodSeconds` while the pod terminates."""
     node: str = ""
+    gated: str | None = None
+    """The API server's message while the pod waits behind scheduling gates (Kueue holds a group's pods so until it
+    admits the whole group)."""
 
     @property
     def failed(self) -> bool:
@@ -96,6 +103,9 @@ def observe_pod(raw: dict[str, Any]) -> PodState | None:
     unschedulable = None
     if scheduled_cond and scheduled_cond.get("status") == "False" and scheduled_cond.get("reason") == "Unschedulable":
         unschedulable = scheduled_cond.get("message") or "the scheduler found no node for the pod"
+    gated = None
+    if scheduled_cond and scheduled_cond.get("status") == "False" and scheduled_cond.get("reason") == SCHEDULING_GATED:
+        gated = scheduled_cond.get("message") or "Scheduling is blocked due to non-empty scheduling gates"
     scheduled = bool(
         (raw.get("spec") or {}).get("nodeName") or (scheduled_cond and scheduled_cond.get("status") == "True")
     )
@@ -142,4 +152,5 @@ def observe_pod(raw: dict[str, Any]) -> PodState | None:
         deleted_at=meta.get("deletionTimestamp"),
         grace_seconds=meta.get("deletionGracePeriodSeconds"),
         node=(raw.get("spec") or {}).get("nodeName") or "",
+        gated=gated,
     )

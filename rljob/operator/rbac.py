@@ -67,6 +67,24 @@ OPERATOR_API_ACCESS: tuple[ApiAccess, ...] = (
     ),
     ApiAccess("", "events", ("create",), "namespaced", "an Event on every transition"),
     ApiAccess(
+        "",
+        "secrets",
+        ("get", "create"),
+        "namespaced",
+        "the job's transport key, created once if absent; read back only to see whether this job owns it",
+    ),
+    ApiAccess(
+        "",
+        "resourcequotas",
+        ("list", "watch"),
+        "namespaced",
+        "quota-aware admission: a job's pods are created only when all fit; a job waiting for quota looks again "
+        "when a quota or its usage changes",
+    ),
+    ApiAccess(
+        "", "limitranges", ("list",), "namespaced", "quota-aware admission: the defaults LimitRanger gives containers"
+    ),
+    ApiAccess(
         "scheduling.volcano.sh",
         "podgroups",
         ("get", "create", "patch"),
@@ -88,7 +106,21 @@ OPERATOR_API_ACCESS: tuple[ApiAccess, ...] = (
         "reward pods running sandboxed code without network may send DNS only: created if absent, patched or "
         "deleted when a spec edit changes what the job needs",
     ),
+    ApiAccess(
+        "",
+        "persistentvolumeclaims",
+        ("get", "create"),
+        "namespaced",
+        "the job's checkpoint claim, created if absent (checkpoints outlive the actor pod); read back to see it bind",
+    ),
     ApiAccess("", "namespaces", ("list", "watch"), "cluster", "kopf follows namespaces matching --namespace globs"),
+    ApiAccess(
+        "storage.k8s.io",
+        "storageclasses",
+        ("list",),
+        "cluster",
+        "a checkpoint claim that names no StorageClass binds only where the cluster has a default one: say so",
+    ),
     ApiAccess(
         "apiextensions.k8s.io",
         "customresourcedefinitions",

@@ -27,7 +27,8 @@ Failure policy (spec.failurePolicy, applied through `rljob.launch.failure_policy
   once a replacement stays Ready for the policy's stable time (10 minutes) or exits 0.
 - actor replica 0 exits 0 -> Succeeded; pods still running are deleted (finished ones stay for logs).
 - a spec edit that changes what pods run (anything but rollout replicas and autoscale, health, suspend,
-  failurePolicy, activeDeadlineSeconds and ttlSecondsAfterFinished) -> controlled restart of every pod, not charged.
+  failurePolicy, activeDeadlineSeconds, ttlSecondsAfterFinished and isolation) -> controlled restart of every
+  pod, not charged.
 - spec.roles.rollout.autoscale (llm jobs) -> on each pass the actor's fresh `trainerWait` / `rolloutIdle` are
   added to `status.autoscale.samples` and `rljob.launch.autoscale.decide` picks the rollout count; a change is
   the plan's `scale_rollouts` (written through the scale subresource, after the status that records the
@@ -38,6 +39,9 @@ Failure policy (spec.failurePolicy, applied through `rljob.launch.failure_policy
   plan's `rollout_members` (the Ready rollout pods that stay) is what the actor feeds: the controller
   writes it to the membership ConfigMap (rljob/operator/manifests/members.py). A gym job's rollout count is
   part of its config hash: a new count is a controlled restart, as above.
+- quota-aware admission: the pods a pass would create are first charged against the namespace's ResourceQuotas
+  (rljob/operator/admission.py, in the controller); when they do not all fit, none is created and Ready says
+  QuotaExceeded with the quota and the amounts, retried with back-off (`Observation.admission`).
 - a collocated job (`roles.rollout.collocated`) has no rollout pods: its rollout runs in the actor pod, whose
   process restarts it (rljob/runtime/roles/collocated.py); the pod's failure is an actor failure as above, and the
   rollout counts as ready with its actor pod. No membership is kept. An actor pod that ends with
@@ -66,10 +70,11 @@ from rljob.launch.autoscale import SCALED_ROLLOUTS, Sample, decide, record, rewi
 from rljob.launch.failure_policy import FailurePolicy, ReplicaRecord
 from rljob.launch.health import DIVERGED, HEALTH_TYPES, NON_FINITE_UPDATE, Streak, checks, health_summary, observe
 from rljob.launch.stall import PROGRESS_DEADLINE_EXCEEDED, PROGRESSING, STALLED, stalled_message
+from rljob.operator.admission import LIMIT_RANGE_EXCEEDED, QUOTA_EXCEEDED
 from rljob.operator.manifests.members import elastic_rollouts
 from rljob.operator.naming import ANNOTATION_CONFIG_HASH as CONFIG_HASH
 from rljob.operator.naming import LABEL_JOB, LABEL_ROLE
-from rljob.operator.podstate import PodState
+from rljob.operator.podstate import SCHEDULING_GATED, PodState
 from rljob.operator.status import (
     FAILED,
     READY,
@@ -98,6 +103,9 @@ STUCK_TERMINATING = "PodStuckTerminating"
 """Ready's reason while a pod terminates well past its grace period (a lost node)."""
 STUCK_MARGIN_SECONDS = 30
 """A pod is stuck terminating once its grace period and as long again (at most this, at least 1 s) are over."""
+CHECKPOINT_STORAGE = "CheckpointStorage"
+"""False with reason NoDefaultStorageClass while the checkpoint claim the operator made cannot bind."""
+NO_DEFAULT_STORAGE_CLASS = "NoDefaultStorageClass"
 CHILDREN_CREATED = "ChildrenCreated"
 """False with reason FailedCreate while the server refuses one of the job's other children."""
 FAILED_CHILDREN_RETRY_SECONDS = 5.0
@@ -167,6 +175,14 @@ class Observation:
     foreign_children: list[str] = field(default_factory=list)
     """`Kind/name` of children (ConfigMap, Service, PodGroup, NetworkPolicy) whose name another owner still
     holds, typically a deleted namesake's that the garbage collector has not removed yet."""
+    admission: tuple[str, str] | None = None
+    """(reason, message) why the pods this pass would create may not be created now: the namespace's
+    ResourceQuotas or LimitRanges (rljob/operator/admission.py), or the server refused one of them. None of them
+    is created (never a partial gang); Ready says why."""
+    storage_problem: str | None = None
+    """Why the job's checkpoint claim will not bind (no StorageClass named, no default one in the cluster)."""
+    admission_retry_seconds: float = 1.0
+    """How soon a job waiting for admission looks again (the controller's back-off)."""
 
 
 @dataclass
@@ -198,6 +214,7 @@ class _Planner:
         self.pods = {p.name: p for p in obs.pods}
         self.live = [p for p in obs.pods if not p.terminating]
         self.new_failures: dict[str, int] = {}
+        self.waiting_admission: tuple[str, str] | None = None
         self.desired_hash = next(
             (h for m in obs.desired_pods.values() if (h := m["metadata"].get("annotations", {}).get(CONFIG_HASH))),
             "",
@@ -756,8 +773,21 @@ class _Planner:
                 set_condition(self.status, CHILDREN_CREATED, True, "Created", message, self.now)
                 self.event("Normal", "Created", message)
 
+    def report_storage(self) -> None:
+        """CheckpointStorage: False (NoDefaultStorageClass, a Warning Event when new) while the job's checkpoint
+        claim cannot bind; True again once it can."""
+        problem = self.obs.storage_problem
+        current = get_condition(self.status, CHECKPOINT_STORAGE)
+        if problem is not None:
+            self.warn_condition(CHECKPOINT_STORAGE, NO_DEFAULT_STORAGE_CLASS, problem)
+        elif current is not None and current.status == "False":
+            message = "the checkpoint claim can bind"
+            set_condition(self.status, CHECKPOINT_STORAGE, True, "StorageClassFound", message, self.now)
+            self.event("Normal", "StorageClassFound", message)
+
     def create_missing(self) -> None:
         self.report_children()
+        self.report_storage()
         if self.obs.failed_children:
             return  # pods would wait on what is missing (their config volume, their PodGroup)
         if self.obs.foreign_children:
@@ -773,6 +803,14 @@ class _Planner:
             if restarting and _role_of(manifest) == "actor" and actors_present:
                 continue  # the new group starts only when every old actor is gone
             self.plan.create.append(name)
+        if self.plan.create and self.obs.admission is not None:
+            self.plan.create = []  # all or nothing: created pods would hold their nodes waiting for the rest
+            self.waiting_admission = self.obs.admission
+            self.requeue(self.obs.admission_retry_seconds)
+        elif self.plan.create:
+            before = get_condition(self.status, READY)
+            if before is not None and before.reason in (QUOTA_EXCEEDED, LIMIT_RANGE_EXCEEDED):
+                self.event("Normal", "Admitted", f"{len(self.plan.create)} pods fit the namespace's quotas now")
         if restarting and not actors_present:
             set_condition(self.status, RESTARTING, False, "Recreated", "the actor group was recreated", self.now)
             self.transition("Starting", "Recreated", "the actor group was recreated")
@@ -781,8 +819,17 @@ class _Planner:
         obs = self.obs
         self.count_roles()
         unschedulable = scheduling_problems(obs.pods)
+        gated = [f"{p.name}: {p.gated}" for p in obs.pods if p.gated and not p.terminating]
         if unschedulable:
             self.warn_condition(SCHEDULED, "Unschedulable", describe_pods(unschedulable))
+        elif gated:
+            # The queue's admission decides (Kueue gates a group's pods until it admits them all): say so, quoting
+            # the server; the queue's own reason is on its Workload.
+            message = (
+                f"{describe_pods(gated)}; the pods wait for the queue to admit the whole group "
+                "(Kueue: `kubectl describe workloads` in the job's namespace names the quota it waits for)"
+            )
+            set_condition(self.status, SCHEDULED, False, SCHEDULING_GATED, message, self.now)
         else:
             scheduled = all(name in self.pods and self.pods[name].scheduled for name in obs.desired_pods)
             if scheduled:
@@ -799,7 +846,9 @@ class _Planner:
                 reason, problems = "CrashLoopBackOff", looping
         ready_pods = [n for n in obs.desired_pods if n in self.pods and self.pods[n].ready]
         all_ready = len(ready_pods) == len(obs.desired_pods)
-        if problems:
+        if self.waiting_admission is not None:
+            self.warn_condition(READY, *self.waiting_admission)
+        elif problems:
             self.warn_condition(READY, reason, describe_pods(problems))
         elif all_ready:
             set_condition(self.status, READY, True, "AllPodsReady", f"{len(ready_pods)} pods ready", self.now)

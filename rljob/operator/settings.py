@@ -8,6 +8,7 @@ One typed object, built once (from the environment in the operator's Deployment,
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Literal
@@ -19,6 +20,7 @@ IMAGE_PULL_POLICIES: tuple[str, ...] = ("Always", "IfNotPresent", "Never")
 
 DEFAULT_REGISTRY = "ghcr.io/rljob"
 ENV_PREFIX = "RLJOB_OPERATOR_"
+_QUANTITY = re.compile(r"^[0-9.]+([eE][0-9]+|[KMGTPE]i?|[kmun])?$")
 
 
 class SettingsError(ValueError):
@@ -66,8 +68,28 @@ class OperatorSettings:
     gpu_shared_memory: bool = True
     """RLJOB_OPERATOR_GPU_SHARED_MEMORY: mount a memory-backed /dev/shm in GPU pods that do not mount one
     (NCCL and vLLM need more than the container runtime's 64 MiB)."""
+    checkpoint_volume_size: str = "50Gi"
+    """RLJOB_OPERATOR_CHECKPOINT_VOLUME_SIZE: size of the checkpoint claim the operator makes for a job that sets no
+    `spec.checkpoint.storage.size`."""
+    checkpoint_storage_class: str = ""
+    """RLJOB_OPERATOR_CHECKPOINT_STORAGE_CLASS: StorageClass of that claim when the job names none; empty: the
+    cluster's default StorageClass."""
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
     """RLJOB_OPERATOR_EXTRA_POD_LABELS: `key=value,key=value` added to every job pod (cost centres, policy)."""
+    network_policy: bool = True
+    """RLJOB_OPERATOR_NETWORK_POLICY: give each job a NetworkPolicy that admits only its own pods, the operator and
+    monitoring (a job's `spec.isolation.networkPolicy` wins)."""
+    operator_namespace: str = ""
+    """RLJOB_OPERATOR_OPERATOR_NAMESPACE: the operator's namespace, from which it reads `/progress` on the metrics
+    port; empty: any namespace (pods with `operator_pod_labels`)."""
+    operator_pod_labels: Mapping[str, str] = field(default_factory=lambda: {"app.kubernetes.io/name": "rljob-operator"})
+    """RLJOB_OPERATOR_OPERATOR_POD_LABELS: `key=value,...` labels of the operator's pods (the chart's selector)."""
+    monitoring_namespace_labels: Mapping[str, str] = field(default_factory=dict)
+    """RLJOB_OPERATOR_MONITORING_NAMESPACE_LABELS: `key=value,...` of the namespaces whose pods (those with
+    `monitoring_pod_labels`) may scrape the metrics port; with both empty, no one else may."""
+    monitoring_pod_labels: Mapping[str, str] = field(default_factory=dict)
+    """RLJOB_OPERATOR_MONITORING_POD_LABELS: `key=value,...` of the pods (Prometheus) that may scrape the metrics
+    port."""
 
     def __post_init__(self) -> None:
         if self.image_pull_policy not in IMAGE_PULL_POLICIES:
@@ -85,6 +107,11 @@ class OperatorSettings:
                 )
         if self.termination_grace_period_seconds < 0:
             raise SettingsError(f"{ENV_PREFIX}TERMINATION_GRACE_PERIOD_SECONDS must be >= 0")
+        if not _QUANTITY.match(self.checkpoint_volume_size):
+            raise SettingsError(
+                f"{ENV_PREFIX}CHECKPOINT_VOLUME_SIZE must be a Kubernetes quantity such as 50Gi "
+                f"(got {self.checkpoint_volume_size!r})"
+            )
         if self.gang_schedule_timeout_seconds < 1:
             raise SettingsError(f"{ENV_PREFIX}GANG_SCHEDULE_TIMEOUT_SECONDS must be >= 1")
 
@@ -116,7 +143,7 @@ def _parse(name: str, raw: str, default: object) -> object:
             raise SettingsError(f"{var} must be an integer (got {raw!r})") from None
     if name == "image_pull_secrets":
         return tuple(s.strip() for s in raw.split(",") if s.strip())
-    if name == "extra_pod_labels":
+    if name.endswith("_labels"):
         labels = {}
         for item in raw.split(","):
             key, sep, value = item.partition("=")

@@ -29,21 +29,22 @@ def test_render_prints_the_resolved_job_then_every_child(monkeypatch):
     job = load_job_file(H100_JOB)
     assert documents[1:] == build_children(job, OperatorSettings())
     kinds = [d["kind"] for d in documents]
-    assert kinds == ["RLJob", "ConfigMap", "Service", "PodGroup"] + ["Pod"] * 8
+    assert kinds == ["RLJob", "ConfigMap", "Service", "PodGroup", "NetworkPolicy"] + ["Pod"] * 8
 
 
 def test_render_only_job_or_only_children():
     (job,) = yaml.safe_load_all(render("--only", "job", str(H100_JOB)).stdout)
     assert job["kind"] == "RLJob" and "status" not in job
     children = list(yaml.safe_load_all(render("--only", "children", str(H100_JOB)).stdout))
-    assert children[0]["kind"] == "ConfigMap" and len(children) == 11
+    assert children[0]["kind"] == "ConfigMap" and len(children) == 12
 
 
-def test_render_shows_the_reward_egress_policy_of_a_code_exec_job():
+def test_render_shows_both_policies_of_a_code_exec_job():
     children = list(yaml.safe_load_all(render("--only", "children", str(EXAMPLES / "grpo-tiny-code.yaml")).stdout))
     kinds = [c["kind"] for c in children]
-    assert kinds == ["ConfigMap", "Service", "NetworkPolicy"] + ["Pod"] * 3
-    assert children[2]["metadata"]["name"] == "grpo-tiny-code-reward-egress"
+    assert kinds == ["ConfigMap", "Service", "NetworkPolicy", "NetworkPolicy"] + ["Pod"] * 3
+    assert children[2]["metadata"]["name"] == "grpo-tiny-code-isolation"
+    assert children[3]["metadata"]["name"] == "grpo-tiny-code-reward-egress"
 
 
 def test_render_uses_the_operator_image_settings(monkeypatch):

@@ -12,10 +12,13 @@ EXIT_CODE_SOURCES = ("rljob/cli", "rljob/launch", "rljob/runtime")
 # Where the operator names phases, conditions, reasons and Events.
 REASON_SOURCES = ("rljob/operator/reconcile.py", "rljob/operator/status.py", "rljob/operator/podstate.py")
 REASON_SOURCES += ("rljob/operator/controller.py",)
+REASON_CONSTANTS = {"QuotaExceeded", "LimitRangeExceeded"}
+"""Reasons defined in rljob/operator/admission.py (whose other capitalised words are quota scope names)."""
 # Capitalised words in those files that are Kubernetes vocabulary, not something the operator reports.
 KUBERNETES_WORDS = {
     "ConfigMap", "NetworkPolicy", "PodGroup", "Pod", "Service", "Event", "KopfPeering", "ClusterKopfPeering",
     "True", "False", "Unknown", "Normal", "Warning", "PodScheduled", "Background", "DeleteOptions",
+    "ResourceQuota", "LimitRange", "PersistentVolumeClaim", "StorageClass", "Bound",
 }  # fmt: skip
 CAMEL_WORD = re.compile(r"[A-Z][a-z]+(?:[A-Z][a-z]+)*")
 
@@ -60,7 +63,7 @@ def _operator_words() -> set[str]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and CAMEL_WORD.fullmatch(node.value):
                 words.add(node.value)
-    return words - KUBERNETES_WORDS
+    return (words | REASON_CONSTANTS) - KUBERNETES_WORDS
 
 
 def test_every_exit_code_has_a_row():

@@ -65,7 +65,7 @@ def test_every_child_of_every_example_validates_against_kubernetes(path, setting
 def test_children_come_in_creation_order_config_service_group_then_every_pod(example_documents, job_from, settings):
     job = job_from(example_documents["grpo-qwen-math-h100"])
     kinds = [c["kind"] for c in build_children(job, settings)]
-    assert kinds == ["ConfigMap", "Service", "PodGroup"] + ["Pod"] * 8
+    assert kinds == ["ConfigMap", "Service", "PodGroup", "NetworkPolicy"] + ["Pod"] * 8
     names = [c["metadata"]["name"] for c in build_children(job, settings) if c["kind"] == "Pod"]
     assert names == [
         "grpo-qwen-math-actor-0",
@@ -332,11 +332,17 @@ def test_actor_mounts_the_checkpoint_claim_at_the_checkpoint_dir(example_documen
     assert all(v["name"] != "rljob-checkpoints" for v in rollout["spec"]["volumes"])
 
 
-def test_without_a_claim_checkpoints_go_to_an_empty_dir_or_the_users_own_volume(example_documents, job_from, settings):
+def test_without_a_claim_checkpoints_go_to_the_operators_claim_an_empty_dir_or_the_users_own_volume(
+    example_documents, job_from, settings
+):
     job = job_from(example_documents["cartpole-ppo"])
     actor = build_pod(job, settings, "actor", 0)
-    assert {"name": "rljob-checkpoints", "emptyDir": {}} in actor["spec"]["volumes"]
+    claim = {"claimName": "cartpole-ppo-checkpoints"}
+    assert {"name": "rljob-checkpoints", "persistentVolumeClaim": claim} in actor["spec"]["volumes"]
     assert {"name": "rljob-checkpoints", "mountPath": "/checkpoints"} in container(actor)["volumeMounts"]
+    job = job_from(example_documents["cartpole-ppo"], spec__checkpoint__storage={"persistent": False})
+    actor = build_pod(job, settings, "actor", 0)
+    assert {"name": "rljob-checkpoints", "emptyDir": {}} in actor["spec"]["volumes"]
     job = job_from(
         example_documents["cartpole-ppo"],
         spec__checkpoint__dir="/shared/run-1/ckpt",
@@ -603,6 +609,7 @@ def test_filesystem_weight_sync_without_a_shared_volume_is_an_invalid_spec(examp
     job = job_from(
         example_documents["grpo-tiny-arithmetic"],
         spec__rollout__weightSync__method="filesystem",
+        spec__checkpoint__storage={"persistent": False},
     )
     with pytest.raises(InvalidRLJob) as caught:
         build_children(job, settings)
@@ -626,7 +633,7 @@ def test_filesystem_weight_sync_without_a_shared_volume_is_an_invalid_spec(examp
 
 
 def egress_policies(children):
-    return [c for c in children if c["kind"] == "NetworkPolicy"]
+    return [c for c in children if c["kind"] == "NetworkPolicy" and "Egress" in c["spec"]["policyTypes"]]
 
 
 def test_reward_pods_running_code_exec_without_network_may_send_dns_only(

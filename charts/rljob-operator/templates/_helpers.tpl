@@ -78,6 +78,18 @@ checks it). Each block below is plain YAML with no template actions inside.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create"]
+- apiGroups: [""]
+  resources: ["resourcequotas"]
+  verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["limitranges"]
+  verbs: ["list"]
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "create"]
 - apiGroups: ["scheduling.volcano.sh"]
   resources: ["podgroups"]
   verbs: ["get", "create", "patch"]
@@ -96,6 +108,9 @@ checks it). Each block below is plain YAML with no template actions inside.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
+- apiGroups: ["storage.k8s.io"]
+  resources: ["storageclasses"]
+  verbs: ["list"]
 {{- end }}
 
 {{- define "rljob-operator.rules.peering.cluster" -}}

@@ -24,13 +24,15 @@ from rljob.runtime.wire.identity import (
     SYNC_PORT,
     pod_identity,
 )
+from rljob.runtime.wire.transport import TRANSPORT_KEY_FILE_ENV
 
 CONFIG_VOLUME = "rljob-config"
 CHECKPOINT_VOLUME = "rljob-checkpoints"
 SHM_VOLUME = "rljob-dshm"
 MEMBERS_VOLUME = "rljob-rollouts"
 TMP_VOLUME = "rljob-tmp"
-RESERVED_VOLUMES = (CONFIG_VOLUME, CHECKPOINT_VOLUME, SHM_VOLUME, MEMBERS_VOLUME, TMP_VOLUME)
+SECRET_VOLUME = "rljob-secret"
+RESERVED_VOLUMES = (CONFIG_VOLUME, CHECKPOINT_VOLUME, SHM_VOLUME, MEMBERS_VOLUME, TMP_VOLUME, SECRET_VOLUME)
 CONFIG_DIR_IN_POD = posixpath.dirname(CONFIG_PATH_IN_POD)
 MEMBERS_DIR_IN_POD = "/etc/rljob-rollouts"
 """Where llm actor pods mount the rollout membership ConfigMap (a directory mount: the kubelet refreshes it)."""
@@ -43,7 +45,7 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 def reserved_env_names() -> frozenset[str]:
     """Variables the operator sets from the pod's identity; a role's `env` must not override them."""
     identity = pod_identity("job", "ns", "actor", 0, {r: 1 for r in ROLE_NAMES}, 9090, collocated_rollout=True)
-    return frozenset(replace(identity, rollout_members_file=MEMBERS_DIR_IN_POD).to_env())
+    return frozenset(replace(identity, rollout_members_file=MEMBERS_DIR_IN_POD).to_env()) | {TRANSPORT_KEY_FILE_ENV}
 
 
 def checkpoint_dir_in_pod(job: RLJob) -> str:
@@ -53,6 +55,26 @@ def checkpoint_dir_in_pod(job: RLJob) -> str:
 def weights_through_files(job: RLJob) -> bool:
     """An llm job whose rollouts load weight files from the checkpoint volume (`weightSync.method: filesystem`)."""
     return job.spec.task.type == "llm" and job.spec.rollout.weight_sync.method == "filesystem"
+
+
+def operator_checkpoint_claim(job: RLJob) -> str | None:
+    """The PersistentVolumeClaim the operator makes for the job's checkpoints (rljob/operator/manifests/storage.py),
+    or None: the job names its own (`checkpoint.volumeClaim`), mounts a volume of its own at the checkpoint
+    directory in actor pods, asks for an emptyDir (`checkpoint.storage.persistent: false`), or writes no
+    checkpoints and passes no weight files."""
+    checkpoint = job.spec.checkpoint
+    if checkpoint.volume_claim or not checkpoint.storage.persistent:
+        return None
+    if _mounted_at_or_above(checkpoint_dir_in_pod(job), [m.mount_path for m in job.spec.roles.actor.volume_mounts]):
+        return None
+    if checkpoint.interval == 0 and not weights_through_files(job):
+        return None
+    return f"{job.name}-checkpoints"
+
+
+def checkpoint_claim(job: RLJob) -> str | None:
+    """The claim actor pods mount at the checkpoint directory: the job's own, else the operator's, else none."""
+    return job.spec.checkpoint.volume_claim or operator_checkpoint_claim(job)
 
 
 def _mounted_at_or_above(path: str, mount_paths: list[str]) -> bool:
@@ -84,7 +106,7 @@ def _problems(job: RLJob) -> Iterator[Problem]:
     ckpt_dir = checkpoint_dir_in_pod(job)
     if not ckpt_dir.startswith("/"):
         yield Problem("spec.checkpoint.dir", f"must be an absolute path in pods, e.g. /checkpoints (got {ckpt_dir!r})")
-    if weights_through_files(job) and not spec.checkpoint.volume_claim:
+    if weights_through_files(job) and not checkpoint_claim(job):
         shared = all(
             _mounted_at_or_above(ckpt_dir, [m.mount_path for m in spec.roles.get(role).volume_mounts])
             for role in ("actor", "rollout")
@@ -93,8 +115,9 @@ def _problems(job: RLJob) -> Iterator[Problem]:
             yield Problem(
                 "spec.rollout.weightSync.method",
                 f"filesystem passes weights through {ckpt_dir}/weights, which actor and rollout pods must share: "
-                "set spec.checkpoint.volumeClaim (ReadWriteMany when the pods are on several nodes), mount a "
-                "shared volume at spec.checkpoint.dir in both roles, or use broadcast",
+                "set spec.checkpoint.volumeClaim (ReadWriteMany when the pods are on several nodes) or leave "
+                "spec.checkpoint.storage.persistent true (the operator's claim), mount a shared volume at "
+                "spec.checkpoint.dir in both roles, or use broadcast",
             )
     if spec.roles.rollout.collocated:
         yield from _collocated_problems(job)

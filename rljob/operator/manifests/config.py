@@ -48,6 +48,7 @@ RESTART_FREE_FIELDS: tuple[tuple[str, ...], ...] = (
     ("failurePolicy",),
     ("activeDeadlineSeconds",),
     ("ttlSecondsAfterFinished",),
+    ("isolation",),  # the job's NetworkPolicy, which the operator keeps; no pod reads it
 )
 """Spec fields whose edits never recreate running pods; any other spec edit is a controlled restart.
 

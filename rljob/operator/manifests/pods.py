@@ -23,8 +23,10 @@ from rljob.operator.manifests.checks import (
     CHECKPOINT_VOLUME,
     CONFIG_DIR_IN_POD,
     CONFIG_VOLUME,
+    SECRET_VOLUME,
     SHM_VOLUME,
     TMP_VOLUME,
+    checkpoint_claim,
     checkpoint_dir_in_pod,
     ensure_buildable,
     weights_through_files,
@@ -33,6 +35,7 @@ from rljob.operator.manifests.config import config_hash
 from rljob.operator.manifests.gang import PodGangMetadata, pod_gang_metadata, replica_counts, role_replicas
 from rljob.operator.manifests.members import MEMBERS_FILE_IN_POD, elastic_rollouts, members_volume
 from rljob.operator.manifests.placement import GPU_RESOURCE, PlacementProblem, role_affinity, role_tolerations
+from rljob.operator.manifests.secret import KEY_FILE_IN_POD, secret_volume
 from rljob.operator.naming import (
     ANNOTATION_CONFIG_HASH,
     LABEL_REPLICA,
@@ -52,6 +55,7 @@ from rljob.runtime.wire.identity import (
     actor_ranks_per_replica,
     pod_identity,
 )
+from rljob.runtime.wire.transport import TRANSPORT_KEY_FILE_ENV
 
 CONTAINER_NAME = "main"
 """The container of every role pod; `kubectl logs <pod>` needs no `-c`."""
@@ -212,6 +216,7 @@ def _container(
         # The rollouts of the environment are those at creation; the membership file follows scaling.
         identity = replace(identity, rollout_members_file=MEMBERS_FILE_IN_POD)
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in identity.to_env().items()]
+    env.append({"name": TRANSPORT_KEY_FILE_ENV, "value": KEY_FILE_IN_POD})  # the job's Secret: see secret.py
     env += [var.model_dump(mode="json", by_alias=True, exclude_none=True) for var in rs.env]
     if not job.metadata.namespace:
         # Rendered without a namespace: the pod learns it from the API when it is created.
@@ -305,6 +310,9 @@ def _volumes(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = [{"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(job)}}]
     mounts: list[dict[str, Any]] = [{"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR_IN_POD, "readOnly": True}]
+    secret, secret_mount = secret_volume(job, SECRET_VOLUME)
+    volumes.append(secret)
+    mounts.append(secret_mount)
     volumes += [v.model_dump(mode="json", by_alias=True, exclude_none=True) for v in rs.volumes]
     mounts += [m.model_dump(mode="json", by_alias=True, exclude_none=True) for m in rs.volume_mounts]
     user_paths = [posixpath.normpath(m.mount_path) for m in rs.volume_mounts]
@@ -317,7 +325,7 @@ def _volumes(
         if checkpoint is not None:
             volumes.append(checkpoint)
             mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_dir_in_pod(job)})
-    claim = job.spec.checkpoint.volume_claim
+    claim = checkpoint_claim(job)
     if role == "rollout" and weights_through_files(job) and claim:
         # The rollouts read the weight files the actor writes under `<checkpoint.dir>/weights/`.
         volumes.append({"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
@@ -342,10 +350,11 @@ def _checkpoint_volume(job: RLJob, user_paths: list[str]) -> dict[str, Any] | No
     - `checkpoint.volumeClaim` set: that PersistentVolumeClaim; checkpoints outlive pods, so a restarted
       actor group resumes (with several actor pods on several nodes the claim must be ReadWriteMany).
     - no claim, and one of the role's own volumes is mounted at the directory or above it: theirs.
-    - otherwise an emptyDir: checkpoints survive a container restart but not a recreated pod, so an
-      actor-group restart starts again from step 0. Set a volumeClaim for jobs that must resume.
+    - otherwise the claim the operator makes (`<job>-checkpoints`, rljob/operator/manifests/storage.py), unless
+      `checkpoint.storage.persistent: false` (or no checkpoints are written): an emptyDir, whose checkpoints
+      survive a container restart but not a recreated pod, so an actor-group restart starts again at step 1.
     """
-    claim = job.spec.checkpoint.volume_claim
+    claim = checkpoint_claim(job)
     if claim:
         return {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
     ckpt = posixpath.normpath(checkpoint_dir_in_pod(job))

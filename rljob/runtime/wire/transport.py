@@ -9,11 +9,18 @@ one and resends the same request id. The server answers a repeated id from a per
 retried request is executed once. ZMQ reconnects to a restarted peer by itself; a peer that stays away
 ends in `RequestTimeout`. `send` on several clients, then `receive` from each, lets their servers work in
 parallel.
+
+With a job key (`RLJOB_TRANSPORT_KEY_FILE`, the per-job Secret the operator mounts) every message carries an
+HMAC-SHA256 of its frames as one more frame: a server refuses a request without a valid one (PermissionError,
+unsealed, so a caller without the key learns why) and a client ignores a reply without one. Without a key
+(`rljob run`, the Ray launcher) messages are as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import itertools
 import os
 import time
@@ -87,6 +94,45 @@ def decode(frames: list[Any]) -> tuple[_Header, Payload]:
     return header, payload
 
 
+TRANSPORT_KEY_FILE_ENV = "RLJOB_TRANSPORT_KEY_FILE"
+"""The file holding this job's transport key (the operator's per-job Secret, mounted in every pod)."""
+
+
+def transport_key() -> bytes | None:
+    """This process's job key, or None where no key is set (local runs)."""
+    path = os.environ.get(TRANSPORT_KEY_FILE_ENV)
+    if not path:
+        return None
+    with open(path, "rb") as file:
+        key = file.read().strip()
+    if not key:
+        raise TransportError(f"{TRANSPORT_KEY_FILE_ENV}={path} is empty: the job's Secret holds no key")
+    return key
+
+
+def _mac(key: bytes, frames: list[Any]) -> bytes:
+    digest = hmac.new(key, digestmod=hashlib.sha256)
+    for frame in frames:
+        data = frame.buffer if isinstance(frame, zmq.Frame) else frame
+        digest.update(memoryview(data).nbytes.to_bytes(8, "little"))  # frame boundaries count too
+        digest.update(data)
+    return digest.digest()
+
+
+def seal(key: bytes | None, frames: list[Any]) -> list[Any]:
+    """`frames` with their HMAC appended (unchanged without a key)."""
+    return frames if key is None else [*frames, _mac(key, frames)]
+
+
+def unseal(key: bytes | None, frames: list[Any]) -> list[Any] | None:
+    """The frames without their HMAC, or None when it is missing or wrong (unchanged without a key)."""
+    if key is None:
+        return frames
+    if len(frames) < 2 or not hmac.compare_digest(_bytes(frames[-1]), _mac(key, frames[:-1])):
+        return None
+    return frames[:-1]
+
+
 ZERO_COPY_BYTES = 1 << 16
 """Below this message size copying is cheaper than zero-copy, whose buffer release is signalled to a
 garbage-collector thread (~100 us per send, measured): small per-step messages are copied."""
@@ -121,8 +167,10 @@ class RequestClient:
         retries: int = 2,
         hwm: int = 64,
         context: zmq.Context | None = None,
+        key: bytes | None = None,
     ) -> None:
         self.endpoint = tcp(endpoint)
+        self.key = key if key is not None else transport_key()
         self.timeout = timeout
         self.retries = retries
         self.hwm = hwm
@@ -154,7 +202,7 @@ class RequestClient:
     def send(self, method: str, payload: Mapping[str, Any] | None = None) -> int:
         """Start a request; collect its reply with `receive(id)`. Lets one caller fan out to many servers."""
         request_id = next(self._ids)
-        frames = encode(_Header(id=request_id, client=self._client, method=method), payload)
+        frames = seal(self.key, encode(_Header(id=request_id, client=self._client, method=method), payload))
         self._pending[request_id] = (method, frames)
         self._send_frames(frames)
         return request_id
@@ -178,7 +226,10 @@ class RequestClient:
                 while (left := deadline - time.monotonic()) > 0:
                     if not self.socket.poll(max(1, int(left * 1000)), zmq.POLLIN):
                         break
-                    header, payload = decode(self.socket.recv_multipart(copy=False))
+                    opened = unseal(self.key, self.socket.recv_multipart(copy=False))
+                    if opened is None:
+                        continue  # not from a server of this job
+                    header, payload = decode(opened)
                     if header.id != request_id:
                         continue  # a late reply to an abandoned request
                     if header.error is not None:
@@ -216,8 +267,12 @@ class RequestServer:
         hwm: int = 64,
         context: zmq.Context | None = None,
         cache_per_client: int = 4,
+        key: bytes | None = None,
     ) -> None:
         self.handlers = dict(handlers)
+        self.key = key if key is not None else transport_key()
+        self.refused = 0
+        """Requests refused for a missing or wrong job key."""
         self._context = context or zmq.Context.instance()
         self.socket = self._context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -233,7 +288,10 @@ class RequestServer:
         if not self.socket.poll(int(timeout * 1000), zmq.POLLIN):
             return False
         frames = self.socket.recv_multipart(copy=False)
-        routing, body = frames[0], frames[1:]
+        routing, body = frames[0], unseal(self.key, frames[1:])
+        if body is None:
+            self._refuse(routing, frames[1:])
+            return True
         header, payload = decode(body)
         cache = self._replies.setdefault(header.client, OrderedDict())
         reply = cache.get(header.id)
@@ -254,8 +312,18 @@ class RequestServer:
                 raise KeyError(f"unknown method {header.method!r}; this server knows {sorted(self.handlers)}")
             result = handler(payload)
         except Exception as exc:
-            return encode(_Header(id=header.id, error=(type(exc).__name__, str(exc))), None)
-        return encode(_Header(id=header.id), result)
+            return seal(self.key, encode(_Header(id=header.id, error=(type(exc).__name__, str(exc))), None))
+        return seal(self.key, encode(_Header(id=header.id), result))
+
+    def _refuse(self, routing: Any, frames: list[Any]) -> None:
+        """A request without this job's key: answered unsealed, so a caller without the key learns why."""
+        self.refused += 1
+        try:
+            request_id = _decoder.decode(_bytes(frames[0])).id if frames else 0
+        except msgspec.DecodeError:
+            request_id = 0
+        error = ("PermissionError", "the request does not carry this job's transport key (RLJOB_TRANSPORT_KEY_FILE)")
+        self.socket.send_multipart([routing, *encode(_Header(id=request_id, error=error), None)])
 
     def serve(
         self,

@@ -31,9 +31,12 @@ from tests.operator.controller.emulator import KubernetesApiEmulator
 RLJOBS = kmock.resource("rljob.io", "v1alpha1", "rljobs")
 PODS = kmock.resource("", "v1", "pods")
 CONFIGMAPS = kmock.resource("", "v1", "configmaps")
+SECRETS = kmock.resource("", "v1", "secrets")
 SERVICES = kmock.resource("", "v1", "services")
 EVENTS = kmock.resource("", "v1", "events")
 NETWORK_POLICIES = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
+CLAIMS = kmock.resource("", "v1", "persistentvolumeclaims")
+STORAGE_CLASSES = kmock.resource("storage.k8s.io", "v1", "storageclasses")
 SCALE_PATH = ("spec", "roles", "rollout", "replicas")
 
 RESOURCES: dict[str, dict[str, Any]] = {
@@ -41,7 +44,12 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "v1/pods": {"kind": "Pod", "namespaced": True, "subresources": {"status"}},
     "v1/services": {"kind": "Service", "namespaced": True},
     "v1/configmaps": {"kind": "ConfigMap", "namespaced": True},
+    "v1/secrets": {"kind": "Secret", "namespaced": True},
     "v1/events": {"kind": "Event", "namespaced": True},
+    "v1/resourcequotas": {"kind": "ResourceQuota", "namespaced": True},
+    "v1/limitranges": {"kind": "LimitRange", "namespaced": True},
+    "v1/persistentvolumeclaims": {"kind": "PersistentVolumeClaim", "namespaced": True},
+    "storage.k8s.io/v1/storageclasses": {"kind": "StorageClass", "namespaced": False},
     "v1/namespaces": {"kind": "Namespace", "namespaced": False},
     "kopf.dev/v1/kopfpeerings": {"kind": "KopfPeering", "namespaced": True},
     "kopf.dev/v1/clusterkopfpeerings": {"kind": "ClusterKopfPeering", "namespaced": False},

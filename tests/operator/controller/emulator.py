@@ -22,6 +22,10 @@ on. This subclass adds it, nothing more:
   that long afterwards (background propagation), not in the same call; `collect_garbage()` runs a pass;
 - a body with a non-finite number (`NaN`, `Infinity`: not JSON) is refused with 400, as Go's decoder does;
 - a `metadata.uid` in a merge patch is a precondition (409 Conflict when it is another object's);
+- ResourceQuota and LimitRange admission of pods, as the LimitRanger and ResourceQuota plugins do: a container's
+  missing requests and limits from the namespace's LimitRange defaults, then a 403 `exceeded quota` for a pod
+  that would take a quota's usage past its `hard`; and the quota controller's part: every quota's `status.hard`
+  and `status.used` follow the pods that exist (non-terminal ones), so a raised quota or a deleted pod shows;
 - watches that ask for bookmarks (`allowWatchBookmarks`) get a BOOKMARK every `bookmark_seconds`;
 - custom resources with a structural schema (`schemas`): unknown fields pruned, defaults applied, and a
   422 `Invalid` Status with `details.causes[]` for an object that breaks its schema (structural.py),
@@ -52,6 +56,7 @@ import jsonpatch
 import kmock
 from kmock._internal import apps, rendering
 
+from rljob.operator.admission import parse_quantity
 from tests.operator.controller.structural import apply_schema, invalid_status
 
 Resource = kmock.resource
@@ -59,6 +64,8 @@ Raw = dict[str, Any]
 
 PODS = Resource("", "v1", "pods")
 NAMESPACES = Resource("", "v1", "namespaces")
+RESOURCE_QUOTAS = Resource("", "v1", "resourcequotas")
+LIMIT_RANGES = Resource("", "v1", "limitranges")
 CLOSE = object()
 """Sentinel pushed into a live watch to end it with 410 Gone."""
 
@@ -381,7 +388,65 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if resource in self.status_subresources:
             raw.pop("status", None)
         raw = self._structural(resource, raw, ("spec",) if resource in self.status_subresources else ("spec", "status"))
+        if resource == PODS:
+            raw = self._admit_pod(meta.get("namespace"), raw)
         return self._store(resource, key, raw, "ADDED")
+
+    # --- ResourceQuota and LimitRange: admission plugins and the quota controller ------------------
+
+    def _admit_pod(self, namespace: str | None, pod: Raw) -> Raw:
+        """LimitRanger's defaults, then the ResourceQuota plugin's check (403 Forbidden `exceeded quota`)."""
+        for limit_range in self._all(LIMIT_RANGES, namespace):
+            for item in (limit_range.get("spec") or {}).get("limits") or []:
+                if item.get("type") != "Container":
+                    continue
+                for container in (pod.get("spec") or {}).get("containers") or []:
+                    resources = container.setdefault("resources", {})
+                    for key, value in (item.get("default") or {}).items():
+                        resources.setdefault("limits", {}).setdefault(key, value)
+                    for key, value in (item.get("defaultRequest") or {}).items():
+                        resources.setdefault("requests", {}).setdefault(key, value)
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            resources = container.get("resources") or {}
+            for key, value in (resources.get("limits") or {}).items():
+                resources.setdefault("requests", {}).setdefault(key, value)
+        usage = _pod_usage(pod)
+        for quota in self._all(RESOURCE_QUOTAS, namespace):
+            hard = {k: parse_quantity(v) for k, v in ((quota.get("spec") or {}).get("hard") or {}).items()}
+            used = {k: parse_quantity(v) for k, v in (((quota.get("status") or {}).get("used")) or {}).items()}
+            over = [k for k in sorted(hard) if usage.get(k, 0) and used.get(k, 0) + usage[k] > hard[k]]
+            if over:
+
+                def listed(values: Mapping[str, Any], keys: list[str] = over) -> str:
+                    return ",".join(f"{k}={_render(values.get(k, 0))}" for k in keys)
+
+                raise kmock.KubernetesError(
+                    403,
+                    "Forbidden",
+                    f'pods "{pod["metadata"]["name"]}" is forbidden: exceeded quota: {quota["metadata"]["name"]}, '
+                    f"requested: {listed(usage)}, used: {listed(used)}, limited: {listed(hard)}",
+                )
+        return pod
+
+    def count_quotas(self, namespace: str | None) -> None:
+        """The quota controller: each quota's `status.hard` is its spec's, `status.used` what live pods use."""
+        quotas = self._all(RESOURCE_QUOTAS, namespace)
+        if not quotas:
+            return
+        pods = [
+            p for p in self._all(PODS, namespace) if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        ]
+        for quota in quotas:
+            hard = (quota.get("spec") or {}).get("hard") or {}
+            used = {key: 0 for key in hard}
+            for pod in pods:
+                for key, value in _pod_usage(pod).items():
+                    if key in used:
+                        used[key] += value
+            status = {"hard": dict(hard), "used": {k: _render(v) for k, v in used.items()}}
+            if quota.get("status") != status:
+                key = (RESOURCE_QUOTAS, namespace, quota["metadata"]["name"])
+                self._store(RESOURCE_QUOTAS, key, dict(quota, status=status), "MODIFIED")
 
     def patch_object(
         self,
@@ -585,6 +650,8 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                 del obj.history[:]
             obj.history.append(raw)
         self._publish(resource, revision, {"type": event_type, "object": copy.deepcopy(raw)})
+        if resource == PODS or (resource == RESOURCE_QUOTAS and _spec_of(raw).get("spec") is not None):
+            self.count_quotas(raw["metadata"].get("namespace"))
         return copy.deepcopy(raw)
 
     def _remove(self, resource: Resource, key: Any) -> Raw:
@@ -599,6 +666,8 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             self._keys[resource].pop(key, None)
         self._terminated.discard(raw["metadata"].get("uid"))
         self._publish(resource, revision, {"type": "DELETED", "object": raw})
+        if resource == PODS:
+            self.count_quotas(raw["metadata"].get("namespace"))
         self._later(self.gc_seconds, self.collect_garbage)
         return raw
 
@@ -681,6 +750,24 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         assert resource is not None and name is not None
         updated = self.patch_object(resource, namespace, name, patch)
         return self._scale_of(resource, dict(updated, metadata=obj["metadata"] | updated["metadata"]))
+
+
+def _pod_usage(pod: Raw) -> dict[str, Any]:
+    """What a pod counts against a quota (kube-apiserver's pod evaluator, without scopes or init containers)."""
+    usage: dict[str, Any] = {"pods": 1, "count/pods": 1}
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        for kind in ("requests", "limits"):
+            for key, value in (resources.get(kind) or {}).items():
+                amount = parse_quantity(value)
+                names = [f"{kind}.{key}"] + ([key] if kind == "requests" and key in ("cpu", "memory") else [])
+                for name in names:
+                    usage[name] = usage.get(name, 0) + amount
+    return usage
+
+
+def _render(amount: Any) -> str:
+    return f"{amount:f}".rstrip("0").rstrip(".") if "." in f"{amount:f}" else f"{amount:f}"
 
 
 def _spec_of(raw: Raw) -> Raw:

@@ -9,7 +9,7 @@ import kmock
 import pytest
 
 from tests.operator.controller.conftest import PODS, RLJOBS, cartpole_job, new_emulator
-from tests.operator.controller.emulator import KubernetesApiEmulator
+from tests.operator.controller.emulator import LIMIT_RANGES, RESOURCE_QUOTAS, KubernetesApiEmulator
 
 JOBS_URL = "/apis/rljob.io/v1alpha1/namespaces/ns/rljobs"
 PODS_URL = "/api/v1/namespaces/ns/pods"
@@ -183,3 +183,25 @@ async def test_watches_that_allow_bookmarks_get_them() -> None:
     bookmarks = [e for e in events if e["type"] == "BOOKMARK"]
     assert bookmarks and bookmarks[0]["object"]["kind"] == "Pod"
     assert bookmarks[-1]["object"]["metadata"]["resourceVersion"] == str(kube._last_revision)
+
+
+async def test_pods_over_a_resource_quota_are_forbidden_and_usage_follows_the_pods(kube: KubernetesApiEmulator) -> None:
+    kube.create_object(
+        LIMIT_RANGES,
+        "ns",
+        {"metadata": {"name": "lr"}, "spec": {"limits": [{"type": "Container", "defaultRequest": {"cpu": "1"}}]}},
+    )
+    kube.create_object(RESOURCE_QUOTAS, "ns", {"metadata": {"name": "q"}, "spec": {"hard": {"pods": "2", "cpu": "2"}}})
+    for name in ("a", "b"):
+        body = {"metadata": {"name": name}, "spec": {"containers": [{"name": "c"}]}}
+        assert (await kube.post(PODS_URL, json=body)).status == 201
+    created = kube.read_object(PODS, "ns", "a")
+    assert created["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "1"}  # LimitRanger's default
+    assert kube.read_object(RESOURCE_QUOTAS, "ns", "q")["status"]["used"] == {"pods": "2", "cpu": "2"}
+    refused = await kube.post(PODS_URL, json={"metadata": {"name": "c"}, "spec": {"containers": [{"name": "c"}]}})
+    assert refused.status == 403
+    status = await refused.json()
+    assert status["reason"] == "Forbidden"
+    assert status["message"].startswith('pods "c" is forbidden: exceeded quota: q, requested: cpu=1,pods=1')
+    kube.delete_object(PODS, "ns", "a")
+    assert kube.read_object(RESOURCE_QUOTAS, "ns", "q")["status"]["used"] == {"pods": "1", "cpu": "1"}

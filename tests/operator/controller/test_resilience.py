@@ -118,14 +118,17 @@ async def test_liveness_and_prometheus_endpoints(kube: KubernetesApiEmulator, cl
 
 
 async def test_a_pod_the_server_refuses_is_reported_and_retried(kube: KubernetesApiEmulator, cluster: Cluster) -> None:
-    quota = kmock.KubernetesError(403, "Forbidden", 'pods "cp-env-1" is forbidden: exceeded quota: gpu-quota')
+    # An admission webhook's refusal (a quota's rolls the whole pass back instead: test_quota.py).
+    webhook = kmock.KubernetesError(
+        403, "Forbidden", 'admission webhook "policy.example.com" denied the request: pods "cp-env-1" lack a label'
+    )
     refusing = [True]
-    kube["create", PODS, {"metadata": {"name": "cp-env-1"}}] << (lambda: quota if refusing[0] else NotImplemented)
+    kube["create", PODS, {"metadata": {"name": "cp-env-1"}}] << (lambda: webhook if refusing[0] else NotImplemented)
     async with operator_running(kube):
         cluster.create_job(cartpole_job())
         await eventually(lambda: "FailedCreate" in cluster.reasons("cp"), what="FailedCreate event")
         event = next(e for e in cluster.events("cp") if e["reason"] == "FailedCreate")
-        assert "exceeded quota" in event["message"] and event["type"] == "Warning"
+        assert "denied the request" in event["message"] and event["type"] == "Warning"
         assert set(cluster.pods("cp")) == CARTPOLE_PODS - {"cp-env-1"}
         refusing[0] = False
         await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS, timeout=10, what="created once allowed")
