@@ -8,7 +8,7 @@ EXTRAS := operator,train,rollout,env,ray,dev
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install netns-tools helm test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-weights gpu-wheels gpu-check clean
+.PHONY: install netns-tools helm test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-grpo-vlm bench-weights gpu-wheels gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -85,7 +85,7 @@ docs-ref: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/rljob run examples/cartpole-ppo.yaml
 
-bench: bench-cartpole bench-operator bench-grpo bench-weights
+bench: bench-cartpole bench-operator bench-grpo bench-grpo-vlm bench-weights
 
 # The benchmarks' peers (TRL), on top of the project's extras and the same constraints.
 $(BENCH_STAMP): $(STAMP)
@@ -104,6 +104,13 @@ GRPO_SEEDS ?= 0,1,2,3,4
 ARGS ?=
 bench-grpo: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/grpo_vs_trl.py --sides $(SIDES) --seeds $(GRPO_SEEDS) $(ARGS)
+
+# rljob (hf engine) vs TRL GRPOTrainer on the vision-language example examples/grpo-vlm-tiny-shapes.yaml, same
+# tiny Qwen2-VL, images, prompts, settings and cores, seeds 0 and 1 -> benchmarks/results/grpo_vlm_vs_trl.{json,png}
+VLM_STEPS ?= 100
+VLM_SEEDS ?= 0,1
+bench-grpo-vlm: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/grpo_vlm_vs_trl.py --steps $(VLM_STEPS) --seeds $(VLM_SEEDS) $(ARGS)
 
 # rljob's weight update vs a plain torch.distributed broadcast of the same bytes, 1/2/4 rollout replicas, and
 # into a vllm engine -> benchmarks/results/weight_sync.json
