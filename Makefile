@@ -107,7 +107,7 @@ bench-grpo: $(BENCH_STAMP)
 
 # rljob (hf engine) vs TRL GRPOTrainer on the vision-language example examples/grpo-vlm-tiny-shapes.yaml, same
 # tiny Qwen2-VL, images, prompts, settings and cores, seeds 0 and 1 -> benchmarks/results/grpo_vlm_vs_trl.{json,png}
-VLM_STEPS ?= 100
+VLM_STEPS ?= 50
 VLM_SEEDS ?= 0,1
 bench-grpo-vlm: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/grpo_vlm_vs_trl.py --steps $(VLM_STEPS) --seeds $(VLM_SEEDS) $(ARGS)

@@ -24,7 +24,7 @@ Figures per side and seed: completions/s over the training loop, wall time from 
 time goes, training accuracy vs samples, and the greedy held-out accuracy of the starting policy and of each side's
 final policy, computed for both by `greedy_accuracy` below (rljob's prompt encoding, one `generate`).
 
-Usage: python benchmarks/grpo_vlm_vs_trl.py [--sides rljob_hf,trl] [--steps 300] [--seeds 0,1] [--cores 2]
+Usage: python benchmarks/grpo_vlm_vs_trl.py [--sides rljob_hf,trl] [--steps 50] [--seeds 0,1] [--cores 2]
        [--set spec.path=value ...]
 """
 
@@ -62,7 +62,7 @@ from benchmarks.grpo_vs_trl import (  # noqa: E402  (after the path fix above)
 
 MANIFEST = ROOT / "examples" / "grpo-vlm-tiny-shapes.yaml"
 DEFAULT_SIDES = ("rljob_hf", "trl")
-DEFAULT_STEPS = 300
+DEFAULT_STEPS = 50
 RESULT = "grpo_vlm_vs_trl"
 
 
@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             info["load_average_1m_at_end"] = os.getloadavg()[0]
             report = build_report(args, sides, seeds, runs, settings, info)
             path.write_text(json.dumps(report, indent=2) + "\n")  # after every seed: a cut-short run keeps its seeds
-    plot(runs, args.out / f"{RESULT}.png", task="tiny shapes (vision-language)")
+    plot(runs, args.out / f"{RESULT}.png", task="VLM shapes")
     print(json.dumps({side: {k: v for k, v in s.items() if k != "seeds"} for side, s in report["summary"].items()}))
     print(f"wrote {path} and {args.out / f'{RESULT}.png'}")
     return report
