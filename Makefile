@@ -8,7 +8,7 @@ EXTRAS := operator,train,rollout,env,ray,dev
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install netns-tools helm test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-weights bench-chaos gpu-wheels gpu-check clean
+.PHONY: install netns-tools helm test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-grpo-vlm bench-weights bench-chaos gpu-wheels gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -85,7 +85,7 @@ docs-ref: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/rljob run examples/cartpole-ppo.yaml
 
-bench: bench-cartpole bench-operator bench-grpo bench-weights bench-chaos
+bench: bench-cartpole bench-operator bench-grpo bench-grpo-vlm bench-weights bench-chaos
 
 # The benchmarks' peers (TRL), on top of the project's extras and the same constraints.
 $(BENCH_STAMP): $(STAMP)
@@ -106,9 +106,17 @@ bench-grpo: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/grpo_vs_trl.py --sides $(SIDES) --seeds $(GRPO_SEEDS) $(ARGS)
 
 # The chaos soak: the tiny GRPO and CartPole examples under random SIGKILL / SIGTERM / freezes of their roles, beside
-# the same jobs undisturbed -> benchmarks/results/chaos_soak.json (steps lost, repeated, restarts, recovery times)
+# the same jobs undisturbed -> benchmarks/results/chaos_soak.json (steps lost, repeated, restarts, recovery times);
+# CHAOS_ARGS="--rate 20 --seed 3" to change the fault rate or the draw
 bench-chaos: $(STAMP)
-	$(BIN)/python benchmarks/chaos_soak.py $(ARGS)
+	$(BIN)/python benchmarks/chaos_soak.py $(CHAOS_ARGS)
+
+# rljob (hf engine) vs TRL GRPOTrainer on the vision-language example examples/grpo-vlm-tiny-shapes.yaml, same
+# tiny Qwen2-VL, images, prompts, settings and cores, seeds 0 and 1 -> benchmarks/results/grpo_vlm_vs_trl.{json,png}
+VLM_STEPS ?= 50
+VLM_SEEDS ?= 0,1
+bench-grpo-vlm: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/grpo_vlm_vs_trl.py --steps $(VLM_STEPS) --seeds $(VLM_SEEDS) $(ARGS)
 
 # rljob's weight update vs a plain torch.distributed broadcast of the same bytes, 1/2/4 rollout replicas, and
 # into a vllm engine -> benchmarks/results/weight_sync.json

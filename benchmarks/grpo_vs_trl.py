@@ -480,11 +480,25 @@ def run_trl(
     """
     from transformers import AutoTokenizer
 
-    spec = rljob.spec
-    settings, _ = trl_settings(spec)
+    schedule = prompt_schedule(rljob.spec, train_rows, AutoTokenizer.from_pretrained(initial_dir))
+    return launch_trl(Path(__file__), rljob, schedule, initial_dir, workdir, threads, cores, device)
+
+
+def launch_trl(
+    script: Path,
+    rljob: Any,
+    schedule: list[dict[str, Any]],
+    initial_dir: Path,
+    workdir: Path,
+    threads: int,
+    cores: list[int] | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Run `script --worker trl` on `schedule` (one dataset row per prompt, in rljob's order) in a fresh process
+    pinned to `cores` with `threads` compute threads, timed from process start to exit; its figures."""
+    settings, _ = trl_settings(rljob.spec)
     job = workdir / "trl"
     job.mkdir(parents=True, exist_ok=True)
-    schedule = prompt_schedule(spec, train_rows, AutoTokenizer.from_pretrained(initial_dir))
     (job / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in schedule))
     (job / "config.json").write_text(
         json.dumps({"settings": settings, "initial_model": str(initial_dir), "device": device})
@@ -492,7 +506,7 @@ def run_trl(
     (job / "rljob.json").write_text(rljob.model_dump_json(by_alias=True))
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, __file__, "--worker", "trl", "--workdir", str(job)],
+        [sys.executable, str(script), "--worker", "trl", "--workdir", str(job)],
         cwd=ROOT,
         env={**_child_env(), "OMP_NUM_THREADS": str(threads)},
         capture_output=True,
@@ -532,7 +546,30 @@ def trl_worker(workdir: Path) -> None:
     """The TRL side's process: load the exported policy, train with GRPOTrainer, save the model."""
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = json.loads((workdir / "config.json").read_text())
+    prompts = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
+    tokenizer = AutoTokenizer.from_pretrained(config["initial_model"])
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(config["initial_model"], dtype=torch.float32)
+    train_trl(workdir, model, tokenizer, Dataset.from_list(prompts))
+
+
+def train_trl(
+    workdir: Path,
+    model: Any,
+    processing_class: Any,
+    dataset: Any,
+    rewards: tuple[list[Callable[..., list[float]]], list[float]] | None = None,
+    **grpo_config: Any,
+) -> None:
+    """Train `model` with GRPOTrainer on `dataset` (in its order) as `workdir`'s config.json says, timing its
+    phases; save the model and processing class to `workdir/model` and the figures to `workdir/result.json`.
+    `rewards`: (functions, weights), rljob's reward as TRL functions by default; `grpo_config`: more GRPOConfig
+    arguments."""
+    import torch
+    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from rljob.api import RLJob
@@ -540,12 +577,8 @@ def trl_worker(workdir: Path) -> None:
     config = json.loads((workdir / "config.json").read_text())
     spec = RLJob.model_validate_json((workdir / "rljob.json").read_text()).spec
     settings = config["settings"]
-    rewards, weights = trl_reward_functions(spec)
-    accuracy_name = next((f.__name__ for f in rewards if f.__name__.startswith(("exact_match", "math_verify"))), None)
-    prompts = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
-    tokenizer = AutoTokenizer.from_pretrained(config["initial_model"])
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(config["initial_model"], dtype=torch.float32)
+    functions, weights = rewards or trl_reward_functions(spec)
+    accuracy_name = next((f.__name__ for f in functions if f.__name__.startswith(("exact_match", "math_verify"))), None)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     args = GRPOConfig(
         output_dir=str(workdir / "out"),
@@ -560,6 +593,7 @@ def trl_worker(workdir: Path) -> None:
         report_to="none",
         disable_tqdm=True,
         dataloader_num_workers=0,
+        **grpo_config,
     )
 
     class Timed(GRPOTrainer):
@@ -613,16 +647,16 @@ def trl_worker(workdir: Path) -> None:
 
     trainer = Timed(
         model=model,
-        reward_funcs=rewards,
+        reward_funcs=functions,
         args=args,
-        train_dataset=Dataset.from_list(prompts),
-        processing_class=tokenizer,
+        train_dataset=dataset,
+        processing_class=processing_class,
         callbacks=[Record()],
     )
     trainer.train()
     loop_s = clock["last_step_end"] - clock["begin"]
     trainer.save_model(str(workdir / "model"))
-    tokenizer.save_pretrained(workdir / "model")
+    processing_class.save_pretrained(workdir / "model")
     phase = Timed.phase_s
     time_s = {
         "generate": phase["generate"],
@@ -642,7 +676,7 @@ LABELS = {
 }
 
 
-def plot(runs: dict[str, list[dict]], path: Path) -> None:
+def plot(runs: dict[str, list[dict]], path: Path, task: str = "tiny arithmetic") -> None:
     """Accuracy against samples, a line per side and seed; a star per run's held-out greedy accuracy."""
     import matplotlib
 
@@ -662,7 +696,7 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
             ax.scatter([xs[-1]], [result["heldout_greedy_accuracy"]], color=colour, marker="*", s=120, zorder=3)
     ax.set_xlabel("samples (completions)")
     ax.set_ylabel(f"training accuracy (exact match, mean of {SMOOTHING} steps)")
-    ax.set_title("GRPO tiny arithmetic: rljob vs TRL (same model, prompts, settings, cores); * held-out greedy")
+    ax.set_title(f"GRPO {task}: rljob vs TRL (same model, prompts, settings, cores); * held-out greedy")
     ax.set_ylim(0, 1)
     ax.legend()
     ax.grid(alpha=0.3)
