@@ -491,6 +491,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         reference=reference,
         rank=rank,
         world_size=world,
+        returns_memory=collocated,
     )
     default_dir = str(Path(identity.run_dir) / "checkpoints") if identity.run_dir else "/checkpoints"
     checkpoints = CheckpointManager(spec.checkpoint.dir or default_dir, keep=spec.checkpoint.keep)

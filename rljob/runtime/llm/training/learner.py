@@ -109,8 +109,12 @@ class LLMLearner:
         reference: nn.Module | None = None,
         rank: int = 0,
         world_size: int = 1,
+        returns_memory: bool = False,
     ) -> None:
         self.model = model
+        self.returns_memory = returns_memory
+        """Hand the allocator's cached blocks back to the GPU after each update: a collocated rollout wakes into
+        that memory next (its pool and KV cache), and the training peak the allocator keeps would not leave it room."""
         # A resolved job's algorithm is already complete; one built in code gets its paper's preset here.
         self.algorithm, self.trainer = resolve_algorithm(algorithm, max_response_tokens), trainer
         algorithm = self.algorithm
@@ -262,6 +266,7 @@ class LLMLearner:
                 check_update(self.step + 1, {"loss": loss, "grad_norm": grad_norm}, self.world_size, self.device)
                 self.optimizer.step()
         self.step += 1
+        self._free_training_memory()
         totals = self._all_reduce(sums.clone())
         totals[2] = self._max_over_ranks(float(sums[2]))
         tokens = max(float(totals[0]), 1.0)
@@ -278,6 +283,15 @@ class LLMLearner:
             "learning_rate": lr,
             "response_tokens": tokens,
         }
+
+    def _free_training_memory(self) -> None:
+        """After the step: the gradients are spent (the next step zeroes them first anyway), so they are freed now
+        rather than held through generation; with `returns_memory` the allocator's cache goes back to the GPU too."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.returns_memory:
+            gc.collect()  # activations a reference cycle still holds
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
 
     def _backward(
         self, mb: MicroBatch, old: Tensor | None, ref: Tensor | None, normalizer: float, sums: Tensor
