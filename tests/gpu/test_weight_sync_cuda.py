@@ -106,3 +106,22 @@ def test_an_actor_and_a_rollout_on_two_gpus_sync_by_nccl_and_a_rollout_on_the_ho
         assert publisher.backend == backend, version
         assert_same_weights(actor, rollout, device)
     publisher.close()
+
+
+def test_a_round_from_cuda_tensors_waits_for_its_own_stream_never_the_whole_device(monkeypatch):
+    """Issue 33, item 6: the weight-receiving thread of a rollout may run a round while its generating thread
+    captures a CUDA graph; a device-wide synchronize there would break the capture. An actor and a rollout on one
+    GPU (gloo) sync with `torch.cuda.synchronize` refused, and the rollout's tensors are complete on return."""
+
+    def refused(*args: object) -> None:
+        raise AssertionError("a weight round synchronized the whole device")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", refused)
+    gpu = torch.device("cuda", 0)
+    actor, rollout, port = make_model().to(gpu), make_model().to(gpu), free_port()
+    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
+    subscriber = WeightSubscriber("127.0.0.1", port, 1)
+    perturb(actor)
+    assert sync_round(publisher, actor, 1, {0: ("rollout-0", subscriber, rollout)}) == {0: None}
+    assert_same_weights(actor, rollout, gpu)
+    publisher.close()
