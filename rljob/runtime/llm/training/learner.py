@@ -33,6 +33,7 @@ from rljob.api.presets import resolve_algorithm
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
 from rljob.runtime.llm.models.policy import resolve_precision
 from rljob.runtime.llm.training.batch import MicroBatch, Sample, by_prompt, collate, collate_shared
+from rljob.runtime.llm.training.grad_sync import sum_gradients
 from rljob.runtime.llm.training.logprobs import chunked_logprobs, full_logprobs, shares_prompts
 from rljob.runtime.llm.training.packing import pack_by_tokens, split_to_count
 from rljob.runtime.llm.training.sharding import gradient_norm, shard_policy, shards_model
@@ -360,14 +361,7 @@ class LLMLearner:
         """Sum gradients over ranks: each rank's loss is already divided by the global count."""
         if self.world_size == 1 or self.sharded:  # FSDP reduce-scattered them in backward
             return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        offset = 0
-        for p, g in zip(self.params, grads, strict=True):
-            n = g.numel()
-            p.grad = flat[offset : offset + n].view_as(p).clone()
-            offset += n
+        sum_gradients(self.params)  # bucketed, in place (grad_sync)
 
     def _max_over_ranks(self, value: float) -> float:
         if self.world_size == 1:
