@@ -62,3 +62,21 @@ def test_calls_of_one_bucket_reuse_the_compiled_decode_and_another_batch_compile
     before = compiled_graphs()
     plain.generate(prompts[:4], SAMPLING)
     assert compiled_graphs() > before
+
+
+def test_alternating_buckets_a_b_a_neither_compile_again_nor_grow_gpu_memory(prompts):
+    """Issue 33, item 5: a training chunk, an evaluation, the last chunk. Once both buckets ran, going back and forth
+    compiles nothing and allocates nothing more: one static cache per bucket, reset between calls."""
+    torch._dynamo.reset()
+    engine = engine_on_gpu((2, 4))
+    engine.generate(prompts[:2], SAMPLING)  # A
+    engine.generate(prompts[:4], SAMPLING)  # B
+    engine.generate(prompts[:2], SAMPLING)  # A again: CUDA graphs of both buckets exist now
+    torch.cuda.synchronize()
+    compiled, held = compiled_graphs(), torch.cuda.memory_allocated()
+    for count in (4, 2, 3, 1, 4, 2):
+        assert len(engine.generate(prompts[:count], SAMPLING)) == count
+    torch.cuda.synchronize()
+    assert compiled_graphs() == compiled
+    assert torch.cuda.memory_allocated() <= held + 2**20
+    assert len(engine._static_caches) == 2

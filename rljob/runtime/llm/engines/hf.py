@@ -133,6 +133,10 @@ class HFEngine:
         self.batch_buckets = batch_buckets
         """Prompt counts each call is padded up to (`batch_bucket`); None: every call runs as it comes."""
         self.cache_len = cache_len if self.cache_implementation == "static" else None
+        self._static_caches: dict[int, tuple[int, Any]] = {}
+        """The compiled decode's KV caches, one per row count (a batch bucket times `n`), with their length: kept and
+        reset between calls, so a call of a bucket seen before reuses the tensors its compiled decode and CUDA graphs
+        were made for (transformers would allocate a new cache per call, and the graphs would keep the old ones)."""
         self.suppressed = vision_token_ids(model.config)
         """A vision-language policy's markup tokens, never sampled (reported log-probs leave the suppression out,
         as they leave out top-k and top-p: the trainer recomputes the same unsuppressed quantity)."""
@@ -187,11 +191,10 @@ class HFEngine:
             stop_strings=list(sampling.stop) or None,
             return_dict_in_generate=True,
             output_logits=True,
-            cache_implementation=self.cache_implementation,
             suppress_tokens=self.suppressed or None,
         )
-        if self.cache_len is not None:  # a longer call still runs: transformers sizes that cache for it
-            config.max_cache_len = self.cache_len
+        if self.cache_implementation == "static":
+            cache = self._static_cache(len(prompts) * sampling.n, width + sampling.max_tokens)
         real_rows = real * sampling.n  # each prompt's n rows are adjacent, the padding prompts' rows last
         processors = None
         if len(prompts) > real:
@@ -217,6 +220,21 @@ class HFEngine:
             length, reason = self._length(tokens, sampling)
             completions[row // sampling.n].append(Completion(tokens[:length], logprob_rows[row][:length], reason))
         return completions
+
+    def _static_cache(self, rows: int, length: int) -> Any:
+        """The static KV cache for calls of `rows` rows, emptied; made once per row count, at the job's length
+        (`cache_len`), or at `length` when a call needs more (then kept at that length)."""
+        from transformers import StaticCache
+
+        kept = self._static_caches.get(rows)
+        if kept is not None and kept[0] >= length:
+            kept[1].reset()
+            return kept[1]
+        size = max(length, self.cache_len or 0)
+        self._static_caches.pop(rows, None)  # a shorter one goes before the longer is allocated
+        cache = StaticCache(config=self.model.config.get_text_config(decoder=True), max_cache_len=size)
+        self._static_caches[rows] = (size, cache)
+        return cache
 
     @property
     def shares_prefill(self) -> bool:
@@ -302,3 +320,4 @@ class HFEngine:
 
     def close(self) -> None:
         self._staging = None
+        self._static_caches.clear()
