@@ -71,6 +71,9 @@ def role(
 
 def _run_role(identity: RoleIdentity, name: str) -> int:
     """The role's program in this process (or, for a replica with several ranks, its ranks); its exit code."""
+    from rljob.runtime.weights.sync import align_nccl_environment
+
+    align_nccl_environment()  # first: before any NCCL communicator here or in the processes this one starts
     if identity.starts_ranks:
         # An actor replica with several ranks (one per GPU): this process starts them and answers for them.
         from rljob.runtime.wire.ranks import run_rank_group

@@ -125,3 +125,22 @@ def test_a_round_from_cuda_tensors_waits_for_its_own_stream_never_the_whole_devi
     assert sync_round(publisher, actor, 1, {0: ("rollout-0", subscriber, rollout)}) == {0: None}
     assert_same_weights(actor, rollout, gpu)
     publisher.close()
+
+
+def test_a_nonblocking_nccl_weight_sync_group_forms_and_broadcasts_on_one_gpu():
+    """Issue 33, item 11: the weight-sync communicator is created non-blocking (`config.blocking = 0`) and still
+    forms and carries a broadcast (a group of one: NCCL refuses two ranks on one GPU)."""
+    from torch.distributed import TCPStore
+
+    from rljob.runtime.weights.sync import discard_group, make_group
+
+    store = TCPStore("127.0.0.1", free_port(), 1, is_master=True, wait_for_workers=False)
+    gpu = torch.device("cuda", 0)
+    group = make_group(store, "nonblocking", 0, 1, "nccl", gpu)
+    try:
+        tensor = torch.arange(16, device=gpu, dtype=torch.float32)
+        group.broadcast(tensor, 0).wait()
+        torch.cuda.current_stream(gpu).synchronize()
+        assert torch.equal(tensor.cpu(), torch.arange(16, dtype=torch.float32))
+    finally:
+        discard_group(group)

@@ -47,7 +47,7 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -220,6 +220,25 @@ def make_group(
     return ProcessGroupGloo(prefix, rank, world, options)
 
 
+NCCL_CUMEM_ENV = "NCCL_CUMEM_ENABLE"
+NCCL_CUMEM_DEFAULT = "0"
+"""The value both ends of an NCCL weight sync run with unless the user set one. vLLM before 0.11 sets 0 in its
+workers when the variable is unset (NCCL itself enables cuMem from 2.19), and a communicator whose members disagree
+on it fails: the actor and every rollout start with the same value, the one older vLLM would choose; vLLM keeps a
+value set explicitly (from 0.9.1)."""
+NCCL_NONBLOCKING_TIMEOUT_ENV = "TORCH_NCCL_NONBLOCKING_TIMEOUT"
+
+
+def align_nccl_environment(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Before any NCCL communicator of this process (and the processes it starts, vLLM's workers among them): the
+    settings both ends of a weight sync must agree on, unless the user chose them. NCCL reads them once per process.
+
+    `TORCH_NCCL_NONBLOCKING_TIMEOUT` bounds a non-blocking communicator's creation (`_nccl_group`); torch reads it
+    once per process too."""
+    environ.setdefault(NCCL_CUMEM_ENV, NCCL_CUMEM_DEFAULT)
+    environ.setdefault(NCCL_NONBLOCKING_TIMEOUT_ENV, str(int(GROUP_TIMEOUT.total_seconds())))
+
+
 _NCCL_ENV_LOCK = threading.Lock()
 """Held while the environment is changed for one group's constructor (threads of one process may make groups)."""
 
@@ -239,7 +258,11 @@ def _nccl_group(prefix: PrefixStore, rank: int, world: int, device: torch.device
 
     Blocking wait: a member that dies mid-round makes the broadcast raise after GROUP_TIMEOUT (the round
     fails, the next forms a new group), where NCCL's default error handling would tear this process down.
-    ProcessGroupNCCL reads the variable when it is constructed, so it is set for this group alone."""
+    ProcessGroupNCCL reads the variable when it is constructed, so it is set for this group alone.
+
+    Non-blocking communicator creation (`config.blocking = 0`): a member that dies between the rendezvous and the
+    init would otherwise leave the others in `ncclCommInitRank` for good; torch polls a non-blocking init for
+    `TORCH_NCCL_NONBLOCKING_TIMEOUT` seconds (`align_nccl_environment`: GROUP_TIMEOUT) and raises."""
     from torch.distributed import ProcessGroupNCCL  # only in CUDA builds of torch
 
     if device.index is None:
@@ -250,6 +273,8 @@ def _nccl_group(prefix: PrefixStore, rank: int, world: int, device: torch.device
     options = ProcessGroupNCCL.Options()
     options._timeout = GROUP_TIMEOUT
     options.is_high_priority_stream = False
+    options.config.blocking = 0
+    align_nccl_environment()  # a process that skipped the role entry (a test, a script) still gets a bounded init
     with _NCCL_ENV_LOCK:
         saved = os.environ.get("TORCH_NCCL_BLOCKING_WAIT")
         os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1"
