@@ -338,7 +338,7 @@ def preflight_verdicts(
                 if not requirement["ok"]:
                     reasons.append(unmet_reason(dist, wheels[dist]["version"], requirement))
         reasons = list(dict.fromkeys(reasons))
-        more = f"; and {len(reasons) - SHOWN} more (check.json: parts.preflight)" if len(reasons) > SHOWN else ""
+        more = f"; and {len(reasons) - SHOWN} more (check.json: parts.requirements)" if len(reasons) > SHOWN else ""
         verdicts[part] = "; ".join(reasons[:SHOWN]) + more if reasons else None
     return verdicts
 

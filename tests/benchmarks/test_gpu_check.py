@@ -140,7 +140,7 @@ def test_a_part_with_many_problems_names_the_first_three_and_counts_the_rest():
     absent = [requirement("transformers", "transformers>=4.56.2", None, ok=False)]
     reason = preflight_verdicts(imports, {"trl": {"version": "1.16.0", "requires": absent}})["grpo_vs_trl"]
     assert reason.startswith("typer: no module typer: add typer to constraints/gpu-wheels.txt")
-    assert reason.endswith("; and 1 more (check.json: parts.preflight)")
+    assert reason.endswith("; and 1 more (check.json: parts.requirements)")
     absent_alone = preflight_verdicts(all_imported(), {"trl": {"version": "1.16.0", "requires": absent}})
     assert absent_alone["grpo_vs_trl"] == (
         "trl 1.16.0 needs transformers>=4.56.2, not found (the GPU machine's python must have it itself)"
