@@ -24,6 +24,10 @@ def role(
     from rljob.runtime.process.parent_death import die_with_launcher
 
     die_with_launcher()  # first: a local launcher SIGKILLed from here on still takes this process with it
+    from rljob.runtime.weights.nccl_env import align_nccl_environment
+
+    # Before any NCCL communicator here or in what this process starts (ranks, a collocated rollout, vLLM's workers).
+    align_nccl_environment()
     if name not in ROLES:
         typer.secho(f"unknown role {name!r}: choose one of {', '.join(ROLES)}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2)
@@ -71,9 +75,6 @@ def role(
 
 def _run_role(identity: RoleIdentity, name: str) -> int:
     """The role's program in this process (or, for a replica with several ranks, its ranks); its exit code."""
-    from rljob.runtime.weights.sync import align_nccl_environment
-
-    align_nccl_environment()  # first: before any NCCL communicator here or in the processes this one starts
     if identity.starts_ranks:
         # An actor replica with several ranks (one per GPU): this process starts them and answers for them.
         from rljob.runtime.wire.ranks import run_rank_group

@@ -47,7 +47,7 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -56,7 +56,9 @@ import torch
 from torch import nn
 from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
-GROUP_TIMEOUT = datetime.timedelta(seconds=60)
+from rljob.runtime.weights.nccl_env import GROUP_TIMEOUT_S, align_nccl_environment
+
+GROUP_TIMEOUT = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
 """How long group formation and each broadcast may take; covers a member's first gloo connections."""
 ACCEPT_KNOWN_S = 5.0
 """Wait for a member that accepted a round of this actor before: it holds a live store connection."""
@@ -218,25 +220,6 @@ def make_group(
     ]
     options._threads = GLOO_THREADS
     return ProcessGroupGloo(prefix, rank, world, options)
-
-
-NCCL_CUMEM_ENV = "NCCL_CUMEM_ENABLE"
-NCCL_CUMEM_DEFAULT = "0"
-"""The value both ends of an NCCL weight sync run with unless the user set one. vLLM before 0.11 sets 0 in its
-workers when the variable is unset (NCCL itself enables cuMem from 2.19), and a communicator whose members disagree
-on it fails: the actor and every rollout start with the same value, the one older vLLM would choose; vLLM keeps a
-value set explicitly (from 0.9.1)."""
-NCCL_NONBLOCKING_TIMEOUT_ENV = "TORCH_NCCL_NONBLOCKING_TIMEOUT"
-
-
-def align_nccl_environment(environ: MutableMapping[str, str] = os.environ) -> None:
-    """Before any NCCL communicator of this process (and the processes it starts, vLLM's workers among them): the
-    settings both ends of a weight sync must agree on, unless the user chose them. NCCL reads them once per process.
-
-    `TORCH_NCCL_NONBLOCKING_TIMEOUT` bounds a non-blocking communicator's creation (`_nccl_group`); torch reads it
-    once per process too."""
-    environ.setdefault(NCCL_CUMEM_ENV, NCCL_CUMEM_DEFAULT)
-    environ.setdefault(NCCL_NONBLOCKING_TIMEOUT_ENV, str(int(GROUP_TIMEOUT.total_seconds())))
 
 
 _NCCL_ENV_LOCK = threading.Lock()

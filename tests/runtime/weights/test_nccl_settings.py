@@ -33,14 +33,20 @@ def test_both_ends_start_with_the_same_cumem_setting_and_a_bounded_nonblocking_i
 
 
 def test_every_role_process_aligns_the_setting_before_it_starts_anything(monkeypatch):
+    import typer
+
     from rljob.cli import role as role_cli
     from rljob.runtime.wire import ranks
 
+    identity = actor_replica(0, 2)
+    for key, value in identity.to_env().items():
+        monkeypatch.setenv(key, value)
     monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
     seen: list[str | None] = []
     monkeypatch.setattr(ranks, "run_rank_group", lambda identity: seen.append(os.environ.get("NCCL_CUMEM_ENABLE")) or 0)
-    assert role_cli._run_role(actor_replica(0, 2), "actor") == 0
-    assert seen == ["0"]  # the ranks (and a collocated rollout) inherit it
+    with pytest.raises(typer.Exit):
+        role_cli.role("actor")
+    assert seen == ["0"]  # the ranks (and a collocated rollout, started before them) inherit it
 
 
 class RecordedNCCL:
