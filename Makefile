@@ -128,11 +128,13 @@ bench-weights: $(STAMP)
 # build/gpu-wheels; copy the repository with build/gpu-wheels there and run `make gpu-check` -> benchmarks/results/gpu/.
 GPU_PYTHON ?= 3.12
 GPU_PY := $(subst .,,$(GPU_PYTHON))
+# The GPU machine's architecture: x86_64, or aarch64 (a GH200). `make gpu-check` refuses wheels of another one.
+GPU_ARCH ?= x86_64
 gpu-wheels: $(BIN)/python
 	rm -rf build/gpu-wheels
 	$(PIP) download --quiet --only-binary=:all: --no-deps --python-version $(GPU_PYTHON) --implementation cp \
-		--abi cp$(GPU_PY) --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-		--platform manylinux2014_x86_64 -d build/gpu-wheels -r constraints/gpu-wheels.txt
+		--abi cp$(GPU_PY) --platform manylinux_2_28_$(GPU_ARCH) --platform manylinux_2_17_$(GPU_ARCH) \
+		--platform manylinux2014_$(GPU_ARCH) -d build/gpu-wheels -r constraints/gpu-wheels.txt
 	@du -sh build/gpu-wheels
 
 # Uses the machine's own python3 (its CUDA torch), never .venv.

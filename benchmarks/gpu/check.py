@@ -1,3 +1,6 @@
+# ruff: noqa: UP017, B905
+# This script runs under the GPU machine's own python, which may be older than rljob's 3.11: it must get as far as
+# saying so (no datetime.UTC, no zip(strict=...), no str.removesuffix before the python check).
 """One command that verifies the GPU path on a machine with an NVIDIA GPU: `make gpu-check`.
 
 Made for a GPU machine that has python3 with a CUDA build of torch and transformers preinstalled but no package
@@ -5,14 +8,17 @@ registry: the project's other dependencies come along as wheels (`make gpu-wheel
 with registry access, writes them to build/gpu-wheels), which this script unpacks into build/gpu-site and puts on
 PYTHONPATH together with the repository. Then, each bounded in time (under 10 minutes in all):
 
-1. the machine: torch, CUDA, the device;
-   then a preflight: every module a part imports is imported once with the wheels on the path, and the wheels'
-   own requirements are checked against what the machine has; a part that would fail on a missing or broken
-   module or an unmet requirement is recorded as failed with that one-line reason (and which wheel to add or
-   which version the machine lacks) and is not run;
+1. what the check needs, before anything runs: the python (>= 3.11, and the one the wheels were downloaded for),
+   the architecture (the wheels' platform: `make gpu-wheels GPU_ARCH=aarch64` for a GH200), torch (>= 2.6: the
+   update's `torch.nn.utils.get_total_norm`) and transformers (one that honours a static cache's
+   `max_cache_len`), CUDA and the device; then every module a part imports is imported once with the wheels on
+   the path, and the wheels' own requirements are checked against what the machine has. Anything missing stops
+   the check here, in one line naming what to install or which wheel to add (check.json lists every problem);
 2. the `cuda`-marked tests (tests/gpu: the actor's update on CUDA against the CPU's, bf16, a CUDA actor's weight
    broadcast; the weight sync between CUDA tensors on one GPU, which goes by gloo: NCCL refuses two ranks on one
-   GPU, so its NCCL rounds need a second GPU and skip here, saying so);
+   GPU, so its NCCL rounds need a second GPU and skip here, saying so), each test under its own time limit
+   (CUDA_TEST_TIMEOUT_S, well under the part's) and each result in check.json as it comes, so a part cut short
+   keeps the results of the tests that ran;
 3. `examples/cartpole-ppo.yaml` with the actor on the GPU (gpusPerReplica 1): the return it reaches;
 4. `examples/grpo-tiny-arithmetic.yaml` with the actor on the GPU (the hf rollout on the CPU: one GPU cannot hold
    two replicas' ranks): its accuracy, held-out accuracy and step time;
@@ -23,7 +29,8 @@ PYTHONPATH together with the repository. Then, each bounded in time (under 10 mi
    the same GPU, same model, prompts and settings: completions/s of each, their ratio, seconds to 50% training
    accuracy, the update's share of the GPU's fp32 matmul roof (its JSON and plot under OUT/grpo_vs_trl/).
 
-Everything lands in OUT/check.json (figures and pass/fail per part) and OUT/check.log (every line printed).
+Everything lands in OUT/check.json (figures and pass/fail per part, rewritten after every part) and OUT/check.log
+(every line printed, and every line of a part's output as it comes).
 The exit code is 0 only when every part passed on a CUDA device. `--allow-cpu` runs the same parts without a GPU
 (CUDA tests skip, roles on the CPU): how the wheel set is checked on a CPU machine before a GPU one is at hand.
 """
@@ -31,14 +38,18 @@ The exit code is 0 only when every part passed on a CUDA device. `--allow-cpu` r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import platform
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 import zipfile
@@ -50,10 +61,23 @@ TOTAL_LIMIT_S = 570.0
 """The whole check's budget: a part gets its own limit or what is left of this, whichever is less."""
 COLLOCATED = ["spec.roles.rollout.collocated=true", "spec.rollout.weightSync.method=ipc"]
 
-ROLE_MODULES = ("torch", "numpy", "pydantic", "yaml", "typer", "rich", "prometheus_client", "psutil", "zmq", "msgspec")
-"""What every rljob role process imports (rljob.cli, rljob.runtime)."""
+ROLE_MODULES = (
+    "torch",
+    "numpy",
+    "pydantic",
+    "yaml",
+    "typer",
+    "rich",
+    "prometheus_client",
+    "psutil",
+    "zmq",
+    "msgspec",
+    "tensorboard",
+    "matplotlib",
+)
+"""What every rljob role process imports (rljob.cli, rljob.runtime; the run's metrics: tensorboard, its curve)."""
 NEEDS: dict[str, tuple[str, ...]] = {
-    "cuda_tests": (*ROLE_MODULES, "pytest", "gymnasium", "transformers"),
+    "cuda_tests": (*ROLE_MODULES, "pytest", "pytest_timeout", "gymnasium", "transformers"),
     "cartpole": (*ROLE_MODULES, "gymnasium"),
     "grpo_tiny": (*ROLE_MODULES, "transformers", "safetensors"),
     "grpo_tiny_collocated": (*ROLE_MODULES, "transformers", "safetensors"),
@@ -68,6 +92,12 @@ installed with (a wheel of ours first on PYTHONPATH would replace theirs), so ne
 SHOWN = 3
 """A blocked part's reason names this many problems; the preflight part lists them all."""
 WHEEL_OF = {"zmq": "pyzmq", "yaml": "pyyaml", "prometheus_client": "prometheus-client", "_pytest": "pytest"}
+MIN_PYTHON = (3, 11)
+"""pyproject.toml's requires-python."""
+MIN_TORCH = (2, 6)
+"""`torch.nn.utils.get_total_norm`, which the updates use (pyproject.toml's floor)."""
+CUDA_TEST_TIMEOUT_S = 90
+"""Each `cuda`-marked test's own limit (pytest-timeout), well under the part's: a hung test fails alone."""
 """Distribution names where they differ from the module's."""
 
 PREFLIGHT = """
@@ -106,16 +136,137 @@ print(json.dumps({"imports": imports, "wheels": wheels}))
 """
 
 PROBE = """
-import json, torch, transformers
-cuda = torch.cuda.is_available()
-print(json.dumps({
-    "torch": torch.__version__, "cuda_runtime": torch.version.cuda, "transformers": transformers.__version__,
-    "cuda": cuda, "devices": torch.cuda.device_count() if cuda else 0,
-    "device": torch.cuda.get_device_name(0) if cuda else None,
-    "capability": list(torch.cuda.get_device_capability(0)) if cuda else None,
-    "bf16": bool(cuda and torch.cuda.is_bf16_supported()),
-}))
+import json
+found = {}
+try:
+    import torch
+    cuda = torch.cuda.is_available()
+    found.update({
+        "torch": torch.__version__, "cuda_runtime": torch.version.cuda,
+        "get_total_norm": hasattr(torch.nn.utils, "get_total_norm"),
+        "cuda": cuda, "devices": torch.cuda.device_count() if cuda else 0,
+        "device": torch.cuda.get_device_name(0) if cuda else None,
+        "capability": list(torch.cuda.get_device_capability(0)) if cuda else None,
+        "bf16": bool(cuda and torch.cuda.is_bf16_supported()),
+    })
+except Exception as exc:
+    found["torch_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+try:
+    import transformers
+    from transformers import GenerationConfig
+    found["transformers"] = transformers.__version__
+    found["max_cache_len"] = hasattr(GenerationConfig(), "max_cache_len")  # older ones drop it silently
+except Exception as exc:
+    found["transformers_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+print(json.dumps(found))
 """
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """(2, 5, 1) for "2.5.1+cu121": the leading numbers of a version."""
+    return tuple(int(n) for n in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def wheel_targets(names: list[str]) -> tuple[set[tuple[int, int]], set[str]]:
+    """The pythons (exact, from cpXY tags that are not abi3) and architectures the wheels named `names` were built
+    for; pure-python wheels say nothing."""
+    pythons: set[tuple[int, int]] = set()
+    arches: set[str] = set()
+    for name in names:
+        fields = (name[: -len(".whl")] if name.endswith(".whl") else name).split("-")
+        if len(fields) < 5:
+            continue
+        python, abi, platforms = fields[-3], fields[-2], fields[-1]
+        tag = re.fullmatch(r"cp(\d)(\d+)", python)
+        if tag and abi != "abi3":
+            pythons.add((int(tag.group(1)), int(tag.group(2))))
+        for platform_tag in platforms.split("."):
+            arch = next(
+                (a for a in ("x86_64", "aarch64", "arm64", "ppc64le", "s390x") if platform_tag.endswith(a)), None
+            )
+            if arch:
+                arches.add(arch)
+    return pythons, arches
+
+
+def host_problems(python: tuple[int, int], machine: str, wheel_names: list[str]) -> list[str]:
+    """What this python and machine lack for the check, before any child runs: one line each, naming the fix."""
+    problems = []
+    shown = ".".join(map(str, python))
+    if python < MIN_PYTHON:
+        need = ".".join(map(str, MIN_PYTHON))
+        problems.append(f"python {shown}: rljob needs python >= {need}: install python{need}+ (with a CUDA torch)")
+    pythons, arches = wheel_targets(wheel_names)
+    if pythons and python not in pythons:
+        built = ", ".join(".".join(map(str, p)) for p in sorted(pythons))
+        problems.append(
+            f"build/gpu-wheels holds wheels for python {built}, this is python {shown}: "
+            f"run make gpu-wheels GPU_PYTHON={shown} and copy build/gpu-wheels here again"
+        )
+    machine = {"arm64": "aarch64", "amd64": "x86_64"}.get(machine.lower(), machine.lower())
+    if arches and machine not in arches:
+        problems.append(
+            f"build/gpu-wheels holds {', '.join(sorted(arches))} wheels, this machine is {machine}: "
+            f"run make gpu-wheels GPU_ARCH={machine} and copy build/gpu-wheels here again"
+        )
+    return problems
+
+
+def stack_problems(probe: dict[str, Any]) -> list[str]:
+    """What the machine's own torch and transformers (the PROBE's findings) lack: one line each, naming the fix."""
+    problems = []
+    need = ".".join(map(str, MIN_TORCH))
+    if "torch" not in probe:
+        problems.append(
+            f"torch: {probe.get('torch_error', 'not importable')}: the GPU machine's python must have a CUDA torch "
+            f">= {need} itself"
+        )
+    elif version_tuple(probe["torch"]) < MIN_TORCH or not probe.get("get_total_norm", True):
+        problems.append(
+            f"torch {probe['torch']}: rljob needs torch >= {need} (torch.nn.utils.get_total_norm): "
+            f"install a CUDA torch >= {need}"
+        )
+    if "transformers" not in probe:
+        problems.append(
+            f"transformers: {probe.get('transformers_error', 'not importable')}: the GPU machine's python must have "
+            "transformers itself"
+        )
+    elif not probe.get("max_cache_len", True):
+        problems.append(
+            f"transformers {probe['transformers']} ignores GenerationConfig.max_cache_len (the hf engine's static "
+            "cache would be made and compiled again for every call length): install a newer transformers"
+        )
+    return problems
+
+
+def one_line(problems: list[str]) -> str:
+    """The line the check stops with: the first SHOWN problems, and how many more check.json holds."""
+    more = f"; and {len(problems) - SHOWN} more (check.json: parts.requirements)" if len(problems) > SHOWN else ""
+    return "gpu-check cannot run here: " + "; ".join(problems[:SHOWN]) + more
+
+
+def last_json(output: str) -> dict[str, Any] | None:
+    """The last line of `output` that is a JSON object (warnings may come before or after it), or None."""
+    for line in reversed(output.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+TEST_RESULT = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
+
+
+def pytest_outcomes(output: str) -> dict[str, str]:
+    """Each test's outcome from pytest's `-v` lines (also from the part of the output a killed run left)."""
+    results: dict[str, str] = {}
+    for line in output.splitlines():
+        found = TEST_RESULT.match(line.strip())
+        if found:
+            results[found.group(1)] = found.group(2).lower()
+    return results
 
 
 def unpack_wheels(wheels: Path, site: Path) -> list[str]:
@@ -187,7 +338,7 @@ def preflight_verdicts(
                 if not requirement["ok"]:
                     reasons.append(unmet_reason(dist, wheels[dist]["version"], requirement))
         reasons = list(dict.fromkeys(reasons))
-        more = f"; and {len(reasons) - SHOWN} more (check.json: parts.preflight)" if len(reasons) > SHOWN else ""
+        more = f"; and {len(reasons) - SHOWN} more (check.json: parts.requirements)" if len(reasons) > SHOWN else ""
         verdicts[part] = "; ".join(reasons[:SHOWN]) + more if reasons else None
     return verdicts
 
@@ -209,28 +360,52 @@ class Check:
         self.log.flush()
 
     def run(self, part: str, command: list[str], limit_s: float) -> tuple[bool, str, float]:
-        """Run `command` from the repository root; (exit 0 within the limit, its output, seconds)."""
+        """Run `command` from the repository root; (exit 0 within the limit, its output, seconds). Every line of its
+        output goes to check.log as it comes: a part killed at its limit keeps what it printed."""
         started = time.monotonic()
         limit_s = max(1.0, min(limit_s, self.deadline - started))  # every part within the whole check's budget
-        shown = ["<script>" if before == "-c" else arg for before, arg in zip(["", *command], command, strict=False)]
+        shown = ["<script>" if before == "-c" else arg for before, arg in zip(["", *command], command)]
         self.say(f"== {part}: {' '.join(shown)}")
-        try:
-            done = subprocess.run(
-                command, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=limit_s, check=False
-            )
-            output, ok = done.stdout + done.stderr, done.returncode == 0
-            verdict = f"exit {done.returncode}"
-        except subprocess.TimeoutExpired as exc:
-            output = (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace")
-            ok, verdict = False, f"over its {limit_s:.0f}s limit"
+        process = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,  # its own process group: a kill at the limit takes its children too
+        )
+        killed = threading.Event()
+
+        def kill() -> None:
+            killed.set()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+
+        timer = threading.Timer(limit_s, kill)
+        timer.start()
+        lines: list[str] = []
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            self.log.write(f"  {line.rstrip()}\n")
+            self.log.flush()
+        process.wait()
+        timer.cancel()
         seconds = time.monotonic() - started
-        for line in output.splitlines():
-            self.log.write(f"  {line}\n")
+        ok = process.returncode == 0 and not killed.is_set()
+        verdict = f"over its {limit_s:.0f}s limit" if killed.is_set() else f"exit {process.returncode}"
         self.say(f"== {part}: {verdict} in {seconds:.1f}s")
-        return ok, output, seconds
+        return ok, "".join(lines), seconds
 
     def record(self, part: str, ok: bool, seconds: float, **figures: Any) -> None:
         self.parts[part] = {"ok": ok, "seconds": round(seconds, 1), **figures}
+        self.save()
+
+    def save(self, **summary: Any) -> None:
+        """check.json as it stands: rewritten after every part, so a check cut short keeps what it found."""
+        (self.out / "check.json").write_text(json.dumps({**summary, "parts": self.parts}, indent=1) + "\n")
 
     def runs(self, part: str) -> bool:
         """Whether `part` passed the preflight; if not, it is recorded as failed with the reason and not run."""
@@ -241,27 +416,49 @@ class Check:
         return not reason
 
 
-def preflight(check: Check, site: Path | None) -> None:
-    """The preflight part: import every part's modules and check our wheels' requirements, once, in a child."""
+def requirements(check: Check, site: Path | None, wheel_names: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """The first part: everything the check needs, before anything else runs; (every problem, one line each, naming
+    what to install or which wheel to add; what the machine is). This python and architecture against the wheels,
+    the machine's torch and transformers (a child, PROBE), every part's modules and the wheels' own requirements
+    (a child, PREFLIGHT)."""
+    started = time.monotonic()
+    problems = host_problems(sys.version_info[:2], platform.machine(), wheel_names)
+    ok, output, _ = check.run("requirements", [sys.executable, "-c", PROBE], 120)
+    machine = last_json(output) or {}
+    if not machine:
+        problems.append(f"the machine probe failed (exit status {'0' if ok else 'not 0'}): see check.log")
+    problems += stack_problems(machine) if machine else []
+    machine.update(python=platform.python_version(), arch=platform.machine(), host=platform.node(), cpus=os.cpu_count())
     modules = list(dict.fromkeys(m for needs in NEEDS.values() for m in needs))
-    ok, output, seconds = check.run("preflight", [sys.executable, "-c", PREFLIGHT, str(site or ""), *modules], 180)
-    try:
-        found = json.loads(output.strip().splitlines()[-1]) if ok else None
-    except (IndexError, json.JSONDecodeError):
-        found = None
+    ok, output, _ = check.run("requirements", [sys.executable, "-c", PREFLIGHT, str(site or ""), *modules], 180)
+    found = last_json(output) if ok else None
+    imports: dict[str, str] = {}
+    unmet: list[str] = []
     if found is None:
-        check.blocked = dict.fromkeys(NEEDS, "the preflight itself failed: see check.log")
-        check.record("preflight", False, seconds)
-        return
-    check.blocked = preflight_verdicts(found["imports"], found["wheels"])
-    problems = {m: import_reason(m, p) for m, p in found["imports"].items() if p}
-    unmet = [
-        unmet_reason(dist, wheel["version"], r)
-        for dist, wheel in found["wheels"].items()
-        for r in wheel["requires"]
-        if not r["ok"]
-    ]
-    check.record("preflight", not problems and not unmet, seconds, imports=problems, unmet=unmet)
+        problems.append("the import check failed: see check.log")
+    else:
+        check.blocked = preflight_verdicts(found["imports"], found["wheels"])
+        imports = {m: import_reason(m, p) for m, p in found["imports"].items() if p}
+        unmet = [
+            unmet_reason(dist, wheel["version"], r)
+            for dist, wheel in found["wheels"].items()
+            for r in wheel["requires"]
+            if not r["ok"]
+        ]
+        # torch and transformers' own import problems are named once, by the probe's lines above.
+        problems += [reason for m, reason in imports.items() if m not in ("torch", "transformers") or not machine]
+        problems += unmet
+    problems = list(dict.fromkeys(problems))
+    check.record(
+        "requirements",
+        not problems,
+        time.monotonic() - started,
+        problems=problems,
+        imports=imports,
+        unmet=unmet,
+        **machine,
+    )
+    return problems, machine
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -339,25 +536,29 @@ def main(argv: list[str] | None = None) -> int:
     env.setdefault("PYTHONUNBUFFERED", "1")
     check = Check(args.out, env)
     started = time.monotonic()
-    check.say(f"rljob gpu-check, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {len(wheels)} wheels")
+    check.say(
+        f"rljob gpu-check, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {len(wheels)} wheels"
+    )
 
-    ok, output, seconds = check.run("machine", [sys.executable, "-c", PROBE], 120)
-    machine = json.loads(output.strip().splitlines()[-1]) if ok else {}
-    machine.update(python=platform.python_version(), host=platform.node(), cpus=os.cpu_count())
-    check.record("machine", ok, seconds, **machine)
+    problems, machine = requirements(check, args.site if wheels else None, wheels)
     on_gpu = bool(machine.get("cuda"))
+    if problems:  # nothing else runs: each part would fail on it, later and less clearly
+        check.say(one_line(problems))
+        check.save(date=f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M:%SZ}", passed=False)
+        return 1
     if not on_gpu and not args.allow_cpu:
         check.say("no CUDA device here: run `make gpu-check` on an NVIDIA GPU machine (--allow-cpu: parts on CPU)")
-    if ok and (on_gpu or args.allow_cpu):
-        preflight(check, args.site if wheels else None)
+    if on_gpu or args.allow_cpu:
         if check.runs("cuda_tests"):
             junit = args.out / "cuda-tests.xml"
-            tests = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "cuda", "-q", "-p", "no:cacheprovider"]
-            ok, _, seconds = check.run("cuda_tests", [*tests, f"--junitxml={junit}"], 240)
-            suite = ET.parse(junit).getroot().find("testsuite") if junit.exists() else None
+            tests = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "cuda", "-v", "-p", "no:cacheprovider"]
+            tests += [f"--timeout={CUDA_TEST_TIMEOUT_S}", f"--junitxml={junit}"]
+            ok, output, seconds = check.run("cuda_tests", tests, 240)
+            results = pytest_outcomes(output)  # from the lines as they came: also those of a run cut short
+            suite = ET.parse(junit).getroot().find("testsuite") if junit.exists() and ok else None
             keys = ("tests", "failures", "errors", "skipped")
             counts = {k: int(suite.get(k, 0)) for k in keys} if suite is not None else {}
-            check.record("cuda_tests", ok and bool(counts), seconds, **counts)
+            check.record("cuda_tests", ok and bool(counts), seconds, **counts, results=results)
 
         gpus = 1 if on_gpu else 0
         if check.runs("cartpole"):
@@ -386,18 +587,17 @@ def main(argv: list[str] | None = None) -> int:
         if check.runs("grpo_vs_trl"):
             grpo_vs_trl(check, on_gpu)
 
-    every_part = {"machine", "preflight", *NEEDS}
+    every_part = {"requirements", *NEEDS}
     all_passed = set(check.parts) == every_part and all(part["ok"] for part in check.parts.values())
     passed = on_gpu and all_passed
     summary = {
-        "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%dT%H:%M:%SZ}",
+        "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M:%SZ}",
         "passed": passed,
         "on_gpu": on_gpu,
         "seconds": round(time.monotonic() - started, 1),
         "wheels": wheels,
-        "parts": check.parts,
     }
-    (args.out / "check.json").write_text(json.dumps(summary, indent=1) + "\n")
+    check.save(**summary)
     verdict = "PASSED" if passed else "every part passed, on the CPU (not a GPU pass)" if all_passed else "NOT PASSED"
     check.say(f"{verdict}: {args.out / 'check.json'} ({summary['seconds']:.0f}s)")
     return 0 if passed or (args.allow_cpu and all_passed) else 1

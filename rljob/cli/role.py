@@ -24,6 +24,10 @@ def role(
     from rljob.runtime.process.parent_death import die_with_launcher
 
     die_with_launcher()  # first: a local launcher SIGKILLed from here on still takes this process with it
+    from rljob.runtime.weights.nccl_env import align_nccl_environment
+
+    # Before any NCCL communicator here or in what this process starts (ranks, a collocated rollout, vLLM's workers).
+    align_nccl_environment()
     if name not in ROLES:
         typer.secho(f"unknown role {name!r}: choose one of {', '.join(ROLES)}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2)

@@ -36,3 +36,23 @@ def test_a_cuda_actor_hands_its_parameters_to_a_rollout_process_by_cuda_ipc_hand
         assert_received(sync_to_a_process(publisher, actor, version=2), actor)
     finally:
         publisher.close()
+
+
+def test_the_parameters_are_shared_once_and_every_version_reaches_the_rollout_through_the_same_handles(tmp_path):
+    """Issue 33, item 10: an export per version re-shared every live parameter (one more wrapper and ref-counter
+    slot each time); now the first export's handles serve every version, each read with the new values."""
+    actor = model(seed=1).cuda()
+    publisher = IpcWeightPublisher("actor-a", root=tmp_path)
+    try:
+        handles = []
+        for version in (1, 2, 3):
+            with torch.no_grad():
+                actor.hidden.weight.add_(1.0)
+            assert_received(sync_to_a_process(publisher, actor, version=version), actor)
+            handles.append(dict(publisher._shared))
+        assert handles[0] and handles[0] == handles[1] == handles[2]
+        allocated = torch.cuda.memory_allocated()
+        assert_received(sync_to_a_process(publisher, actor, version=4), actor)
+        assert torch.cuda.memory_allocated() == allocated  # nothing new held for a version
+    finally:
+        publisher.close()

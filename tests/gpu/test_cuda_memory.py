@@ -97,3 +97,27 @@ def test_the_loss_of_a_large_vocabulary_peaks_far_below_its_full_logits_in_gpu_m
         del logprobs, entropy
     assert peaks[128] < full_logits / 4, peaks
     assert peaks[None] > full_logits  # the full path does hold them: the bound above is not vacuous
+
+
+def test_a_collocated_update_leaves_no_gradient_and_no_cached_block_for_the_rollout_to_wake_into():
+    """Issue 33, item 2: after the step only weights and Adam's states are allocated, and the allocator keeps no
+    training peak (reserved ≈ allocated), so a rollout beside the actor wakes into the rest of the GPU."""
+    base = torch.cuda.memory_allocated()  # what earlier tests left
+    model = make_model().to(CUDA)
+    trainer = TrainerSpec(steps=10, learning_rate=1e-3, seed=3, precision="fp32")
+    learner = LLMLearner(
+        model,
+        AlgorithmSpec(name="grpo", kl_coef=0.0, clip_ratio_high=0.28),
+        trainer,
+        pad_id=TOKENIZER.pad_token_id,
+        temperature=0.9,
+        max_response_tokens=MAX_RESPONSE,
+        returns_memory=True,
+    )
+    learner.update(make_samples(0))
+    torch.cuda.synchronize()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert all(p.grad is None for p in model.parameters())
+    # Weights + Adam's two moments (and its step counters): 3x the weights, nothing of the gradients' 4th copy.
+    assert torch.cuda.memory_allocated() - base <= 3 * weights + 2**20
+    assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() <= 2 * 2**20  # blocks handed back

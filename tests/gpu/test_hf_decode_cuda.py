@@ -62,3 +62,39 @@ def test_calls_of_one_bucket_reuse_the_compiled_decode_and_another_batch_compile
     before = compiled_graphs()
     plain.generate(prompts[:4], SAMPLING)
     assert compiled_graphs() > before
+
+
+def test_alternating_buckets_a_b_a_neither_compile_again_nor_grow_gpu_memory(prompts):
+    """Issue 33, item 5: a training chunk, an evaluation, the last chunk. Once both buckets ran, going back and forth
+    compiles nothing and allocates nothing more: one static cache per bucket, reset between calls."""
+    torch._dynamo.reset()
+    engine = engine_on_gpu((2, 4))
+    engine.generate(prompts[:2], SAMPLING)  # A
+    engine.generate(prompts[:4], SAMPLING)  # B
+    engine.generate(prompts[:2], SAMPLING)  # A again: CUDA graphs of both buckets exist now
+    torch.cuda.synchronize()
+    compiled, held = compiled_graphs(), torch.cuda.memory_allocated()
+    for count in (4, 2, 3, 1, 4, 2):
+        assert len(engine.generate(prompts[:count], SAMPLING)) == count
+    torch.cuda.synchronize()
+    assert compiled_graphs() == compiled
+    assert torch.cuda.memory_allocated() <= held + 2**20
+    assert len(engine._static_caches) == 2
+
+
+def test_a_large_vocabulary_s_log_probs_never_hold_every_step_s_logits():
+    """Issue 33, item 4: 64 rows x 64 tokens over a 65,536-token vocabulary would be 1 GiB of fp32 logits kept to the
+    end of the call; the engine takes each token's log-prob as it is drawn and holds one step's (16 MiB)."""
+    model, tokenizer = load_policy(TINY, TASK, arithmetic_rows(40, 0), seed=0, device=GPU)
+    model.resize_token_embeddings(65536)
+    engine = HFEngine(model.eval(), tokenizer, GPU)  # eager decode (no cache_len): only the logits are measured
+    engine.cache_implementation = None
+    sampling = Sampling(n=8, temperature=1.0, max_tokens=64)
+    prompts = [tokenizer(text)["input_ids"] for text in ("3+4=", "12+9=", "7+1=", "0+0=")] * 2
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = engine.generate(prompts, sampling)
+    torch.cuda.synchronize()
+    assert sum(len(c.token_ids) for group in out for c in group) > 0
+    assert torch.cuda.max_memory_allocated() - base < 256 * 2**20

@@ -106,3 +106,41 @@ def test_an_actor_and_a_rollout_on_two_gpus_sync_by_nccl_and_a_rollout_on_the_ho
         assert publisher.backend == backend, version
         assert_same_weights(actor, rollout, device)
     publisher.close()
+
+
+def test_a_round_from_cuda_tensors_waits_for_its_own_stream_never_the_whole_device(monkeypatch):
+    """Issue 33, item 6: the weight-receiving thread of a rollout may run a round while its generating thread
+    captures a CUDA graph; a device-wide synchronize there would break the capture. An actor and a rollout on one
+    GPU (gloo) sync with `torch.cuda.synchronize` refused, and the rollout's tensors are complete on return."""
+
+    def refused(*args: object) -> None:
+        raise AssertionError("a weight round synchronized the whole device")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", refused)
+    gpu = torch.device("cuda", 0)
+    actor, rollout, port = make_model().to(gpu), make_model().to(gpu), free_port()
+    publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
+    subscriber = WeightSubscriber("127.0.0.1", port, 1)
+    perturb(actor)
+    assert sync_round(publisher, actor, 1, {0: ("rollout-0", subscriber, rollout)}) == {0: None}
+    assert_same_weights(actor, rollout, gpu)
+    publisher.close()
+
+
+def test_a_nonblocking_nccl_weight_sync_group_forms_and_broadcasts_on_one_gpu():
+    """Issue 33, item 11: the weight-sync communicator is created non-blocking (`config.blocking = 0`) and still
+    forms and carries a broadcast (a group of one: NCCL refuses two ranks on one GPU)."""
+    from torch.distributed import TCPStore
+
+    from rljob.runtime.weights.sync import discard_group, make_group
+
+    store = TCPStore("127.0.0.1", free_port(), 1, is_master=True, wait_for_workers=False)
+    gpu = torch.device("cuda", 0)
+    group = make_group(store, "nonblocking", 0, 1, "nccl", gpu)
+    try:
+        tensor = torch.arange(16, device=gpu, dtype=torch.float32)
+        group.broadcast(tensor, 0).wait()
+        torch.cuda.current_stream(gpu).synchronize()
+        assert torch.equal(tensor.cpu(), torch.arange(16, dtype=torch.float32))
+    finally:
+        discard_group(group)

@@ -41,8 +41,8 @@ def test_grpo_vlm_tiny_shapes_trains_on_its_images_evaluates_and_exports(repo, s
 
 @pytest.mark.slow
 def test_fsdp2_shards_the_vision_tower_over_two_actor_ranks_and_the_rollout_gets_it_whole(repo, start_run):
-    """Vision blocks are sharded like decoder layers (the tower is trained: freezeVisionTower is off): the rollout's log-probs, computed
-    from the gathered weights, match the sharded trainer's."""
+    """Vision blocks are sharded like decoder layers (the tower is trained: freezeVisionTower is off): the rollout's
+    log-probs, computed from the gathered weights, match the sharded trainer's."""
     run = start_run(
         repo / EXAMPLE,
         "--set=spec.trainer.steps=4",

@@ -13,7 +13,6 @@ so no step is skipped or done twice.
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -57,7 +56,7 @@ from rljob.runtime.records.metrics import (
 from rljob.runtime.weights.sync import SyncRefused, WeightPublisher
 from rljob.runtime.wire.context import FatalConfigError, RoleContext
 from rljob.runtime.wire.identity import EXIT_PREEMPTED
-from rljob.runtime.wire.ranks import STOP_NOW, agree_to_stop, join_actor_group, nccl_usage_problem
+from rljob.runtime.wire.ranks import STOP_NOW, agree_to_stop, join_actor_group, nccl_config_error, rank_device
 from rljob.runtime.wire.role_http import ProgressTracker
 from rljob.runtime.wire.transport import RequestClient, RequestTimeout, TransportError, process_tag
 
@@ -312,37 +311,6 @@ def restore_learner(learner: PPOLearner, state: dict[str, Any], path: str | Path
         ) from None
 
 
-def _device(context: RoleContext) -> torch.device:
-    """`cuda:LOCAL_RANK` when the actor was given GPUs and sees them: one GPU per rank. Else CPU."""
-    gpus = context.job.spec.roles.actor.gpus_per_replica
-    if gpus == 0 or not torch.cuda.is_available():
-        return torch.device("cpu")
-    local_rank = context.identity.local_rank or 0
-    visible = torch.cuda.device_count()
-    if local_rank >= visible:
-        raise FatalConfigError(
-            f"spec.roles.actor.gpusPerReplica ({gpus}) gives each replica {gpus} ranks, one per GPU, but local "
-            f"rank {local_rank} sees only {visible} GPU(s) (CUDA_VISIBLE_DEVICES="
-            f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): lower gpusPerReplica or give the replica its GPUs"
-        )
-    device = torch.device("cuda", local_rank)
-    torch.cuda.set_device(device)  # NCCL puts this rank's communicator on the current device
-    return device
-
-
-def _nccl_config_error(context: RoleContext, exc: BaseException) -> FatalConfigError | None:
-    """NCCL refusing how the ranks use GPUs is a configuration error: no restart would fix it."""
-    problem = nccl_usage_problem(exc)
-    if problem is None:
-        return None
-    actor = context.job.spec.roles.actor
-    return FatalConfigError(
-        f"NCCL refused the actor group's GPUs ({problem}): every rank needs a GPU of its own; "
-        f"spec.roles.actor.replicas ({actor.replicas}) x spec.roles.actor.gpusPerReplica ({actor.gpus_per_replica}) "
-        "must fit the GPUs given to the actor replicas"
-    )
-
-
 def run_actor(context: RoleContext) -> int:
     spec = context.job.spec
     identity = context.identity
@@ -357,8 +325,9 @@ def run_actor(context: RoleContext) -> int:
 
     # The replica's health and metrics endpoint (its pod's readiness probe) is served by its local rank 0.
     health = RoleHealth(context, counters={}) if identity.local_rank == 0 else None
+    actor = spec.roles.actor
     try:
-        device = _device(context)
+        device = rank_device(actor.gpus_per_replica, identity.local_rank)
         if world > 1:
             join_actor_group(identity, device, GROUP_TIMEOUT_MINUTES)
             context.log.info(
@@ -376,7 +345,11 @@ def run_actor(context: RoleContext) -> int:
     except Diverged as exc:
         return diverged_exit(context, exc)
     except RuntimeError as exc:
-        fatal = None if isinstance(exc, FatalConfigError) else _nccl_config_error(context, exc)
+        fatal = (
+            None
+            if isinstance(exc, FatalConfigError)
+            else nccl_config_error(actor.replicas, actor.gpus_per_replica, exc)
+        )
         if fatal is None:
             raise
         raise fatal from None

@@ -48,7 +48,7 @@ from rljob.runtime.llm.models.policy import (
 )
 from rljob.runtime.llm.replicas.membership import RolloutMembership
 from rljob.runtime.llm.replicas.pool import ChunkResult, RewardPool, RolloutPool
-from rljob.runtime.llm.setup import job_rows, load_job_policy, role_device, weights_dir
+from rljob.runtime.llm.setup import job_rows, load_job_policy, weights_dir
 from rljob.runtime.llm.training.learner import LLMLearner, Sample
 from rljob.runtime.llm.training.sft import Warmup
 from rljob.runtime.llm.training.sharding import (
@@ -80,7 +80,7 @@ from rljob.runtime.weights.sync import FileWeightPublisher, WeightPublisher
 from rljob.runtime.wire.context import FatalConfigError, RoleContext
 from rljob.runtime.wire.health import wait_for_collocated_rollout
 from rljob.runtime.wire.identity import EXIT_PREEMPTED
-from rljob.runtime.wire.ranks import join_actor_group
+from rljob.runtime.wire.ranks import join_actor_group, nccl_config_error, rank_device
 from rljob.runtime.wire.role_http import ProgressTracker
 from rljob.runtime.wire.transport import process_tag
 
@@ -387,9 +387,16 @@ def run_actor(context: RoleContext) -> int:
     identity = context.identity
     assert spec.task.llm is not None
     rank, world = identity.rank, identity.world_size
-    device = role_device(spec.roles.actor.gpus_per_replica)
-    if world > 1:
-        join_actor_group(identity, device, GROUP_TIMEOUT_MINUTES)
+    actor = spec.roles.actor
+    device = rank_device(actor.gpus_per_replica, identity.local_rank)
+    try:
+        if world > 1:
+            join_actor_group(identity, device, GROUP_TIMEOUT_MINUTES)
+    except RuntimeError as exc:
+        fatal = nccl_config_error(actor.replicas, actor.gpus_per_replica, exc)
+        if fatal is None:
+            raise
+        raise fatal from None
     from rljob.runtime.wire.health import RoleHealth
 
     # The replica's health and metrics endpoint (its pod's readiness probe) is served by its local rank 0.
@@ -489,6 +496,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         reference=reference,
         rank=rank,
         world_size=world,
+        returns_memory=collocated,
     )
     default_dir = str(Path(identity.run_dir) / "checkpoints") if identity.run_dir else "/checkpoints"
     checkpoints = CheckpointManager(spec.checkpoint.dir or default_dir, keep=spec.checkpoint.keep)

@@ -84,22 +84,51 @@ class Export:
     """The exported CUDA tensors: held so their memory is not reused while a handle to it is out."""
 
     def release(self) -> None:
+        had_cuda = bool(self.keep)
         self.keep.clear()
         for path in self.files:
             path.unlink(missing_ok=True)
         for mark in self.manifest.parent.glob(f"{self.manifest.name}.loaded-*"):
             mark.unlink(missing_ok=True)
-        if torch.cuda.is_available():
+        if had_cuda:  # never on a CPU actor: ipc_collect would create a CUDA context on a GPU machine
             torch.cuda.ipc_collect()  # memory whose handles every rollout has dropped goes back to the allocator
 
 
-def export_weights(directory: Path, version: int, weights: nn.Module | GatheredWeights) -> Export:
-    """Handles to every state-dict tensor (tied weights included) of `weights`, written as the version's manifest."""
-    from torch.multiprocessing.reductions import reduce_tensor
+SharedHandles = dict[tuple[Any, ...], tuple[Any, ...]]
+"""CUDA IPC handles of the actor's live parameters, by the memory they name: made once, reused every version."""
 
+
+def cuda_handle(tensor: torch.Tensor, shared: SharedHandles | None) -> tuple[Any, ...]:
+    """(rebuild, args) of a CUDA IPC handle to `tensor`. Sharing a storage again wraps it in one more reference-
+    counted block (and one more slot in the ref-counter files) each time, so a live parameter, updated in place from
+    version to version, is shared once: its handle, kept in `shared`, names the same memory with the new values."""
+    from torch.multiprocessing import reductions
+
+    if shared is None:
+        return reductions.reduce_tensor(tensor)
+    key = (
+        tensor.untyped_storage().data_ptr(),
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+    )
+    if key not in shared:
+        shared[key] = reductions.reduce_tensor(tensor)
+    return shared[key]
+
+
+def export_weights(
+    directory: Path, version: int, weights: nn.Module | GatheredWeights, shared: SharedHandles | None = None
+) -> Export:
+    """Handles to every state-dict tensor (tied weights included) of `weights`, written as the version's manifest.
+
+    A module's own CUDA tensors are shared once and their handles kept in `shared` (`cuda_handle`); gathered or cast
+    copies are new memory each version, shared afresh and released with the export."""
     if isinstance(weights, nn.Module):
         state = {name: t.detach() for name, t in weights.state_dict().items()}
     else:
+        shared = None  # copies made for this version only
         # One gather (fsdp2) or cast (ddp mixed precision) pass, onto the actor's device: a GPU's whole
         # tensors go by CUDA IPC like a module's own, a CPU actor's into the shared-memory file.
         state = full_state(weights, weights.device())
@@ -120,7 +149,7 @@ def export_weights(directory: Path, version: int, weights: nn.Module | GatheredW
     handles: list[tuple[str, tuple[Any, ...]]] = []
     for name, tensor in state.items():
         if tensor.device.type == "cuda":
-            rebuild, args = reduce_tensor(tensor)
+            rebuild, args = cuda_handle(tensor, shared)
             export.keep.append(tensor)
             handles.append((name, ("cuda", _device_uuid(tensor.device.index), rebuild, args)))
             continue
@@ -189,6 +218,8 @@ class IpcWeightPublisher:
         self.load_timeout_s = load_timeout_s
         self._export: Export | None = None
         self._keys: dict[int, str] = {}
+        self._shared: SharedHandles = {}
+        """The live parameters' CUDA IPC handles, made at the first export and reused."""
 
     def plan(
         self, members: Iterable[tuple[int, str]], version: int, model: nn.Module | GatheredWeights
@@ -197,7 +228,7 @@ class IpcWeightPublisher:
             if self._export is not None:
                 self._export.release()
             self._export = None  # a failed export leaves none behind
-            self._export = export_weights(self.directory, version, model)
+            self._export = export_weights(self.directory, version, model, self._shared)
         self._keys = {replica: member_key(self._export.manifest, replica, tag) for replica, tag in members}
         return dict(self._keys)
 

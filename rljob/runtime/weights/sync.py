@@ -56,7 +56,9 @@ import torch
 from torch import nn
 from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
-GROUP_TIMEOUT = datetime.timedelta(seconds=60)
+from rljob.runtime.weights.nccl_env import GROUP_TIMEOUT_S, align_nccl_environment
+
+GROUP_TIMEOUT = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
 """How long group formation and each broadcast may take; covers a member's first gloo connections."""
 ACCEPT_KNOWN_S = 5.0
 """Wait for a member that accepted a round of this actor before: it holds a live store connection."""
@@ -239,7 +241,11 @@ def _nccl_group(prefix: PrefixStore, rank: int, world: int, device: torch.device
 
     Blocking wait: a member that dies mid-round makes the broadcast raise after GROUP_TIMEOUT (the round
     fails, the next forms a new group), where NCCL's default error handling would tear this process down.
-    ProcessGroupNCCL reads the variable when it is constructed, so it is set for this group alone."""
+    ProcessGroupNCCL reads the variable when it is constructed, so it is set for this group alone.
+
+    Non-blocking communicator creation (`config.blocking = 0`): a member that dies between the rendezvous and the
+    init would otherwise leave the others in `ncclCommInitRank` for good; torch polls a non-blocking init for
+    `TORCH_NCCL_NONBLOCKING_TIMEOUT` seconds (`align_nccl_environment`: GROUP_TIMEOUT) and raises."""
     from torch.distributed import ProcessGroupNCCL  # only in CUDA builds of torch
 
     if device.index is None:
@@ -250,6 +256,8 @@ def _nccl_group(prefix: PrefixStore, rank: int, world: int, device: torch.device
     options = ProcessGroupNCCL.Options()
     options._timeout = GROUP_TIMEOUT
     options.is_high_priority_stream = False
+    options.config.blocking = 0
+    align_nccl_environment()  # a process that skipped the role entry (a test, a script) still gets a bounded init
     with _NCCL_ENV_LOCK:
         saved = os.environ.get("TORCH_NCCL_BLOCKING_WAIT")
         os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1"
@@ -309,8 +317,9 @@ class GatheredWeights(Protocol):
         """The device this rank's shards are on."""
         ...
 
-    def begin_gather(self) -> None:
-        """Tell the other actor ranks to join the gathers of one pass over every tensor, in order."""
+    def begin_gather(self, bucket_bytes: int) -> None:
+        """Tell the other actor ranks to join the gathers of one pass over every tensor, in order, waiting for their
+        gathers after every `bucket_bytes` of them (the round's bucket: rank 0 builds one at a time)."""
         ...
 
     def full(self, index: int, device: torch.device | None = None) -> torch.Tensor:
@@ -358,12 +367,26 @@ class PackBuffer:
         return held
 
 
+def round_stream(device: torch.device | None) -> torch.cuda.Stream | None:
+    """A stream of the round's own on a CUDA `device` (None elsewhere), after the work this thread queued so far.
+
+    The round's copies and waits go on it, and the host waits for it alone (`Stream.synchronize`), never for the
+    whole device: on a rollout the round runs on the weight-receiving thread while the generating thread may be
+    capturing a CUDA graph, which a device-wide `torch.cuda.synchronize` would break."""
+    if device is None or device.type != "cuda":
+        return None
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))  # the tensors' last writes (an optimizer step) come first
+    return stream
+
+
 def broadcast_state(
     group: torch.distributed.ProcessGroup,
     tensors: Iterable[torch.Tensor],
     bucket_bytes: int,
     materialize: Callable[[int], torch.Tensor] | None = None,
     pack: PackBuffer | None = None,
+    device: torch.device | None = None,
 ) -> None:
     """Root side (rank 0) and receiving side alike: after the call, every member's tensors equal rank 0's.
 
@@ -371,49 +394,70 @@ def broadcast_state(
     no copy on either side) and the small ones are packed into `pack`, one broadcast per dtype: measured on
     a 128 MiB policy, about 1.5x a single broadcast of the same bytes, against 2.2x with every tensor on its
     own and 2x with everything packed. With `materialize` (root side only) `tensors` only size the buckets
-    and tensor i is `materialize(i)`, built when its bucket is: one bucket of full tensors exists at a time.
-    Those calls are collectives of the actor group, so a failed send does not stop them: the pass is
-    finished, then the error is raised. The small tensors are packed on their own device; on CUDA the call
-    returns once the device has finished the round (a receiver's tensors are complete, a sender's may change).
+    and tensor i is `materialize(i)`, built on `device` when its bucket is: one bucket of full tensors exists at
+    a time. Those calls are collectives of the actor group, so a failed send does not stop them: the pass is
+    finished, then the error is raised. The small tensors are packed on their own device. On CUDA the round runs
+    on a stream of its own (`round_stream`) and the host waits for it after every bucket: a bucket's memory is
+    given back before the next one is built (asynchronous collectives would otherwise queue every bucket at once),
+    and the call returns once the round is done (a receiver's tensors are complete, a sender's may change).
     """
     tensors = list(tensors)
-    pack = pack or PackBuffer()
+    if device is None and materialize is None and tensors:
+        device = tensors_device(tensors)
+    stream = round_stream(device)
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        _broadcast_buckets(group, tensors, bucket_bytes, materialize, pack or PackBuffer(), stream)
+
+
+def _broadcast_buckets(
+    group: torch.distributed.ProcessGroup,
+    tensors: list[torch.Tensor],
+    bucket_bytes: int,
+    materialize: Callable[[int], torch.Tensor] | None,
+    pack: PackBuffer,
+    stream: torch.cuda.Stream | None,
+) -> None:
     root = group.rank() == 0
     failure: RuntimeError | None = None
-    cuda: set[torch.device] = set()
     for bucket in buckets(tensors, bucket_bytes):
         parts = [tensors[i] if materialize is None else materialize(i) for i in bucket]
         if failure is not None:
             continue
-        big = [p for p in parts if p.is_contiguous() and p.numel() * p.element_size() >= IN_PLACE_MIN_BYTES]
-        small: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-        for p in parts:
-            if p.is_cuda:
-                cuda.add(p.device)
-            if not any(p is b for b in big):
-                small.setdefault((p.dtype, p.device), []).append(p)
         try:
-            works = [group.broadcast(p, 0) for p in big]
-            for (dtype, device), members in small.items():
-                flat = pack.take(sum(p.numel() for p in members), dtype, device)
-                if root:
-                    torch.cat([p.reshape(-1) for p in members], out=flat)
-                group.broadcast(flat, 0).wait()
-                if not root:
-                    offset = 0
-                    for p in members:
-                        p.copy_(flat[offset : offset + p.numel()].view_as(p))
-                        offset += p.numel()
-            for work in works:
-                work.wait()
+            _broadcast_bucket(group, parts, pack, root)
         except RuntimeError as exc:
             if materialize is None:
                 raise
             failure = exc
+        finally:
+            del parts  # a materialized bucket's full tensors go as soon as the device is done with them
+            if stream is not None:
+                stream.synchronize()  # this bucket is done: its memory goes back before the next is built
     if failure is not None:
         raise failure
-    for device in cuda:
-        torch.cuda.synchronize(device)
+
+
+def _broadcast_bucket(
+    group: torch.distributed.ProcessGroup, parts: list[torch.Tensor], pack: PackBuffer, root: bool
+) -> None:
+    big = [p for p in parts if p.is_contiguous() and p.numel() * p.element_size() >= IN_PLACE_MIN_BYTES]
+    small: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for p in parts:
+        if not any(p is b for b in big):
+            small.setdefault((p.dtype, p.device), []).append(p)
+    works = [group.broadcast(p, 0) for p in big]
+    for (dtype, device), members in small.items():
+        flat = pack.take(sum(p.numel() for p in members), dtype, device)
+        if root:
+            torch.cat([p.reshape(-1) for p in members], out=flat)
+        group.broadcast(flat, 0).wait()
+        if not root:
+            offset = 0
+            for p in members:
+                p.copy_(flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+    for work in works:
+        work.wait()
 
 
 class AcceptDeadlines:
@@ -558,13 +602,15 @@ class WeightPublisher:
             if self._group is None:
                 self._group = make_group(self.store, go.group(ticket), 0, ticket.world, backend, send_device)
             if not isinstance(model, nn.Module):  # a GatheredWeights
-                model.begin_gather()  # only now: a refused round never starts gathers on the other ranks
+                # Only now: a refused round never starts gathers on the other ranks.
+                model.begin_gather(self.bucket_bytes)
                 broadcast_state(
                     self._group,
                     model.placeholders(),
                     self.bucket_bytes,
                     lambda i: model.full(i, send_device),
                     self._pack,
+                    device=send_device,
                 )
                 return
             broadcast_state(self._group, [t.to(send_device) for t in tensors], self.bucket_bytes, pack=self._pack)
@@ -741,6 +787,8 @@ class StagedWeights:
 # --- filesystem ---------------------------------------------------------------------------------
 
 WEIGHTS_FILE_PREFIX = "weights-"
+FILE_GATHER_BUCKET_BYTES = 256 * 2**20
+"""The other actor ranks' pace when rank 0 gathers a whole state to its host (each tensor is moved there at once)."""
 
 
 def weights_file_name(version: int, actor_tag: str) -> str:
@@ -754,7 +802,7 @@ def full_state(weights: nn.Module | GatheredWeights, device: torch.device | None
     if isinstance(weights, nn.Module):
         return {name: t.detach().to(device) for name, t in weights.state_dict().items()}
     weights.placeholders()
-    weights.begin_gather()
+    weights.begin_gather(FILE_GATHER_BUCKET_BYTES)
     return {name: weights.full(i, device) for i, name in enumerate(weights.names())}
 
 

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 
 from rljob.runtime.process.parent_death import LAUNCHER_PID_ENV
 from rljob.runtime.process.prefixed_output import copy_prefixed
+from rljob.runtime.wire.context import FatalConfigError
 from rljob.runtime.wire.identity import (
     COLLOCATED_ROLLOUT_METRICS_PORT_ENV,
     EXIT_DIVERGED,
@@ -201,18 +202,64 @@ def nccl_usage_problem(exc: BaseException) -> str | None:
     return None
 
 
+def rank_device(gpus_per_replica: int, local_rank: int | None, field: str = "spec.roles.actor.gpusPerReplica") -> Any:
+    """This rank's device, made the process's current CUDA device: `cuda:LOCAL_RANK` when the role was given GPUs
+    and sees them (one GPU per rank), else the CPU.
+
+    The current device is what NCCL puts a communicator on, and what FSDP2's `fully_shard` and
+    `broadcast_object_list` allocate on: without `set_device` every rank of a replica works on GPU 0 (NCCL's
+    "Duplicate GPU detected", a hang, or out of memory). A local rank without a GPU of its own is a configuration
+    error naming `field`."""
+    import torch
+
+    if gpus_per_replica == 0 or not torch.cuda.is_available():
+        return torch.device("cpu")
+    local_rank = local_rank or 0
+    visible = torch.cuda.device_count()
+    if local_rank >= visible:
+        raise FatalConfigError(
+            f"{field} ({gpus_per_replica}) gives each replica {gpus_per_replica} ranks, one per GPU, but local "
+            f"rank {local_rank} sees only {visible} GPU(s) (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): lower it or give the replica its GPUs"
+        )
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    return device
+
+
 def join_actor_group(identity: RoleIdentity, device: Any, timeout_minutes: float) -> None:
-    """Join the actor ranks' torch.distributed group (NCCL between GPUs, gloo on CPU); rank 0 hosts it."""
+    """Join the actor ranks' torch.distributed group (NCCL between GPUs, gloo on CPU); rank 0 hosts it.
+
+    On a GPU the group is bound to this rank's device (`device_id`, after `set_device`): NCCL creates the
+    communicator on it at once, never on whatever device happens to be current."""
     import datetime
 
+    import torch
     import torch.distributed as dist
 
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
     dist.init_process_group(
-        "nccl" if device.type == "cuda" else "gloo",
+        "nccl" if cuda else "gloo",
         init_method=f"tcp://{identity.master_addr}:{identity.master_port}",
         rank=identity.rank,
         world_size=identity.world_size,
         timeout=datetime.timedelta(minutes=timeout_minutes),
+        **({"device_id": device} if cuda else {}),
+    )
+
+
+def nccl_config_error(replicas: int, gpus_per_replica: int, exc: BaseException) -> FatalConfigError | None:
+    """NCCL refusing how the actor's ranks use GPUs is a configuration error (a FatalConfigError naming the fields):
+    no restart would fix it. None for any other failure."""
+    problem = nccl_usage_problem(exc)
+    if problem is None:
+        return None
+    return FatalConfigError(
+        f"NCCL refused the actor group's GPUs ({problem}): every rank needs a GPU of its own; "
+        f"spec.roles.actor.replicas ({replicas}) x spec.roles.actor.gpusPerReplica ({gpus_per_replica}) "
+        "must fit the GPUs given to the actor replicas"
     )
 
 

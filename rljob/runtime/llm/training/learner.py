@@ -33,6 +33,7 @@ from rljob.api.presets import resolve_algorithm
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
 from rljob.runtime.llm.models.policy import resolve_precision
 from rljob.runtime.llm.training.batch import MicroBatch, Sample, by_prompt, collate, collate_shared
+from rljob.runtime.llm.training.grad_sync import sum_gradients
 from rljob.runtime.llm.training.logprobs import chunked_logprobs, full_logprobs, shares_prompts
 from rljob.runtime.llm.training.packing import pack_by_tokens, split_to_count
 from rljob.runtime.llm.training.sharding import gradient_norm, shard_policy, shards_model
@@ -109,8 +110,12 @@ class LLMLearner:
         reference: nn.Module | None = None,
         rank: int = 0,
         world_size: int = 1,
+        returns_memory: bool = False,
     ) -> None:
         self.model = model
+        self.returns_memory = returns_memory
+        """Hand the allocator's cached blocks back to the GPU after each update: a collocated rollout wakes into
+        that memory next (its pool and KV cache), and the training peak the allocator keeps would not leave it room."""
         # A resolved job's algorithm is already complete; one built in code gets its paper's preset here.
         self.algorithm, self.trainer = resolve_algorithm(algorithm, max_response_tokens), trainer
         algorithm = self.algorithm
@@ -262,6 +267,7 @@ class LLMLearner:
                 check_update(self.step + 1, {"loss": loss, "grad_norm": grad_norm}, self.world_size, self.device)
                 self.optimizer.step()
         self.step += 1
+        self._free_training_memory()
         totals = self._all_reduce(sums.clone())
         totals[2] = self._max_over_ranks(float(sums[2]))
         tokens = max(float(totals[0]), 1.0)
@@ -278,6 +284,15 @@ class LLMLearner:
             "learning_rate": lr,
             "response_tokens": tokens,
         }
+
+    def _free_training_memory(self) -> None:
+        """After the step: the gradients are spent (the next step zeroes them first anyway), so they are freed now
+        rather than held through generation; with `returns_memory` the allocator's cache goes back to the GPU too."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.returns_memory:
+            gc.collect()  # activations a reference cycle still holds
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
 
     def _backward(
         self, mb: MicroBatch, old: Tensor | None, ref: Tensor | None, normalizer: float, sums: Tensor
@@ -346,14 +361,7 @@ class LLMLearner:
         """Sum gradients over ranks: each rank's loss is already divided by the global count."""
         if self.world_size == 1 or self.sharded:  # FSDP reduce-scattered them in backward
             return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        offset = 0
-        for p, g in zip(self.params, grads, strict=True):
-            n = g.numel()
-            p.grad = flat[offset : offset + n].view_as(p).clone()
-            offset += n
+        sum_gradients(self.params)  # bucketed, in place (grad_sync)
 
     def _max_over_ranks(self, value: float) -> float:
         if self.world_size == 1:

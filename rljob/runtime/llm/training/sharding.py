@@ -142,7 +142,7 @@ def follow(
         elif command == "update":
             learner.update(args[0])
         elif command == "gather":
-            gather_pass(learner.model)
+            gather_pass(learner.model, *args)
         elif command == "checkpoint":
             save_shards(learner, Path(args[0]))
             dist.barrier()
@@ -157,11 +157,32 @@ def follow(
 # --- weight sync --------------------------------------------------------------------------------
 
 
-def gather_pass(model: nn.Module) -> None:
-    """The other ranks' part of a weight sync: every gather `ShardedWeights.full` makes, in the same order."""
+def wait_for_gathers(device: torch.device) -> None:
+    """Block the host until the gathers this rank queued are done: on CUDA its current stream (the gathers' results
+    wait there), never the whole device; on the CPU gloo's gathers are done when they return."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+def gather_pass(model: nn.Module, bucket_bytes: int) -> None:
+    """The other ranks' part of a weight sync: every gather `ShardedWeights.full` makes, in the same order, paced
+    by bucket.
+
+    `full_tensor` never blocks the host on a GPU: without a wait, this rank would queue every all-gather of the
+    model at once and allocate every full tensor up front (the whole model, 4 bytes a parameter in fp32), while
+    rank 0 goes bucket by bucket at the pace of its rollouts. Waiting after every `bucket_bytes` of gathered tensors
+    keeps at most one bucket (and one tensor) here."""
+    device = next(model.parameters()).device
+    queued = 0
     with torch.no_grad():
         for tensor in model.state_dict().values():
-            full_tensor(tensor)
+            whole = full_tensor(tensor)
+            queued += whole.numel() * whole.element_size()
+            del whole
+            if queued >= bucket_bytes:
+                wait_for_gathers(device)
+                queued = 0
+        wait_for_gathers(device)
 
 
 class WireWeights:
@@ -186,7 +207,7 @@ class WireWeights:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def begin_gather(self) -> None:
+    def begin_gather(self, bucket_bytes: int) -> None:
         """Nothing to start: every tensor is this rank's own."""
 
     def _whole(self, tensor: Tensor) -> Tensor:
@@ -208,8 +229,8 @@ class ShardedWeights(WireWeights):
         super().__init__(model, wire_dtype)
         self.channel = channel
 
-    def begin_gather(self) -> None:
-        self.channel.send("gather")
+    def begin_gather(self, bucket_bytes: int) -> None:
+        self.channel.send("gather", bucket_bytes)
 
     def _whole(self, tensor: Tensor) -> Tensor:
         return full_tensor(tensor)
