@@ -14,21 +14,24 @@ from rljob.runtime.llm.training.grad_sync import MAX_BUCKETS_IN_FLIGHT, sum_grad
 
 
 class Work:
-    def __init__(self, log: list, tensor: torch.Tensor) -> None:
-        self.log, self.tensor = log, tensor
+    def __init__(self, log: list, call: int) -> None:
+        self.log, self.call = log, call
 
     def wait(self) -> None:
-        self.log.append(("wait", self.tensor.data_ptr()))
+        self.log.append(("wait", self.call))
 
 
 @pytest.fixture
 def reduced(monkeypatch):
-    log: list[tuple[str, int]] = []
+    """("all_reduce", call number, bytes, the tensor's address) and ("wait", call number), in order. Calls are told
+    apart by number: a freed bucket's memory can hold the next bucket at the same address."""
+    log: list[tuple] = []
 
     def all_reduce(tensor: torch.Tensor, async_op: bool = False) -> Work:
         tensor.mul_(2)
-        log.append(("all_reduce", tensor.data_ptr(), tensor.numel() * tensor.element_size()))
-        return Work(log, tensor)
+        call = sum(entry[0] == "all_reduce" for entry in log)
+        log.append(("all_reduce", call, tensor.numel() * tensor.element_size(), tensor.data_ptr()))
+        return Work(log, call)
 
     monkeypatch.setattr(dist, "all_reduce", all_reduce)
     return log
@@ -61,11 +64,11 @@ def test_the_big_gradients_go_in_place_and_no_more_than_two_packed_buckets_exist
     grad_ptrs = {p.grad.data_ptr() for p in params if p.grad is not None}
     bucket = 256 * 64 * 4 * 5
     sum_gradients(params, bucket_bytes=bucket)
-    big = [entry for entry in reduced if entry[0] == "all_reduce" and entry[1] in grad_ptrs]
+    big = [entry for entry in reduced if entry[0] == "all_reduce" and entry[3] in grad_ptrs]
     assert len(big) == 2
     packed, waited, most = set(), set(), 0
     for entry in reduced:
-        if entry[0] == "all_reduce" and entry[1] not in grad_ptrs:
+        if entry[0] == "all_reduce" and entry[3] not in grad_ptrs:
             assert entry[2] <= bucket
             packed.add(entry[1])
         elif entry[0] == "wait":
