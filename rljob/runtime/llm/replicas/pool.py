@@ -24,7 +24,8 @@ from rljob.runtime.llm.replicas.membership import RolloutMembership
 from rljob.runtime.process.log_limit import LimitedLog, reason_of
 from rljob.runtime.weights.ipc import IpcWeightPublisher
 from rljob.runtime.weights.sync import FileWeightPublisher, SyncRefused, WeightPublisher
-from rljob.runtime.wire.transport import RequestClient, RequestTimeout, TransportError
+from rljob.runtime.wire.deadlines import LatencyDeadline, LateReplicas
+from rljob.runtime.wire.transport import Payload, RequestClient, RequestTimeout, TransportError
 
 log = logging.getLogger("rljob.actor")
 limited = LimitedLog(log)
@@ -390,29 +391,92 @@ class RolloutPool:
 
 
 class RewardPool:
-    """Scores samples on the reward replicas: the batch is split evenly and scored in parallel."""
+    """Scores samples on the reward replicas: the batch is split evenly over those answering, scored in parallel.
 
-    def __init__(self, endpoints: list[str], timeout: float) -> None:
-        self.clients = [RequestClient(e, timeout=timeout, retries=2) for e in endpoints]
+    Each part has a deadline (`LatencyDeadline`, from the role's observed latency). A replica past it is named
+    (`LateReplicas`) and its part is split over the others at once; its late answer, if it comes, is dropped
+    (the request is forgotten), so no sample is scored twice into a batch. A late replica gets no work until it
+    answers a `status` probe again. With no other replica to take the part, the late one is waited for (the
+    request resent under the same id: a server that has it already answers from its cache) and still named.
+    """
+
+    def __init__(self, endpoints: list[str], deadline: LatencyDeadline, late: LateReplicas) -> None:
+        self.clients = [RequestClient(e, timeout=deadline.first_s, retries=2) for e in endpoints]
+        self.names = [f"reward-{i}" for i in range(len(endpoints))]
+        self.deadline = deadline
+        self.late = late
+        self._probes: dict[int, tuple[int, float]] = {}
+        """Late replica -> (its pending `status` probe, when last sent)."""
+
+    def _check_late(self) -> None:
+        """Late replicas that answered their probe rejoin; the others are probed (afresh once per deadline)."""
+        for replica, name in enumerate(self.names):
+            if not self.late.is_late(name):
+                continue
+            client = self.clients[replica]
+            probe = self._probes.get(replica)
+            if probe is None:
+                self._probes[replica] = (client.send("status"), time.monotonic())
+                continue
+            try:
+                answered = client.wait(probe[0], 0) is not None
+            except TransportError:
+                answered = True  # it answered, with an error: it is there
+            if answered:
+                client.forget(probe[0])
+                del self._probes[replica]
+                self.late.answered(name)
+            elif time.monotonic() - probe[1] >= self.deadline.seconds():
+                client.resend(probe[0])  # a fresh socket: a restarted replica never got the first one
+                self._probes[replica] = (probe[0], time.monotonic())
 
     def score(self, samples: list[dict[str, Any]]) -> tuple[np.ndarray, dict[str, list[float]], dict[str, int]]:
-        parts = np.array_split(np.arange(len(samples)), len(self.clients))
-        started = [
-            (client, client.send("score", {"samples": [samples[i] for i in part]}))
-            for client, part in zip(self.clients, parts, strict=True)
-            if len(part)
-        ]
-        rewards: list[np.ndarray] = []
+        self._check_late()
+        everyone = list(range(len(self.clients)))
+        answering = [r for r in everyone if not self.late.is_late(self.names[r])] or everyone
+
+        def send(replica: int, part: np.ndarray) -> tuple[int, np.ndarray, int, float, bool]:
+            request = self.clients[replica].send("score", {"samples": [samples[i] for i in part]})
+            return replica, part, request, time.monotonic(), False
+
+        def split(indices: np.ndarray, replicas: list[int]) -> list[tuple[int, np.ndarray, int, float, bool]]:
+            parts = np.array_split(indices, len(replicas))
+            return [send(r, part) for r, part in zip(replicas, parts, strict=True) if len(part)]
+
+        outstanding = split(np.arange(len(samples)), answering)
+        replies: list[tuple[np.ndarray, Payload]] = []
+        while outstanding:
+            replica, part, request, sent, overdue = outstanding.pop(0)
+            client, name = self.clients[replica], self.names[replica]
+            # Parts were sent together and are scored in parallel: waiting for one is time the others had too.
+            reply = client.wait(request, max(0.0, sent + self.deadline.seconds() - time.monotonic()))
+            if reply is not None:
+                client.forget(request)
+                if not overdue:  # a frozen replica's 45 s is not the role's pace
+                    self.deadline.observe(time.monotonic() - sent)
+                self.late.answered(name)
+                replies.append((part, reply))
+                continue
+            others = [r for r in answering if r != replica and not self.late.is_late(self.names[r])]
+            self.late.late(name, sent, [self.names[r] for r in others])
+            if not others:  # nowhere to move it: wait on
+                client.resend(request)
+                outstanding.append((replica, part, request, time.monotonic(), True))
+                continue
+            client.forget(request)  # its late answer is dropped: the part is scored elsewhere
+            outstanding.extend(split(part, others))
+        rewards = np.zeros(len(samples))
         terms: dict[str, list[float]] = {}
         errors: dict[str, int] = {}
-        for client, request in started:
-            reply = client.receive(request)
-            rewards.append(np.asarray(reply["rewards"], dtype=np.float64))
+        for part, reply in replies:  # parts come back in any order: each goes to its samples' places
+            rewards[part] = np.asarray(reply["rewards"], dtype=np.float64)
             for name, values in reply["terms"].items():
-                terms.setdefault(name, []).extend(values)
+                column = terms.setdefault(name, [0.0] * len(samples))
+                for i, value in zip(part.tolist(), values, strict=True):
+                    column[i] = value
             for name, count in reply["errors"].items():
                 errors[name] = errors.get(name, 0) + int(count)
-        return np.concatenate(rewards) if rewards else np.zeros(0), terms, errors
+        return rewards, terms, errors
 
     def close(self) -> None:
         for client in self.clients:
