@@ -1,0 +1,64 @@
+"""Hung peers are named: `rljob run` of the tiny GRPO example with two reward replicas, one frozen (SIGSTOP) for
+longer than its deadline. The actor names it (log, `/progress`), training goes on with the other replica, and
+after SIGCONT it answers again and takes work again. Real processes, real transport, the real reward role."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+
+GRPO = "examples/grpo-tiny-arithmetic.yaml"
+BATCH = 8
+SETTINGS = (
+    f"--set=spec.trainer.batchSize={BATCH}",
+    "--set=spec.checkpoint.interval=1000",
+    "--set=spec.evaluation.interval=0",
+    "--set=spec.logging.tensorboard=false",
+    "--set=spec.roles.reward.replicas=2",
+    "--set=spec.roles.reward.requestTimeoutSeconds=3",
+)
+
+
+def progress(run) -> dict:
+    port = run.role("actor").environ()["RLJOB_METRICS_PORT"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/progress", timeout=5) as response:
+        return json.loads(response.read())
+
+
+def wait_for_log(run, text: str, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = (run.out / "logs" / "actor-0.log").read_text()
+        if text in log:
+            return log
+        assert run.process.poll() is None, f"run ended early:\n{run.finish()}"
+        time.sleep(0.2)
+    raise TimeoutError(f"{text!r} not in the actor's log within {timeout}s")
+
+
+@pytest.mark.slow
+def test_a_frozen_reward_replica_is_named_training_goes_on_with_the_other_and_it_rejoins(repo, start_run):
+    run = start_run(repo / GRPO, "--set=spec.trainer.steps=60", *SETTINGS)
+    run.wait_for_step(3)
+    reward = run.role("reward", 1)
+    reward.suspend()
+    try:
+        wait_for_log(run, "reward-1 has not answered for 3 s; its work goes to reward-0")
+        named_at = run.metrics()[-1]["step"]
+        run.wait_for_step(named_at + 5)  # training goes on with reward-0 alone
+        late = progress(run)
+        assert [entry["replica"] for entry in late["lateReplicas"]] == ["reward-1"], late
+        assert late["issue"].startswith("reward-1 has not answered for"), late
+    finally:
+        reward.resume()
+    wait_for_log(run, "reward-1 answers again")
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    records = run.metrics()
+    # Every step once, every sample scored once (no part of a batch lost or counted twice).
+    assert [r["step"] for r in records] == list(range(1, 61))
+    assert [r["samples"] for r in records] == [BATCH * 8 * s for s in range(1, 61)]
+    assert "reward-1 exited" not in output  # it was never restarted: it was waited out and taken back
