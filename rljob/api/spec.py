@@ -687,14 +687,15 @@ class RoleSpec(SpecModel):
 
 
 class PeerRoleSpec(RoleSpec):
-    """The pods of a role the actor sends requests to (rollout, env, reward)."""
+    """The pods of a role the actor sends requests to (rollout, reward)."""
 
     request_timeout_seconds: float | None = Field(default=None, gt=0)
     """Seconds the actor waits for one request to a replica of this role before it names the replica late (in its
     log, `/progress` and a Stalled condition) and moves the replica's work to the others; the replica rejoins when
     it answers again. Unset: derived from the role's observed latency, 5 times the 95th percentile of its recent
-    requests, at least 10 s (reward: at least `reward.sandbox.timeoutSeconds` + 5 s), 120 s until 5 requests
-    were answered. See docs/troubleshooting.md."""
+    requests, at least 10 s (rollout: 5 s, its server answers whatever it generates; reward: at least
+    `reward.sandbox.timeoutSeconds` + 5 s); until 5 requests were answered 120 s (rollout: 5 s). With one
+    replica there is nowhere to move the work: it is named and waited for. See docs/troubleshooting.md."""
 
 
 class ActorRoleSpec(RoleSpec):
@@ -744,7 +745,7 @@ class RolesSpec(SpecModel):
 
     actor: ActorRoleSpec = Field(default_factory=ActorRoleSpec)
     rollout: RolloutRoleSpec = Field(default_factory=RolloutRoleSpec)
-    env: PeerRoleSpec = Field(default_factory=PeerRoleSpec)
+    env: RoleSpec = Field(default_factory=RoleSpec)
     reward: PeerRoleSpec = Field(default_factory=PeerRoleSpec)
 
     def get(self, role: RoleName) -> RoleSpec:
@@ -755,7 +756,7 @@ class RolesSpec(SpecModel):
         value = self.get(role).probes.liveness_timeout_seconds
         return LIVENESS_TIMEOUT_DEFAULTS[role] if value is None else value
 
-    def request_timeout(self, role: Literal["rollout", "env", "reward"]) -> float | None:
+    def request_timeout(self, role: Literal["rollout", "reward"]) -> float | None:
         """`spec.roles.<role>.requestTimeoutSeconds`: None when the deadline is derived from observed latency."""
         peer = self.get(role)
         assert isinstance(peer, PeerRoleSpec)

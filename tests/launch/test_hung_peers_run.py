@@ -1,10 +1,11 @@
-"""Hung peers are named: `rljob run` of the tiny GRPO example with two reward replicas, one frozen (SIGSTOP) for
-longer than its deadline. The actor names it (log, `/progress`), training goes on with the other replica, and
-after SIGCONT it answers again and takes work again. Real processes, real transport, the real reward role."""
+"""Hung peers are named: `rljob run` of the tiny GRPO example with two reward (or rollout) replicas, one frozen
+(SIGSTOP) for longer than its deadline. The actor names it (log, `/progress`), training goes on with the other
+replica, and after SIGCONT it answers again and takes work again. Real processes, real transport, real roles."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 
@@ -17,8 +18,6 @@ SETTINGS = (
     "--set=spec.checkpoint.interval=1000",
     "--set=spec.evaluation.interval=0",
     "--set=spec.logging.tensorboard=false",
-    "--set=spec.roles.reward.replicas=2",
-    "--set=spec.roles.reward.requestTimeoutSeconds=3",
 )
 
 
@@ -40,25 +39,33 @@ def wait_for_log(run, text: str, timeout: float = 60) -> str:
 
 
 @pytest.mark.slow
-def test_a_frozen_reward_replica_is_named_training_goes_on_with_the_other_and_it_rejoins(repo, start_run):
-    run = start_run(repo / GRPO, "--set=spec.trainer.steps=60", *SETTINGS)
+@pytest.mark.parametrize("role", ["reward", "rollout"])
+def test_a_frozen_replica_is_named_training_goes_on_with_the_other_and_it_rejoins(repo, start_run, role):
+    run = start_run(
+        repo / GRPO,
+        "--set=spec.trainer.steps=120",
+        f"--set=spec.roles.{role}.replicas=2",
+        f"--set=spec.roles.{role}.requestTimeoutSeconds=3",
+        *SETTINGS,
+    )
     run.wait_for_step(3)
-    reward = run.role("reward", 1)
-    reward.suspend()
+    frozen = run.role(role, 1)
+    frozen.suspend()
     try:
-        wait_for_log(run, "reward-1 has not answered for 3 s; its work goes to reward-0")
+        log = wait_for_log(run, f"{role}-1 has not answered for ")
+        assert re.search(rf"{role}-1 has not answered for \d+ s; its work goes to {role}-0", log), log
         named_at = run.metrics()[-1]["step"]
         run.wait_for_step(named_at + 5)  # training goes on with reward-0 alone
         late = progress(run)
-        assert [entry["replica"] for entry in late["lateReplicas"]] == ["reward-1"], late
-        assert late["issue"].startswith("reward-1 has not answered for"), late
+        assert [entry["replica"] for entry in late["lateReplicas"]] == [f"{role}-1"], late
+        assert late["issue"].startswith(f"{role}-1 has not answered for"), late
     finally:
-        reward.resume()
-    wait_for_log(run, "reward-1 answers again")
+        frozen.resume()
+    wait_for_log(run, f"{role}-1 answers again")
     output = run.finish()
     assert run.process.returncode == 0, output
     records = run.metrics()
     # Every step once, every sample scored once (no part of a batch lost or counted twice).
-    assert [r["step"] for r in records] == list(range(1, 61))
-    assert [r["samples"] for r in records] == [BATCH * 8 * s for s in range(1, 61)]
-    assert "reward-1 exited" not in output  # it was never restarted: it was waited out and taken back
+    assert [r["step"] for r in records] == list(range(1, 121))
+    assert [r["samples"] for r in records] == [BATCH * 8 * s for s in range(1, 121)]
+    assert f"{role}-1 exited" not in output  # it was never restarted: it was waited out and taken back

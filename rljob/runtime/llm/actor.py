@@ -134,9 +134,10 @@ class Controller:
                 ranks_per_replica=sync_ranks_per_replica(spec),
             )
         membership = RolloutMembership(identity.endpoints["rollout"], identity.rollout_members_file)
-        self.rollouts = RolloutPool(membership, publisher, self.tag)
         self.late = LateReplicas(context.log)
         """Replicas past their request deadline: named in the log, `/progress` and a Stalled condition."""
+        rollout_deadline = LatencyDeadline("rollout", spec.roles.request_timeout("rollout"), first_s=FLOOR_S["rollout"])
+        self.rollouts = RolloutPool(membership, publisher, self.tag, self.late, rollout_deadline)
         sandbox_s = spec.reward.sandbox.timeout_seconds  # one sample may take this long to score
         reward_deadline = LatencyDeadline(
             "reward",

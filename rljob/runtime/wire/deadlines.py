@@ -29,8 +29,9 @@ WINDOW = 64
 """Latencies remembered per role: the deadline follows the job's current pace, not its start."""
 MIN_SAMPLES = 5
 """Answers seen before the observed latency sets the deadline; `first_s` holds until then."""
-FLOOR_S: dict[str, float] = {"rollout": 10.0, "env": 10.0, "reward": 10.0}
-"""Shortest derived deadline per role: a replica a few hundred ms slower than usual is not late."""
+FLOOR_S: dict[str, float] = {"rollout": 5.0, "env": 10.0, "reward": 10.0}
+"""Shortest derived deadline per role: a replica a few hundred ms slower than usual is not late. A rollout answers
+the actor's `status` and `results` from its server thread whatever it generates: 5 s of silence is not work."""
 FIRST_S = 120.0
 """The deadline before `MIN_SAMPLES` answers (a first request may pay compilation and slow connections)."""
 LOG_INTERVAL_S = 30.0

@@ -24,7 +24,7 @@ from rljob.runtime.llm.replicas.membership import RolloutMembership
 from rljob.runtime.process.log_limit import LimitedLog, reason_of
 from rljob.runtime.weights.ipc import IpcWeightPublisher
 from rljob.runtime.weights.sync import FileWeightPublisher, SyncRefused, WeightPublisher
-from rljob.runtime.wire.deadlines import LatencyDeadline, LateReplicas
+from rljob.runtime.wire.deadlines import FLOOR_S, LatencyDeadline, LateReplicas
 from rljob.runtime.wire.transport import Payload, RequestClient, RequestTimeout, TransportError
 
 log = logging.getLogger("rljob.actor")
@@ -93,7 +93,17 @@ class RolloutPool:
         membership: RolloutMembership | list[str],
         publisher: WeightPublisher | FileWeightPublisher | IpcWeightPublisher,
         actor_tag: str,
+        late: LateReplicas | None = None,
+        deadline: LatencyDeadline | None = None,
     ) -> None:
+        self.late = late or LateReplicas(log)
+        """Replicas that stopped answering (named in the log and `/progress`): no work and no weights until they
+        answer a `status` probe again."""
+        self.deadline = deadline or LatencyDeadline("rollout", first_s=FLOOR_S["rollout"])
+        """How long a `results` or `status` request may go unanswered (answered by the rollout's server thread
+        whatever it generates: milliseconds when all is well)."""
+        self._probes: dict[int, tuple[int, float]] = {}
+        """Late replica -> (its pending `status` probe, when last sent)."""
         self.membership = membership if isinstance(membership, RolloutMembership) else RolloutMembership(membership)
         self.links: list[RolloutLink] = []
         """The current members, by replica index."""
@@ -148,18 +158,63 @@ class RolloutPool:
 
     def _retire(self, link: RolloutLink) -> None:
         log.info("rollout %d (%s) left the rollout membership", link.replica, link.endpoint)
+        self.late.forget(_name(link))
+        self._probes.pop(link.replica, None)
         self._lose(link, "left")
         self._retired_restarts += link.restarts
         link.client.close()
         self.publisher.forget(link.replica)
 
     def _check(self, link: RolloutLink) -> bool:
-        """Refresh the replica's incarnation; False when it does not answer. A new one loses its chunks."""
+        """Refresh the replica's incarnation; False when it does not answer (named late when it had answered
+        before: one never reached is still starting). A new incarnation loses its chunks."""
+        if self.late.is_late(_name(link)):
+            return False  # its probe says when it is back (`_probe_late`): no status timeout paid per call
+        asked = time.monotonic()
         try:
-            reply = link.client.call("status")
+            reply = link.client.call("status", timeout=self.deadline.seconds(), retries=0)
         except TransportError:
-            self._lose(link, "not answering")
+            if link.tag:
+                self._name_late(link, asked)
+            else:
+                self._lose(link, "not answering")
             return False
+        self.deadline.observe(time.monotonic() - asked)
+        self._seen(link, reply)
+        return True
+
+    def _name_late(self, link: RolloutLink, since: float) -> None:
+        """`link` has not answered since `since`: named, its chunks re-sent to the others, no work until its
+        `status` probe is answered (`_probe_late`)."""
+        others = [_name(x) for x in self.links if x is not link and x.tag and not self.late.is_late(_name(x))]
+        self.late.late(_name(link), since, others)
+        self._lose(link, "not answering")
+
+    def _probe_late(self) -> None:
+        """Late replicas that answered their `status` probe rejoin (a restarted one as a new incarnation); the
+        others are probed afresh once per deadline. Never blocks."""
+        for link in self.links:
+            if not self.late.is_late(_name(link)):
+                continue
+            probe = self._probes.get(link.replica)
+            if probe is None:
+                self._probes[link.replica] = (link.client.send("status"), time.monotonic())
+                continue
+            try:
+                reply = link.client.wait(probe[0], 0)
+            except TransportError:
+                reply = None
+            if reply is not None:
+                link.client.forget(probe[0])
+                del self._probes[link.replica]
+                self.late.answered(_name(link))
+                self._seen(link, reply)
+            elif time.monotonic() - probe[1] >= self.deadline.seconds():
+                link.client.resend(probe[0])  # on a fresh socket: a restarted replica never got the first
+                self._probes[link.replica] = (probe[0], time.monotonic())
+
+    def _seen(self, link: RolloutLink, reply: Payload) -> None:
+        """A `status` answer: a new incarnation loses its chunks and weights."""
         if reply["tag"] != link.tag:
             if link.tag:
                 link.restarts += 1
@@ -180,6 +235,7 @@ class RolloutPool:
         started = time.perf_counter()
         self._weights = (version, model)
         self.refresh()
+        self._probe_late()
         behind = [
             link
             for link in self.links
@@ -197,6 +253,7 @@ class RolloutPool:
                 return
             keys = self.publisher.plan([(link.replica, link.tag) for link in links], version, model)
             requests = {}
+            sent = time.monotonic()
             for link in links:
                 request = {"version": version, "key": keys[link.replica], "actor_tag": self.actor_tag}
                 requests[link.replica] = link.client.send("sync_weights", request | {"rollout_tag": link.tag})
@@ -213,15 +270,22 @@ class RolloutPool:
                 self.issue = f"weights version {version}: {exc}"
                 replicas = [link.replica for link in links]
                 limited.warning(f"failed:{reason_of(exc)}", "weight sync to rollouts %s failed (%s)", replicas, exc)
+            # A refused round is called off for every member (the publisher aborts it): nobody got `version`.
+            published = failure is None and not refused
             for link in links:
+                # One that took part may be loading a large model's weights; one that never accepted only has
+                # to say so: past the request deadline it is late (a frozen one must not cost a minute a step).
+                timeout = self.deadline.seconds() if link.replica in refused else SYNC_REPLY_TIMEOUT_S
                 try:
-                    link.client.receive(requests[link.replica], timeout=SYNC_REPLY_TIMEOUT_S, retries=0)
+                    link.client.receive(requests[link.replica], timeout=timeout, retries=0)
                 except TransportError as exc:  # gone, or restarted: check it, sync later
                     reason = f"reply:{link.replica}:{reason_of(exc)}"
                     limited.warning(reason, "weight sync to rollout %d failed (%s)", link.replica, exc)
+                    if link.tag and isinstance(exc, RequestTimeout):
+                        self._name_late(link, sent)
                     refused |= {link.replica}
                     continue
-                if failure is None and link.replica not in refused:
+                if published and link.replica not in refused:
                     link.version = version
             for link in links:
                 if link.replica in refused or failure is not None:
@@ -356,6 +420,7 @@ class RolloutPool:
     def poll(self) -> list[ChunkResult]:
         """Finished chunks from every replica with work (waiting briefly); re-dispatches lost ones."""
         self.refresh()
+        self._probe_late()
         self._dispatch()
         if self.orphans:  # no replica can take them: see whether one came back
             self._revive()
@@ -363,14 +428,18 @@ class RolloutPool:
         busy = [link for link in self.links if link.inflight]
         requests = []
         for link in busy:
-            requests.append((link, link.client.send("results", {"actor_tag": self.actor_tag})))
+            requests.append((link, link.client.send("results", {"actor_tag": self.actor_tag}), time.monotonic()))
         finished: list[ChunkResult] = []
-        for link, request in requests:
+        for link, request, sent in requests:
+            # Sent together, answered in parallel: the wait for one is time the others had too.
             try:
-                reply = link.client.receive(request)
+                reply = link.client.receive(
+                    request, timeout=max(0.0, sent + self.deadline.seconds() - time.monotonic()), retries=0
+                )
             except RequestTimeout:
-                self._check(link)
+                self._name_late(link, sent)  # its chunks go to the others; its late results are dropped
                 continue
+            self.deadline.observe(time.monotonic() - sent)
             if reply["tag"] != link.tag:
                 self._check(link)
                 continue
@@ -388,6 +457,10 @@ class RolloutPool:
 
     def pending(self) -> int:
         return len(self.orphans) + sum(len(link.inflight) for link in self.links)
+
+
+def _name(link: RolloutLink) -> str:
+    return f"rollout-{link.replica}"
 
 
 class RewardPool:

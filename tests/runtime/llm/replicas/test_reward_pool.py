@@ -20,6 +20,7 @@ import pytest
 
 from rljob.runtime.llm.replicas.pool import RewardPool
 from rljob.runtime.wire.deadlines import LatencyDeadline, LateReplicas
+from rljob.runtime.wire.transport import RequestClient
 
 SCORER = textwrap.dedent(
     """
@@ -50,6 +51,10 @@ def scorers():
         endpoints = [f"127.0.0.1:{free_port()}" for _ in range(count)]
         for i, endpoint in enumerate(endpoints):
             processes.append(subprocess.Popen([sys.executable, "-c", SCORER, endpoint, str(i)]))
+        for endpoint in endpoints:  # up and answering before the 1 s deadlines start counting
+            client = RequestClient(endpoint, timeout=60, retries=0)
+            client.call("status")
+            client.close()
         return endpoints, processes
 
     yield start
