@@ -69,3 +69,32 @@ def test_a_frozen_replica_is_named_training_goes_on_with_the_other_and_it_rejoin
     assert [r["step"] for r in records] == list(range(1, 121))
     assert [r["samples"] for r in records] == [BATCH * 8 * s for s in range(1, 121)]
     assert f"{role}-1 exited" not in output  # it was never restarted: it was waited out and taken back
+
+
+@pytest.mark.slow
+def test_with_one_reward_replica_frozen_the_run_waits_names_it_in_its_stalled_line_and_goes_on(repo, start_run):
+    run = start_run(
+        repo / GRPO,
+        "--set=spec.trainer.steps=150",
+        "--set=spec.roles.reward.requestTimeoutSeconds=2",
+        "--set=spec.failurePolicy.progressDeadlineSeconds=6",
+        *SETTINGS,
+    )
+    run.wait_for_step(3)
+    # `rljob run` reads /progress every 0.5 s: let it see steps go by, so a stall said while the roles started
+    # (slow under load) has been followed by "progressing" before the freeze.
+    time.sleep(2)
+    frozen = run.role("reward", 0)
+    frozen.suspend()
+    try:
+        log = wait_for_log(run, "reward-0 has not answered for")
+        assert "no other replica can take its work: waiting" in log
+        time.sleep(10)  # past progressDeadlineSeconds: `rljob run` says Stalled, with the replica's name
+    finally:
+        frozen.resume()
+    wait_for_log(run, "reward-0 answers again")
+    output = " ".join(run.finish().split())  # the console wraps long lines
+    assert run.process.returncode == 0, output
+    assert re.search(r"stalled: no training step for \d+s .* the actor reports: reward-0 has not answered for", output)
+    assert "progressing: training resumed" in output
+    assert [r["step"] for r in run.metrics()] == list(range(1, 151))
