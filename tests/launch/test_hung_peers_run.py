@@ -62,6 +62,8 @@ def test_a_frozen_replica_is_named_training_goes_on_with_the_other_and_it_rejoin
     finally:
         frozen.resume()
     wait_for_log(run, f"{role}-1 answers again")
+    if role == "rollout":  # chunks go to it again once it holds the latest weights
+        wait_for_log(run, "rollout-1 has weights version")
     output = run.finish()
     assert run.process.returncode == 0, output
     records = run.metrics()

@@ -104,6 +104,8 @@ class RolloutPool:
         whatever it generates: milliseconds when all is well)."""
         self._probes: dict[int, tuple[int, float]] = {}
         """Late replica -> (its pending `status` probe, when last sent)."""
+        self._rejoining: set[int] = set()
+        """Replicas that answered again and wait for the latest weights before they get chunks."""
         self.membership = membership if isinstance(membership, RolloutMembership) else RolloutMembership(membership)
         self.links: list[RolloutLink] = []
         """The current members, by replica index."""
@@ -208,6 +210,7 @@ class RolloutPool:
                 link.client.forget(probe[0])
                 del self._probes[link.replica]
                 self.late.answered(_name(link))
+                self._rejoining.add(link.replica)
                 self._seen(link, reply)
             elif time.monotonic() - probe[1] >= self.deadline.seconds():
                 link.client.resend(probe[0])  # on a fresh socket: a restarted replica never got the first
@@ -287,6 +290,9 @@ class RolloutPool:
                     continue
                 if published and link.replica not in refused:
                     link.version = version
+                    if link.replica in self._rejoining:
+                        self._rejoining.discard(link.replica)
+                        log.info("%s has weights version %d again: it takes chunks again", _name(link), version)
             for link in links:
                 if link.replica in refused or failure is not None:
                     self.publisher.forget(link.replica)
