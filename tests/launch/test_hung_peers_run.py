@@ -100,3 +100,24 @@ def test_with_one_reward_replica_frozen_the_run_waits_names_it_in_its_stalled_li
     assert re.search(r"stalled: no training step for \d+s .* the actor reports: reward-0 has not answered for", output)
     assert "progressing: training resumed" in output
     assert [r["step"] for r in run.metrics()] == list(range(1, 151))
+
+
+@pytest.mark.slow
+def test_a_frozen_gym_rollout_is_named_while_the_step_waits_for_its_environments(start_run, cartpole_manifest):
+    run = start_run(cartpole_manifest(steps=60, interval=1000), "--quiet")
+    run.wait_for_step(5)
+    frozen = run.role("rollout", 0)
+    frozen.suspend()
+    try:
+        # Its environments live in it: nothing can take its share of the batch, so the step waits and names it.
+        log = wait_for_log(run, "rollout-0 has not answered for")
+        assert "no other replica can take its work: waiting" in log
+        late = progress(run)
+        assert [entry["replica"] for entry in late["lateReplicas"]] == ["rollout-0"], late
+        assert late["issue"].startswith("rollout-0 has not answered for"), late
+    finally:
+        frozen.resume()
+    wait_for_log(run, "rollout-0 answers again")
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    assert [r["step"] for r in run.metrics()] == list(range(1, 61))
