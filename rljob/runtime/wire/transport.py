@@ -8,7 +8,8 @@ instead: on timeout it throws its socket away (dropping whatever was queued for 
 one and resends the same request id. The server answers a repeated id from a per-client cache, so a
 retried request is executed once. ZMQ reconnects to a restarted peer by itself; a peer that stays away
 ends in `RequestTimeout`. `send` on several clients, then `receive` from each, lets their servers work in
-parallel.
+parallel. A caller that keeps its own deadlines (rljob/runtime/wire/deadlines.py) uses the steps of `receive`
+one by one: `wait` (a reply or None, the request still pending), `resend` (same id, fresh socket), `forget`.
 
 With a job key (`RLJOB_TRANSPORT_KEY_FILE`, the per-job Secret the operator mounts) every message carries an
 HMAC-SHA256 of its frames as one more frame: a server refuses a request without a valid one (PermissionError,

@@ -7,6 +7,10 @@ no chunk is lost and none is counted twice. Weights go to every replica whose ve
 The replicas are those of a `RolloutMembership` (rljob/runtime/llm/replicas/membership.py), looked at between polls:
 a replica that joins gets the latest weights before any chunk is sent to it (chunks only go to replicas
 holding weights), and the chunks in flight on a replica that leaves are re-sent to the others.
+
+A replica that does not answer a request within the role's deadline (`LatencyDeadline`: from the observed
+latency, or `spec.roles.<role>.requestTimeoutSeconds`) is late (`LateReplicas`): named in the log and in
+`/progress`, its work re-sent to the others, and none sent to it until it answers a `status` probe again.
 """
 
 from __future__ import annotations
@@ -528,7 +532,11 @@ class RewardPool:
             replica, part, request, sent, overdue = outstanding.pop(0)
             client, name = self.clients[replica], self.names[replica]
             # Parts were sent together and are scored in parallel: waiting for one is time the others had too.
-            reply = client.wait(request, max(0.0, sent + self.deadline.seconds() - time.monotonic()))
+            try:
+                reply = client.wait(request, max(0.0, sent + self.deadline.seconds() - time.monotonic()))
+            except TransportError:
+                client.forget(request)
+                raise
             if reply is not None:
                 client.forget(request)
                 if not overdue:  # a frozen replica's 45 s is not the role's pace
