@@ -43,7 +43,7 @@ def wait_for_log(run, text: str, timeout: float = 60) -> str:
 def test_a_frozen_replica_is_named_training_goes_on_with_the_other_and_it_rejoins(repo, start_run, role):
     run = start_run(
         repo / GRPO,
-        "--set=spec.trainer.steps=120",
+        "--set=spec.trainer.steps=200",
         f"--set=spec.roles.{role}.replicas=2",
         f"--set=spec.roles.{role}.requestTimeoutSeconds=3",
         *SETTINGS,
@@ -68,8 +68,8 @@ def test_a_frozen_replica_is_named_training_goes_on_with_the_other_and_it_rejoin
     assert run.process.returncode == 0, output
     records = run.metrics()
     # Every step once, every sample scored once (no part of a batch lost or counted twice).
-    assert [r["step"] for r in records] == list(range(1, 121))
-    assert [r["samples"] for r in records] == [BATCH * 8 * s for s in range(1, 121)]
+    assert [r["step"] for r in records] == list(range(1, 201))
+    assert [r["samples"] for r in records] == [BATCH * 8 * s for s in range(1, 201)]
     assert f"{role}-1 exited" not in output  # it was never restarted: it was waited out and taken back
 
 
