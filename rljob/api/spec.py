@@ -686,6 +686,18 @@ class RoleSpec(SpecModel):
     """Liveness and startup probes of the role's container (per-role defaults when unset)."""
 
 
+class PeerRoleSpec(RoleSpec):
+    """The pods of a role the actor sends requests to (rollout, reward)."""
+
+    request_timeout_seconds: float | None = Field(default=None, gt=0)
+    """Seconds the actor waits for one request to a replica of this role before it names the replica late (in its
+    log, `/progress` and a Stalled condition) and moves the replica's work to the others; the replica rejoins when
+    it answers again. Unset: derived from the role's observed latency, 5 times the 95th percentile of its recent
+    requests, at least 10 s (rollout: 5 s, its server answers whatever it generates; reward: at least
+    `reward.sandbox.timeoutSeconds` + 5 s); until 5 requests were answered 120 s (rollout: 5 s). With one
+    replica there is nowhere to move the work: it is named and waited for. See docs/troubleshooting.md."""
+
+
 class ActorRoleSpec(RoleSpec):
     """The actor role's pods: the trainer group."""
 
@@ -713,7 +725,7 @@ class AutoscaleSpec(SpecModel):
     """Seconds after any scaling before a rollout is removed."""
 
 
-class RolloutRoleSpec(RoleSpec):
+class RolloutRoleSpec(PeerRoleSpec):
     """The rollout role's pods: generation servers."""
 
     replicas: int = Field(default=1, ge=0)  # type: ignore[assignment]
@@ -734,7 +746,7 @@ class RolesSpec(SpecModel):
     actor: ActorRoleSpec = Field(default_factory=ActorRoleSpec)
     rollout: RolloutRoleSpec = Field(default_factory=RolloutRoleSpec)
     env: RoleSpec = Field(default_factory=RoleSpec)
-    reward: RoleSpec = Field(default_factory=RoleSpec)
+    reward: PeerRoleSpec = Field(default_factory=PeerRoleSpec)
 
     def get(self, role: RoleName) -> RoleSpec:
         return getattr(self, role)
@@ -743,6 +755,12 @@ class RolesSpec(SpecModel):
         """Seconds `role`'s loops may go without a heartbeat (0: not checked), its default when unset."""
         value = self.get(role).probes.liveness_timeout_seconds
         return LIVENESS_TIMEOUT_DEFAULTS[role] if value is None else value
+
+    def request_timeout(self, role: Literal["rollout", "reward"]) -> float | None:
+        """`spec.roles.<role>.requestTimeoutSeconds`: None when the deadline is derived from observed latency."""
+        peer = self.get(role)
+        assert isinstance(peer, PeerRoleSpec)
+        return peer.request_timeout_seconds
 
     def startup_timeout(self, role: RoleName) -> int:
         """Seconds `role` may take to its first heartbeat, its default when unset."""

@@ -58,7 +58,7 @@ class LabRun:
 
 
 def run_in_lab(job: RLJob, out: Path, dns: DnsMode, during=None, limit_s: float = 600) -> LabRun:
-    """Run `job` with every replica on a host of its own; `during(run)` is called at every supervisor tick."""
+    """Run `job` with every replica on a host of its own; `during(run, lab)` is called at every supervisor tick."""
     replicas = {r: job.spec.roles.get(r).replicas or 0 for r in ("actor", "rollout", "env", "reward")}
     lines: list[str] = []
     shutil.rmtree(out, ignore_errors=True)
@@ -69,7 +69,7 @@ def run_in_lab(job: RLJob, out: Path, dns: DnsMode, during=None, limit_s: float 
         timer.start()
         try:
             run.start()
-            result = run.supervise(on_tick=(lambda: during(run)) if during else None)
+            result = run.supervise(on_tick=(lambda: during(run, lab)) if during else None)
         finally:
             timer.cancel()
         done = LabRun(result, lines, time.monotonic() - started, lab.dns_queries)

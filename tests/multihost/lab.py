@@ -277,6 +277,15 @@ class NetnsLab:
             host.hostname,
         )
 
+    def cut(self, role: str, replica: int) -> None:
+        """Cut one host off the network: its link goes down (a partition; the host's processes run on). Packets to
+        and from it are lost, TCP connections stay open and retransmit, as across a failed switch port."""
+        _ip("-n", self.hosts[(role, replica)].namespace, "link", "set", "eth0", "down")
+
+    def restore(self, role: str, replica: int) -> None:
+        """Bring a cut host's link back up (its address and route come back with it)."""
+        _ip("-n", self.hosts[(role, replica)].namespace, "link", "set", "eth0", "up")
+
     def run(self, role: str, replica: int, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run a command on one host and wait for it."""
         return subprocess.run(

@@ -59,7 +59,7 @@ def test_a_killed_rollout_is_replaced_and_resynced_across_hosts_with_a_silent_dn
     job = load_example("cartpole-ppo.yaml", ["spec.trainer.steps=80"])
     killed: list[float] = []
 
-    def kill_rollout_at_step_20(run) -> None:
+    def kill_rollout_at_step_20(run, lab) -> None:
         if killed:
             return
         try:

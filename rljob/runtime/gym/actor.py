@@ -55,6 +55,7 @@ from rljob.runtime.records.metrics import (
 )
 from rljob.runtime.weights.sync import SyncRefused, WeightPublisher
 from rljob.runtime.wire.context import FatalConfigError, RoleContext
+from rljob.runtime.wire.deadlines import LateReplicas
 from rljob.runtime.wire.identity import EXIT_PREEMPTED
 from rljob.runtime.wire.ranks import STOP_NOW, agree_to_stop, join_actor_group, nccl_config_error, rank_device
 from rljob.runtime.wire.role_http import ProgressTracker
@@ -111,6 +112,10 @@ class Controller:
         self.limited = LimitedLog(context.log)
         self.issue = ""
         """Why the last attempt at a step's batches failed; "" once a step's batches are in (progress reports it)."""
+        self.late = LateReplicas(context.log)
+        """Rollouts that stopped answering. Each holds its own environments, so its share of the batch cannot move
+        to another: the step waits for it (up to ROLLOUT_WAIT_S), and the log, `/progress` and a Stalled
+        condition name it meanwhile."""
 
     def close(self) -> None:
         self.publisher.close()
@@ -118,18 +123,28 @@ class Controller:
             link.client.close()
 
     def _status(self, link: RolloutLink) -> None:
+        asked = time.monotonic()
+        name = f"rollout-{link.replica}"
+
+        def not_answering(exc: Exception, _: object) -> None:
+            if link.tag:  # it answered before: hung or cut off, not still starting
+                self.late.late(name, asked, [])
+            else:
+                self.limited.warning(
+                    f"status:{link.replica}:{reason_of(exc)}",
+                    "rollout %d not answering (%s); waiting for it",
+                    link.replica,
+                    exc,
+                )
+
         reply = retry(
             lambda: link.client.call("status"),
             retry_on=(RequestTimeout,),
             deadline_s=ROLLOUT_WAIT_S,
             stop=self.context.stop,
-            on_retry=lambda exc, _: self.limited.warning(
-                f"status:{link.replica}:{reason_of(exc)}",
-                "rollout %d not answering (%s); waiting for it",
-                link.replica,
-                exc,
-            ),
+            on_retry=not_answering,
         )
+        self.late.answered(name)
         if reply["tag"] != link.tag:
             if link.tag:
                 link.restarts += 1
@@ -453,7 +468,12 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
 
     assert health is not None  # global rank 0 is its replica's local rank 0
     controller = Controller(context, learner)
-    tracker = ProgressTracker(total_steps=total, step=learner.step, issue=lambda: controller.issue)
+    tracker = ProgressTracker(
+        total_steps=total,
+        step=learner.step,
+        issue=lambda: "; ".join(x for x in (controller.late.issue(), controller.issue) if x),
+        late=controller.late.snapshot,
+    )
     health.server.set_progress_provider(tracker.snapshot)
     run_metrics = None
     if identity.run_dir:

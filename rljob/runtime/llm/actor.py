@@ -78,6 +78,7 @@ from rljob.runtime.records.metrics import (
 from rljob.runtime.weights.ipc import IpcWeightPublisher
 from rljob.runtime.weights.sync import FileWeightPublisher, WeightPublisher
 from rljob.runtime.wire.context import FatalConfigError, RoleContext
+from rljob.runtime.wire.deadlines import FIRST_S, FLOOR_S, LatencyDeadline, LateReplicas
 from rljob.runtime.wire.health import wait_for_collocated_rollout
 from rljob.runtime.wire.identity import EXIT_PREEMPTED
 from rljob.runtime.wire.ranks import join_actor_group, nccl_config_error, rank_device
@@ -133,8 +134,18 @@ class Controller:
                 ranks_per_replica=sync_ranks_per_replica(spec),
             )
         membership = RolloutMembership(identity.endpoints["rollout"], identity.rollout_members_file)
-        self.rollouts = RolloutPool(membership, publisher, self.tag)
-        self.rewards = RewardPool(identity.endpoints["reward"], timeout=spec.reward.sandbox.timeout_seconds + 30)
+        self.late = LateReplicas(context.log)
+        """Replicas past their request deadline: named in the log, `/progress` and a Stalled condition."""
+        rollout_deadline = LatencyDeadline("rollout", spec.roles.request_timeout("rollout"), first_s=FLOOR_S["rollout"])
+        self.rollouts = RolloutPool(membership, publisher, self.tag, self.late, rollout_deadline)
+        sandbox_s = spec.reward.sandbox.timeout_seconds  # one sample may take this long to score
+        reward_deadline = LatencyDeadline(
+            "reward",
+            spec.roles.request_timeout("reward"),
+            floor_s=max(FLOOR_S["reward"], sandbox_s + 5),
+            first_s=max(FIRST_S, sandbox_s + 30),
+        )
+        self.rewards = RewardPool(identity.endpoints["reward"], reward_deadline, self.late)
         self.stream = PromptStream(len(rows), spec.trainer.seed)
         self.skipped_too_long = 0
         self.bad_images: set[int] = set()
@@ -557,7 +568,12 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     if stream_state is not None:
         controller.stream.load_state_dict(stream_state)
     accuracy_key = accuracy_term(spec)
-    tracker = ProgressTracker(total_steps=total, step=learner.step, issue=lambda: controller.rollouts.issue)
+    tracker = ProgressTracker(
+        total_steps=total,
+        step=learner.step,
+        issue=lambda: "; ".join(x for x in (controller.late.issue(), controller.rollouts.issue) if x),
+        late=controller.late.snapshot,
+    )
     health.server.set_progress_provider(tracker.snapshot)
     run_metrics = None
     if identity.run_dir:

@@ -56,6 +56,8 @@ class Progress:
     """Mean policy entropy of the latest step (nats); None where it is not a Shannon entropy (continuous actions)."""
     mismatch_kl: float | None = None
     """llm jobs: rollout/trainer mismatch KL of the latest step (nats per token)."""
+    late_replicas: tuple[tuple[str, float], ...] = ()
+    """Replicas past their request deadline: (`role-i`, seconds without an answer), longest first."""
 
     def to_json(self) -> dict[str, object]:
         data: dict[str, object] = {
@@ -74,17 +76,27 @@ class Progress:
             data["rolloutIdle"] = self.rollout_idle
         data["entropy"] = self.entropy
         data["mismatchKl"] = self.mismatch_kl
+        if self.late_replicas:
+            data["lateReplicas"] = [{"replica": name, "seconds": round(s, 1)} for name, s in self.late_replicas]
         return data
 
 
 class ProgressTracker:
     """Thread-safe latest progress; pass `tracker.snapshot` as the server's progress provider."""
 
-    def __init__(self, total_steps: int, step: int = 0, issue: Callable[[], str] = str) -> None:
-        """`issue()` says why the next step is not coming, read at every snapshot ("" when nothing is wrong)."""
+    def __init__(
+        self,
+        total_steps: int,
+        step: int = 0,
+        issue: Callable[[], str] = str,
+        late: Callable[[], list[tuple[str, float]]] = list,
+    ) -> None:
+        """`issue()` says why the next step is not coming, read at every snapshot ("" when nothing is wrong);
+        `late()` lists the replicas past their request deadline (`LateReplicas.snapshot`)."""
         self._lock = threading.Lock()
         self._progress = Progress(step=step, total_steps=total_steps)
         self._issue = issue
+        self._late = late
 
     def update(
         self,
@@ -114,8 +126,8 @@ class ProgressTracker:
     def snapshot(self) -> Progress:
         with self._lock:
             progress = self._progress
-        issue = self._issue()
-        return replace(progress, issue=issue) if issue else progress
+        issue, late = self._issue(), tuple(self._late())
+        return replace(progress, issue=issue, late_replicas=late) if issue or late else progress
 
 
 def answers_ready(url: str, timeout_s: float = 1.0) -> bool:

@@ -8,7 +8,8 @@ instead: on timeout it throws its socket away (dropping whatever was queued for 
 one and resends the same request id. The server answers a repeated id from a per-client cache, so a
 retried request is executed once. ZMQ reconnects to a restarted peer by itself; a peer that stays away
 ends in `RequestTimeout`. `send` on several clients, then `receive` from each, lets their servers work in
-parallel.
+parallel. A caller that keeps its own deadlines (rljob/runtime/wire/deadlines.py) uses the steps of `receive`
+one by one: `wait` (a reply or None, the request still pending), `resend` (same id, fresh socket), `forget`.
 
 With a job key (`RLJOB_TRANSPORT_KEY_FILE`, the per-job Secret the operator mounts) every message carries an
 HMAC-SHA256 of its frames as one more frame: a server refuses a request without a valid one (PermissionError,
@@ -216,30 +217,48 @@ class RequestClient:
         """The reply to `request_id`; resends on timeout, raises `RequestTimeout` after the last retry."""
         timeout = self.timeout if timeout is None else timeout
         retries = self.retries if retries is None else retries
-        method, frames = self._pending[request_id]
+        method = self._pending[request_id][0]
         try:
             for attempt in range(retries + 1):
                 if attempt:
-                    self._connect()
-                    self._send_frames(frames)
-                deadline = time.monotonic() + timeout
-                while (left := deadline - time.monotonic()) > 0:
-                    if not self.socket.poll(max(1, int(left * 1000)), zmq.POLLIN):
-                        break
-                    opened = unseal(self.key, self.socket.recv_multipart(copy=False))
-                    if opened is None:
-                        continue  # not from a server of this job
-                    header, payload = decode(opened)
-                    if header.id != request_id:
-                        continue  # a late reply to an abandoned request
-                    if header.error is not None:
-                        raise RemoteError(*header.error)
-                    return payload
+                    self.resend(request_id)
+                reply = self.wait(request_id, timeout)
+                if reply is not None:
+                    return reply
             raise RequestTimeout(
                 f"{method} to {self.endpoint}: no reply after {retries + 1} attempt(s) of {timeout:g}s"
             )
         finally:
-            self._pending.pop(request_id, None)
+            self.forget(request_id)
+
+    def wait(self, request_id: int, timeout: float) -> Payload | None:
+        """The reply to `request_id` if it comes within `timeout` seconds (0: only one already here), else None;
+        the request stays pending: wait again, `resend` it or `forget` it. Replies to other requests are dropped
+        (late replies to abandoned requests)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if not self.socket.poll(max(0, int(left * 1000)), zmq.POLLIN):
+                return None
+            opened = unseal(self.key, self.socket.recv_multipart(copy=False))
+            if opened is None:
+                continue  # not from a server of this job
+            header, payload = decode(opened)
+            if header.id != request_id:
+                continue  # a late reply to an abandoned request
+            if header.error is not None:
+                raise RemoteError(*header.error)
+            return payload
+
+    def resend(self, request_id: int) -> None:
+        """Send a pending request again on a fresh socket (the lazy pirate step): same id, so a server that has
+        it already answers from its cache instead of doing the work twice."""
+        self._connect()
+        self._send_frames(self._pending[request_id][1])
+
+    def forget(self, request_id: int) -> None:
+        """Abandon a request: a reply that still comes for it is dropped."""
+        self._pending.pop(request_id, None)
 
     def call(
         self,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 
+from rljob.runtime.wire.deadlines import LateReplicas
 from tests.operator.controller.conftest import (
     CARTPOLE_PODS,
     Cluster,
@@ -67,5 +69,34 @@ async def test_on_stalled_fail_job_fails_it_with_reason_stalled(kube: Kubernetes
             failed = next(c for c in cluster.status("cp")["conditions"] if c["type"] == "Failed")
             assert failed["reason"] == "Stalled" and "onStalled: FailJob" in failed["message"]
             assert "at step 3 of 150" in failed["message"]
+    finally:
+        await server.close()
+
+
+async def test_a_stalled_job_names_the_replica_that_does_not_answer(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    # What the actor's /progress says while its only reward replica is frozen: the issue and lateReplicas.
+    clock = [100.0]
+    late = LateReplicas(logging.getLogger("test.stalled"), clock=lambda: clock[0])
+    late.late("reward-0", since=55.0, moved_to=[])
+    progress = {"step": 7, "totalSteps": 150, "updatedAt": _now(), "issue": late.issue()}
+    progress["lateReplicas"] = [{"replica": name, "seconds": s} for name, s in late.snapshot()]
+    server = await progress_server(progress)
+
+    def stalled() -> dict:
+        return next((c for c in cluster.status("cp").get("conditions", []) if c["type"] == "Stalled"), {})
+
+    try:
+        async with operator_running(kube, progress_url=lambda pod, port: str(server.make_url("/progress"))):
+            cluster.create_job(cartpole_job(failurePolicy={"progressDeadlineSeconds": 2}))
+            await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS)
+            cluster.run_all("cp")
+            await eventually(lambda: stalled().get("status") == "True", what="Stalled")
+            message = stalled()["message"]
+            assert "at step 7 of 150" in message and "no reason" not in message
+            assert message.endswith(
+                "the actor reports: reward-0 has not answered for 45 s (no other replica can take its work: waiting)"
+            ), message
     finally:
         await server.close()

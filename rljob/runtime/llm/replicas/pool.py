@@ -7,6 +7,10 @@ no chunk is lost and none is counted twice. Weights go to every replica whose ve
 The replicas are those of a `RolloutMembership` (rljob/runtime/llm/replicas/membership.py), looked at between polls:
 a replica that joins gets the latest weights before any chunk is sent to it (chunks only go to replicas
 holding weights), and the chunks in flight on a replica that leaves are re-sent to the others.
+
+A replica that does not answer a request within the role's deadline (`LatencyDeadline`: from the observed
+latency, or `spec.roles.<role>.requestTimeoutSeconds`) is late (`LateReplicas`): named in the log and in
+`/progress`, its work re-sent to the others, and none sent to it until it answers a `status` probe again.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from rljob.runtime.llm.replicas.membership import RolloutMembership
 from rljob.runtime.process.log_limit import LimitedLog, reason_of
 from rljob.runtime.weights.ipc import IpcWeightPublisher
 from rljob.runtime.weights.sync import FileWeightPublisher, SyncRefused, WeightPublisher
-from rljob.runtime.wire.transport import RequestClient, RequestTimeout, TransportError
+from rljob.runtime.wire.deadlines import FLOOR_S, LatencyDeadline, LateReplicas
+from rljob.runtime.wire.transport import Payload, RequestClient, RequestTimeout, TransportError
 
 log = logging.getLogger("rljob.actor")
 limited = LimitedLog(log)
@@ -92,7 +97,19 @@ class RolloutPool:
         membership: RolloutMembership | list[str],
         publisher: WeightPublisher | FileWeightPublisher | IpcWeightPublisher,
         actor_tag: str,
+        late: LateReplicas | None = None,
+        deadline: LatencyDeadline | None = None,
     ) -> None:
+        self.late = late or LateReplicas(log)
+        """Replicas that stopped answering (named in the log and `/progress`): no work and no weights until they
+        answer a `status` probe again."""
+        self.deadline = deadline or LatencyDeadline("rollout", first_s=FLOOR_S["rollout"])
+        """How long a `results` or `status` request may go unanswered (answered by the rollout's server thread
+        whatever it generates: milliseconds when all is well)."""
+        self._probes: dict[int, tuple[int, float]] = {}
+        """Late replica -> (its pending `status` probe, when last sent)."""
+        self._rejoining: set[int] = set()
+        """Replicas that answered again and wait for the latest weights before they get chunks."""
         self.membership = membership if isinstance(membership, RolloutMembership) else RolloutMembership(membership)
         self.links: list[RolloutLink] = []
         """The current members, by replica index."""
@@ -147,18 +164,64 @@ class RolloutPool:
 
     def _retire(self, link: RolloutLink) -> None:
         log.info("rollout %d (%s) left the rollout membership", link.replica, link.endpoint)
+        self.late.forget(_name(link))
+        self._probes.pop(link.replica, None)
         self._lose(link, "left")
         self._retired_restarts += link.restarts
         link.client.close()
         self.publisher.forget(link.replica)
 
     def _check(self, link: RolloutLink) -> bool:
-        """Refresh the replica's incarnation; False when it does not answer. A new one loses its chunks."""
+        """Refresh the replica's incarnation; False when it does not answer (named late when it had answered
+        before: one never reached is still starting). A new incarnation loses its chunks."""
+        if self.late.is_late(_name(link)):
+            return False  # its probe says when it is back (`_probe_late`): no status timeout paid per call
+        asked = time.monotonic()
         try:
-            reply = link.client.call("status")
+            reply = link.client.call("status", timeout=self.deadline.seconds(), retries=0)
         except TransportError:
-            self._lose(link, "not answering")
+            if link.tag:
+                self._name_late(link, asked)
+            else:
+                self._lose(link, "not answering")
             return False
+        self.deadline.observe(time.monotonic() - asked)
+        self._seen(link, reply)
+        return True
+
+    def _name_late(self, link: RolloutLink, since: float) -> None:
+        """`link` has not answered since `since`: named, its chunks re-sent to the others, no work until its
+        `status` probe is answered (`_probe_late`)."""
+        others = [_name(x) for x in self.links if x is not link and x.tag and not self.late.is_late(_name(x))]
+        self.late.late(_name(link), since, others)
+        self._lose(link, "not answering")
+
+    def _probe_late(self) -> None:
+        """Late replicas that answered their `status` probe rejoin (a restarted one as a new incarnation); the
+        others are probed afresh once per deadline. Never blocks."""
+        for link in self.links:
+            if not self.late.is_late(_name(link)):
+                continue
+            probe = self._probes.get(link.replica)
+            if probe is None:
+                self._probes[link.replica] = (link.client.send("status"), time.monotonic())
+                continue
+            try:
+                reply = link.client.wait(probe[0], 0)
+            except TransportError:
+                reply = None
+            if reply is not None:
+                link.client.forget(probe[0])
+                del self._probes[link.replica]
+                self.late.answered(_name(link))
+                self._rejoining.add(link.replica)
+                self._seen(link, reply)
+            elif time.monotonic() - probe[1] >= self.deadline.seconds():
+                link.client.resend(probe[0])  # on a fresh socket: a restarted replica never got the first
+                self._probes[link.replica] = (probe[0], time.monotonic())
+
+    def _seen(self, link: RolloutLink, reply: Payload) -> None:
+        """A `status` answer: a new incarnation loses its chunks and weights."""
         if reply["tag"] != link.tag:
             if link.tag:
                 link.restarts += 1
@@ -179,6 +242,7 @@ class RolloutPool:
         started = time.perf_counter()
         self._weights = (version, model)
         self.refresh()
+        self._probe_late()
         behind = [
             link
             for link in self.links
@@ -196,6 +260,7 @@ class RolloutPool:
                 return
             keys = self.publisher.plan([(link.replica, link.tag) for link in links], version, model)
             requests = {}
+            sent = time.monotonic()
             for link in links:
                 request = {"version": version, "key": keys[link.replica], "actor_tag": self.actor_tag}
                 requests[link.replica] = link.client.send("sync_weights", request | {"rollout_tag": link.tag})
@@ -212,16 +277,26 @@ class RolloutPool:
                 self.issue = f"weights version {version}: {exc}"
                 replicas = [link.replica for link in links]
                 limited.warning(f"failed:{reason_of(exc)}", "weight sync to rollouts %s failed (%s)", replicas, exc)
+            # A refused round is called off for every member (the publisher aborts it): nobody got `version`.
+            published = failure is None and not refused
             for link in links:
+                # One that took part may be loading a large model's weights; one that never accepted only has
+                # to say so: past the request deadline it is late (a frozen one must not cost a minute a step).
+                timeout = self.deadline.seconds() if link.replica in refused else SYNC_REPLY_TIMEOUT_S
                 try:
-                    link.client.receive(requests[link.replica], timeout=SYNC_REPLY_TIMEOUT_S, retries=0)
+                    link.client.receive(requests[link.replica], timeout=timeout, retries=0)
                 except TransportError as exc:  # gone, or restarted: check it, sync later
                     reason = f"reply:{link.replica}:{reason_of(exc)}"
                     limited.warning(reason, "weight sync to rollout %d failed (%s)", link.replica, exc)
+                    if link.tag and isinstance(exc, RequestTimeout):
+                        self._name_late(link, sent)
                     refused |= {link.replica}
                     continue
-                if failure is None and link.replica not in refused:
+                if published and link.replica not in refused:
                     link.version = version
+                    if link.replica in self._rejoining:
+                        self._rejoining.discard(link.replica)
+                        log.info("%s has weights version %d again: it takes chunks again", _name(link), version)
             for link in links:
                 if link.replica in refused or failure is not None:
                     self.publisher.forget(link.replica)
@@ -355,6 +430,7 @@ class RolloutPool:
     def poll(self) -> list[ChunkResult]:
         """Finished chunks from every replica with work (waiting briefly); re-dispatches lost ones."""
         self.refresh()
+        self._probe_late()
         self._dispatch()
         if self.orphans:  # no replica can take them: see whether one came back
             self._revive()
@@ -362,14 +438,18 @@ class RolloutPool:
         busy = [link for link in self.links if link.inflight]
         requests = []
         for link in busy:
-            requests.append((link, link.client.send("results", {"actor_tag": self.actor_tag})))
+            requests.append((link, link.client.send("results", {"actor_tag": self.actor_tag}), time.monotonic()))
         finished: list[ChunkResult] = []
-        for link, request in requests:
+        for link, request, sent in requests:
+            # Sent together, answered in parallel: the wait for one is time the others had too.
             try:
-                reply = link.client.receive(request)
+                reply = link.client.receive(
+                    request, timeout=max(0.0, sent + self.deadline.seconds() - time.monotonic()), retries=0
+                )
             except RequestTimeout:
-                self._check(link)
+                self._name_late(link, sent)  # its chunks go to the others; its late results are dropped
                 continue
+            self.deadline.observe(time.monotonic() - sent)
             if reply["tag"] != link.tag:
                 self._check(link)
                 continue
@@ -389,30 +469,101 @@ class RolloutPool:
         return len(self.orphans) + sum(len(link.inflight) for link in self.links)
 
 
-class RewardPool:
-    """Scores samples on the reward replicas: the batch is split evenly and scored in parallel."""
+def _name(link: RolloutLink) -> str:
+    return f"rollout-{link.replica}"
 
-    def __init__(self, endpoints: list[str], timeout: float) -> None:
-        self.clients = [RequestClient(e, timeout=timeout, retries=2) for e in endpoints]
+
+class RewardPool:
+    """Scores samples on the reward replicas: the batch is split evenly over those answering, scored in parallel.
+
+    Each part has a deadline (`LatencyDeadline`, from the role's observed latency). A replica past it is named
+    (`LateReplicas`) and its part is split over the others at once; its late answer, if it comes, is dropped
+    (the request is forgotten), so no sample is scored twice into a batch. A late replica gets no work until it
+    answers a `status` probe again. With no other replica to take the part, the late one is waited for (the
+    request resent under the same id: a server that has it already answers from its cache) and still named.
+    """
+
+    def __init__(self, endpoints: list[str], deadline: LatencyDeadline, late: LateReplicas) -> None:
+        self.clients = [RequestClient(e, timeout=deadline.first_s, retries=2) for e in endpoints]
+        self.names = [f"reward-{i}" for i in range(len(endpoints))]
+        self.deadline = deadline
+        self.late = late
+        self._probes: dict[int, tuple[int, float]] = {}
+        """Late replica -> (its pending `status` probe, when last sent)."""
+
+    def _check_late(self) -> None:
+        """Late replicas that answered their probe rejoin; the others are probed (afresh once per deadline)."""
+        for replica, name in enumerate(self.names):
+            if not self.late.is_late(name):
+                continue
+            client = self.clients[replica]
+            probe = self._probes.get(replica)
+            if probe is None:
+                self._probes[replica] = (client.send("status"), time.monotonic())
+                continue
+            try:
+                answered = client.wait(probe[0], 0) is not None
+            except TransportError:
+                answered = True  # it answered, with an error: it is there
+            if answered:
+                client.forget(probe[0])
+                del self._probes[replica]
+                self.late.answered(name)
+            elif time.monotonic() - probe[1] >= self.deadline.seconds():
+                client.resend(probe[0])  # a fresh socket: a restarted replica never got the first one
+                self._probes[replica] = (probe[0], time.monotonic())
 
     def score(self, samples: list[dict[str, Any]]) -> tuple[np.ndarray, dict[str, list[float]], dict[str, int]]:
-        parts = np.array_split(np.arange(len(samples)), len(self.clients))
-        started = [
-            (client, client.send("score", {"samples": [samples[i] for i in part]}))
-            for client, part in zip(self.clients, parts, strict=True)
-            if len(part)
-        ]
-        rewards: list[np.ndarray] = []
+        self._check_late()
+        everyone = list(range(len(self.clients)))
+        answering = [r for r in everyone if not self.late.is_late(self.names[r])] or everyone
+
+        def send(replica: int, part: np.ndarray) -> tuple[int, np.ndarray, int, float, bool]:
+            request = self.clients[replica].send("score", {"samples": [samples[i] for i in part]})
+            return replica, part, request, time.monotonic(), False
+
+        def split(indices: np.ndarray, replicas: list[int]) -> list[tuple[int, np.ndarray, int, float, bool]]:
+            parts = np.array_split(indices, len(replicas))
+            return [send(r, part) for r, part in zip(replicas, parts, strict=True) if len(part)]
+
+        outstanding = split(np.arange(len(samples)), answering)
+        replies: list[tuple[np.ndarray, Payload]] = []
+        while outstanding:
+            replica, part, request, sent, overdue = outstanding.pop(0)
+            client, name = self.clients[replica], self.names[replica]
+            # Parts were sent together and are scored in parallel: waiting for one is time the others had too.
+            try:
+                reply = client.wait(request, max(0.0, sent + self.deadline.seconds() - time.monotonic()))
+            except TransportError:
+                client.forget(request)
+                raise
+            if reply is not None:
+                client.forget(request)
+                if not overdue:  # a frozen replica's 45 s is not the role's pace
+                    self.deadline.observe(time.monotonic() - sent)
+                self.late.answered(name)
+                replies.append((part, reply))
+                continue
+            others = [r for r in answering if r != replica and not self.late.is_late(self.names[r])]
+            self.late.late(name, sent, [self.names[r] for r in others])
+            if not others:  # nowhere to move it: wait on
+                client.resend(request)
+                outstanding.append((replica, part, request, time.monotonic(), True))
+                continue
+            client.forget(request)  # its late answer is dropped: the part is scored elsewhere
+            outstanding.extend(split(part, others))
+        rewards = np.zeros(len(samples))
         terms: dict[str, list[float]] = {}
         errors: dict[str, int] = {}
-        for client, request in started:
-            reply = client.receive(request)
-            rewards.append(np.asarray(reply["rewards"], dtype=np.float64))
+        for part, reply in replies:  # parts come back in any order: each goes to its samples' places
+            rewards[part] = np.asarray(reply["rewards"], dtype=np.float64)
             for name, values in reply["terms"].items():
-                terms.setdefault(name, []).extend(values)
+                column = terms.setdefault(name, [0.0] * len(samples))
+                for i, value in zip(part.tolist(), values, strict=True):
+                    column[i] = value
             for name, count in reply["errors"].items():
                 errors[name] = errors.get(name, 0) + int(count)
-        return np.concatenate(rewards) if rewards else np.zeros(0), terms, errors
+        return rewards, terms, errors
 
     def close(self) -> None:
         for client in self.clients:
