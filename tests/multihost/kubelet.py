@@ -4,6 +4,7 @@ named after the pod (tests/multihost/lab.py), the job file from the rendered Con
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rljob.runtime.wire.transport import TRANSPORT_KEY_FILE_ENV
 from tests.multihost.lab import NetnsLab
 
 LIMIT_S = 300
@@ -23,6 +25,9 @@ class Kubelet:
         self.lab, self.config_file, self.home = lab, config_file, home
         self.extra_env = extra_env or {}
         """Beside the pod's own variables (e.g. RLJOB_RUN_DIR: metrics.jsonl where a test reads it)."""
+        # The job's Secret as the operator makes it (a random key) and the kubelet mounts it: a file every pod reads.
+        self.key_file = config_file.with_name("transport-key")
+        self.key_file.write_bytes(secrets.token_hex(32).encode())
         self.lines: list[str] = []
         self.processes: dict[str, subprocess.Popen[str]] = {}
         self._readers: list[threading.Thread] = []
@@ -34,6 +39,7 @@ class Kubelet:
         env = {"PATH": os.environ["PATH"], "HOME": str(self.home), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
         env.update({e["name"]: e["value"] for e in main["env"]})  # the namespace is set: every variable has a value
         env["RLJOB_CONFIG"] = str(self.config_file)  # where the ConfigMap volume would be mounted
+        env[TRANSPORT_KEY_FILE_ENV] = str(self.key_file)  # where the Secret volume would be mounted
         env.update(self.extra_env)
         command = [str(Path(sys.executable).parent / main["command"][0]), *main["args"]]
         prefix = self.lab.command_prefix(labels["rljob.io/role"], int(labels["rljob.io/replica"]))
