@@ -104,8 +104,13 @@ def transport_key() -> bytes | None:
     path = os.environ.get(TRANSPORT_KEY_FILE_ENV)
     if not path:
         return None
-    with open(path, "rb") as file:
-        key = file.read().strip()
+    try:
+        with open(path, "rb") as file:
+            key = file.read().strip()
+    except OSError as exc:
+        raise TransportError(
+            f"{TRANSPORT_KEY_FILE_ENV}={path} cannot be read ({exc.strerror}): the job's Secret is not mounted there"
+        ) from None
     if not key:
         raise TransportError(f"{TRANSPORT_KEY_FILE_ENV}={path} is empty: the job's Secret holds no key")
     return key

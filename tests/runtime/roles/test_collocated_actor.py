@@ -8,6 +8,7 @@ job file is the rendered ConfigMap's. A rollout that cannot be kept running stop
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from rljob.operator.naming import CONFIG_KEY
 from rljob.operator.settings import OperatorSettings
 from rljob.runtime.roles.collocated import TEST_ROLLOUT_COMMAND_ENV
 from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP
+from rljob.runtime.wire.transport import TRANSPORT_KEY_FILE_ENV
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -42,10 +44,13 @@ def actor_pod_env(tmp_path: Path, overrides: list[str]) -> dict[str, str]:
     config_file = tmp_path / "job.yaml"
     config_file.write_text(config["data"][CONFIG_KEY])
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    key_file = tmp_path / "transport-key"  # the job's Secret, as the operator makes it and the kubelet mounts it
+    key_file.write_bytes(secrets.token_hex(32).encode())
     master, sync, metrics, rollout_metrics, data, rollout_data, reward = free_ports(7)
     env.update(
         {
             "RLJOB_CONFIG": str(config_file),  # where the ConfigMap volume would be mounted
+            TRANSPORT_KEY_FILE_ENV: str(key_file),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(master),
             "RLJOB_SYNC_PORT": str(sync),
