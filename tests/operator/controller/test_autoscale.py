@@ -46,7 +46,7 @@ async def test_rollout_replicas_follow_the_trainers_wait_within_bounds_and_never
             cluster.create_job(job)
             await eventually(lambda: _rollouts(cluster) == {"ar-rollout-0"}, what="pods")
             cluster.run_all("ar")
-            await eventually(lambda: cluster.phase("ar") == "Running", what="Running")
+            await eventually(lambda: cluster.phase("ar") == "Running", timeout=30, what="Running")
             actor = cluster.uid("ar-actor-0")
 
             await steps(1, 0.6, 0.0)  # generation-bound: 3x the target, but at most doubling
