@@ -52,6 +52,17 @@ class Kubelet:
         reader.start()
         self._readers.append(reader)
 
+    def run_until_done(self, pods: dict[str, dict[str, Any]], watched: str) -> subprocess.Popen[str]:
+        """Start every pod, wait for `watched` (a pod's name) to end, stop the rest; `watched`'s process."""
+        try:
+            for pod in pods.values():
+                self.start(pod)
+            process = self.processes[watched]
+            wait_for(lambda: process.poll() is not None, f"{watched} to finish")
+        finally:
+            self.stop()
+        return process
+
     def _read(self, name: str, process: subprocess.Popen[str]) -> None:
         assert process.stdout is not None
         for line in process.stdout:

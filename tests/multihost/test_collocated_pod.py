@@ -18,7 +18,7 @@ from rljob.operator.manifests import build_children
 from rljob.operator.naming import CONFIG_KEY
 from rljob.operator.settings import OperatorSettings
 from tests.multihost.conftest import load_example
-from tests.multihost.kubelet import Kubelet, wait_for
+from tests.multihost.kubelet import Kubelet
 from tests.multihost.lab import NetnsLab
 
 pytestmark = pytest.mark.slow
@@ -41,13 +41,7 @@ def test_the_collocated_actor_pod_trains_with_the_rollout_beside_it(tmp_path):
 
     with NetnsLab(job.name, {"actor": 1, "reward": 1}, dns="answering") as lab:
         kubelet = Kubelet(lab, config_file, tmp_path / "home")
-        try:
-            for pod in pods.values():
-                kubelet.start(pod)
-            actor = kubelet.processes["grpo-tiny-arithmetic-actor-0"]
-            wait_for(lambda: actor.poll() is not None, "the actor to finish")
-        finally:
-            kubelet.stop()
+        actor = kubelet.run_until_done(pods, "grpo-tiny-arithmetic-actor-0")
     lines = kubelet.output()
     text = "\n".join(lines[-60:])
     assert actor.returncode == 0, text

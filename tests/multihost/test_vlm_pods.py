@@ -12,7 +12,7 @@ from rljob.operator.manifests import build_children
 from rljob.operator.naming import CONFIG_KEY
 from rljob.operator.settings import OperatorSettings
 from tests.multihost.conftest import load_example
-from tests.multihost.kubelet import Kubelet, wait_for
+from tests.multihost.kubelet import Kubelet
 from tests.multihost.lab import NetnsLab
 
 pytestmark = pytest.mark.slow
@@ -43,13 +43,7 @@ def test_the_vision_language_example_trains_in_its_pods_each_on_a_host_of_its_ow
     with NetnsLab(name, {"actor": 1, "rollout": 1, "reward": 1}, dns="answering") as lab:
         # A run directory only so that the test reads the actor's metrics.jsonl (a pod reports them on /metrics).
         kubelet = Kubelet(lab, config_file, tmp_path / "home", {"RLJOB_RUN_DIR": str(tmp_path / "run")})
-        try:
-            for pod in pods.values():
-                kubelet.start(pod)
-            actor = kubelet.processes[f"{name}-actor-0"]
-            wait_for(lambda: actor.poll() is not None, "the actor to finish")
-        finally:
-            kubelet.stop()
+        actor = kubelet.run_until_done(pods, f"{name}-actor-0")
     lines = kubelet.output()
     text = "\n".join(lines[-60:])
     assert actor.returncode == 0, text
