@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,13 @@ from rljob.api.problems import InvalidRLJob, Problem, problems_from_validation_e
 from rljob.api.rules import check, resolve_defaults
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys instead of keeping the last one silently."""
+class ManifestLoader(yaml.SafeLoader):
+    """How every rljob command reads a manifest or a `--set` value: PyYAML's SafeLoader, rejecting duplicate keys
+    instead of keeping the last one silently, and reading numbers such as `3e-4` as YAML 1.2 does (and so
+    `kubectl apply`): PyYAML's YAML 1.1 rules read an exponent without a dot, or without a sign, as a string."""
 
 
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+def _construct_mapping(loader: ManifestLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
     seen: dict[Any, yaml.Node] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
@@ -35,7 +38,20 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
     return loader.construct_mapping(node, deep=deep)
 
 
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+ManifestLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+# The exponent forms YAML 1.1 misses (`3e-4`, `1e5`, `1.5e3`, `.5e-3`); the others keep PyYAML's resolvers.
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+for _first in "-+.0123456789":
+    # add_implicit_resolver appends; this one must win over the 1.1 resolvers of the same first character.
+    ManifestLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, [_first])
+    _resolvers = ManifestLoader.yaml_implicit_resolvers[_first]
+    _resolvers.insert(0, _resolvers.pop())
+
+
+def read_yaml_value(text: str) -> Any:
+    """A YAML document or value (a `--set` right-hand side, a job ConfigMap's job.yaml) read as a manifest is."""
+    return yaml.load(text, Loader=ManifestLoader)
 
 
 @dataclass
@@ -50,10 +66,10 @@ class Document:
 def parse_documents(text: str, source: str = "<input>") -> list[Document]:
     """All documents of a YAML stream; malformed YAML raises InvalidRLJob with line and column."""
     try:
-        nodes = list(yaml.compose_all(text, Loader=_StrictLoader))
+        nodes = list(yaml.compose_all(text, Loader=ManifestLoader))
         docs = []
         for i, node in enumerate(nodes):
-            loader = _StrictLoader("")
+            loader = ManifestLoader("")
             data = loader.construct_document(node) if node is not None else None
             docs.append(Document(data, node, i))
     except yaml.MarkedYAMLError as exc:
@@ -103,6 +119,43 @@ def _check_identity(data: Any) -> list[Problem]:
     return problems
 
 
+def _without(data: Any, locations: list[tuple[str | int, ...]]) -> Any | None:
+    """A copy of `data` without the values at `locations`, or None when one of them is not in it."""
+    pruned = copy.deepcopy(data)
+    for location in locations:
+        parent: Any = pruned
+        for key in location[:-1]:
+            try:
+                parent = parent[key]
+            except (KeyError, IndexError, TypeError):
+                return None
+        if not isinstance(parent, dict) or location[-1] not in parent:
+            return None  # a list item, a union member's tag or a missing field: not something to take out
+        del parent[location[-1]]
+    return pruned
+
+
+def _rule_problems_beside(data: Any, error: ValidationError, reported: list[Problem]) -> list[Problem]:
+    """The cross-field problems of the rest of a manifest whose schema problems are `reported`.
+
+    The values the schema refused are taken out (so their defaults stand in) and the rules run on what remains;
+    a rule about a refused field, or about a field inside or around one, is left to the schema's problem. So a
+    file with an unknown field and a wrong algorithm gets both problems at once, not one per fix."""
+    pruned = _without(data, [tuple(e["loc"]) for e in error.errors(include_url=False)])
+    if pruned is None:
+        return []
+    try:
+        job = RLJob.model_validate(pruned, by_alias=True, by_name=False)
+    except ValidationError:
+        return []  # e.g. a required field is missing: nothing sound to check the rules on
+    refused = [p.path for p in reported]
+
+    def related(path: str) -> bool:
+        return any(path == r or path.startswith(r + ".") or r.startswith(path + ".") for r in refused)
+
+    return [p for p in check(resolve_defaults(job)) if not related(p.path)]
+
+
 def validate_job(data: Any, *, source: str | None = None, node: yaml.Node | None = None) -> RLJob:
     """A valid, resolved RLJob from parsed YAML/JSON, or InvalidRLJob listing every problem."""
     problems = _check_identity(data)
@@ -112,6 +165,7 @@ def validate_job(data: Any, *, source: str | None = None, node: yaml.Node | None
             job = RLJob.model_validate(data, by_alias=True, by_name=False)
         except ValidationError as exc:
             problems = problems_from_validation_error(exc, RLJob)
+            problems += _rule_problems_beside(data, exc, problems)
     if job is not None:
         job = resolve_defaults(job)
         problems = check(job)
@@ -122,7 +176,11 @@ def validate_job(data: Any, *, source: str | None = None, node: yaml.Node | None
     return job
 
 
-def load_jobs(text: str, source: str = "<input>") -> list[RLJob]:
+Edit = Callable[[Any], Any]
+"""A change made to each parsed document before it is validated (`--set`); raises InvalidRLJob to refuse."""
+
+
+def load_jobs(text: str, source: str = "<input>", edit: Edit | None = None) -> list[RLJob]:
     """Every RLJob in a YAML stream; problems of all documents are reported together."""
     jobs: list[RLJob] = []
     problems: list[Problem] = []
@@ -131,7 +189,10 @@ def load_jobs(text: str, source: str = "<input>") -> list[RLJob]:
         raise InvalidRLJob([Problem("", "no YAML document found: expected an RLJob manifest")], source)
     for doc in docs:
         try:
-            jobs.append(validate_job(doc.data, source=source, node=doc.node))
+            if edit is None:
+                jobs.append(validate_job(doc.data, source=source, node=doc.node))
+            else:  # the file's line numbers would point at values the edit replaced
+                jobs.append(validate_job(edit(doc.data), source=source))
         except InvalidRLJob as exc:
             problems += exc.problems
     if problems:
@@ -139,23 +200,23 @@ def load_jobs(text: str, source: str = "<input>") -> list[RLJob]:
     return jobs
 
 
-def load_job_file(path: str | Path) -> RLJob:
+def load_job_file(path: str | Path, edit: Edit | None = None) -> RLJob:
     """The single RLJob in a file."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise InvalidRLJob([Problem("", f"cannot read the file: {exc.strerror}")], str(path)) from None
-    jobs = load_jobs(text, str(path))
+    jobs = load_jobs(text, str(path), edit)
     if len(jobs) != 1:
         raise InvalidRLJob([Problem("", f"expected one RLJob in the file, found {len(jobs)}")], str(path))
     return jobs[0]
 
 
-def iter_job_files(paths: list[Path]) -> Iterator[tuple[Path, list[RLJob] | InvalidRLJob]]:
+def iter_job_files(paths: list[Path], edit: Edit | None = None) -> Iterator[tuple[Path, list[RLJob] | InvalidRLJob]]:
     for path in paths:
         try:
-            yield path, load_jobs(path.read_text(), str(path))
+            yield path, load_jobs(path.read_text(), str(path), edit)
         except InvalidRLJob as exc:
             yield path, exc
         except IsADirectoryError:

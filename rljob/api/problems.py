@@ -159,7 +159,7 @@ def _message(error: dict[str, Any], root: type[BaseModel]) -> str:
         "list_type": "must be a list",
     }
     if kind in simple:
-        return f"{simple[kind]} (got {got})"
+        return f"{simple[kind]} (got {got}){_unquote_hint(kind, error.get('input'))}"
     if kind == "too_short":
         return f"must have at least {ctx.get('min_length')} item(s) (got {got})"
     if kind == "too_long":
@@ -173,6 +173,15 @@ def _message(error: dict[str, Any], root: type[BaseModel]) -> str:
     if kind == "value_error":
         return str(ctx.get("error", error["msg"]))
     return f"{error['msg']} (got {got})"
+
+
+def _unquote_hint(kind: str, value: Any) -> str:
+    """How to write a number that arrived as text: quotes make YAML read it as a string."""
+    if not isinstance(value, str) or kind not in ("int_type", "int_parsing", "float_type", "float_parsing"):
+        return ""
+    if kind.startswith("int"):
+        return ": write a whole number without quotes, e.g. 20"
+    return ": write a number without quotes, e.g. 0.0003 or 3e-4"
 
 
 def problems_from_validation_error(exc: ValidationError, root: type[BaseModel]) -> list[Problem]:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 from rljob.api.job import MAX_NAME_LENGTH, RLJob
 from rljob.api.kubernetes import Volume
-from rljob.api.presets import PRESETS, departures, resolve_algorithm
+from rljob.api.presets import PRESET_FIELDS, PRESETS, AlgorithmPreset, departures, resolve_algorithm
 from rljob.api.problems import Problem
 from rljob.api.spec import GROUP_ALGORITHMS, ROLE_NAMES, RLJobSpec
 
@@ -292,12 +292,21 @@ _LLM_ONLY_SETTINGS: tuple[tuple[str, Callable[[RLJobSpec], object], object], ...
 )
 
 
+def _filled_by_preset(path: str, value: object, preset: AlgorithmPreset) -> bool:
+    """Whether a resolved `algorithm.*` value is its preset's: a gym job naming an llm algorithm is told about the
+    name (see `_check_algorithm`), not about fields the user never wrote."""
+    keys = {key: attribute for attribute, key in PRESET_FIELDS}
+    section, _, key = path.partition(".")
+    return section == "algorithm" and key in keys and getattr(preset, keys[key]) == value
+
+
 def _check_gym_settings(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     if spec.task.type != "gym":
         return
+    preset = PRESETS[spec.algorithm.name]
     for path, read, default in _LLM_ONLY_SETTINGS:
         value = read(spec)
-        if value != default:
+        if value != default and not _filled_by_preset(path, value, preset):
             shown = "unset" if default is None else repr(default)
             fix = f"remove it or set {shown}"
             yield path, f"is used by llm tasks only; a gym job would ignore it: {fix} (got {value!r})"

@@ -21,6 +21,8 @@ from rljob.cli import role as role_cli
 from rljob.cli import run as run_cli
 from rljob.cli.advice import print_advisories, print_cluster_notes
 from rljob.cli.operator import operator
+from rljob.cli.run import SetOption
+from rljob.launch.overrides import overrides_edit
 from rljob.operator.manifests import build_children
 from rljob.operator.manifests.checks import build_problems
 from rljob.operator.settings import OperatorSettings, SettingsError
@@ -56,10 +58,11 @@ class RenderPart(StrEnum):
 ManifestArg = Annotated[Path, typer.Argument(help="RLJob manifest (YAML).", dir_okay=False)]
 
 
-def _fail(exc: InvalidRLJob) -> None:
+def _print_problems(exc: InvalidRLJob, overrides: list[str] | None) -> None:
     for problem in exc.problems:
         typer.secho(problem.render(exc.source), fg=typer.colors.RED, err=True)
-    raise typer.Exit(1)
+    if overrides:
+        typer.secho(f"(after --set {' --set '.join(overrides)})", fg=typer.colors.RED, err=True)
 
 
 def _summary(job: RLJob) -> str:
@@ -79,6 +82,7 @@ def validate(
             "one gym environment, as `rljob run` does before it starts (relative paths from the working directory).",
         ),
     ] = False,
+    set_: SetOption = None,
 ) -> None:
     """Check manifests as the operator and `rljob run` do: every problem is printed with its field path and how to
     fix it."""
@@ -88,11 +92,10 @@ def validate(
     except SettingsError as exc:
         typer.secho(str(exc), fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
-    for path, result in iter_job_files(files):
+    for path, result in iter_job_files(files, overrides_edit(set_ or [])):
         if isinstance(result, InvalidRLJob):
             failed = True
-            for problem in result.problems:
-                typer.secho(problem.render(result.source), fg=typer.colors.RED, err=True)
+            _print_problems(result, set_)
         else:
             for job in result:
                 # The preflight every launcher runs, and what only the pod builders can see (reserved ports,
@@ -119,16 +122,18 @@ def render(
         RenderPart,
         typer.Option(help="`job`: only the resolved RLJob; `children`: only what the operator creates."),
     ] = RenderPart.all,
+    set_: SetOption = None,
 ) -> None:
     """Print the resolved job (every default filled in), then every manifest the operator would create.
 
     Images and pod defaults come from the same RLJOB_OPERATOR_* variables the operator reads.
     """
     try:
-        job = load_job_file(file)
+        job = load_job_file(file, overrides_edit(set_ or []))
         children = [] if only is RenderPart.job else build_children(job, OperatorSettings.from_env())
     except InvalidRLJob as exc:
-        _fail(exc)
+        _print_problems(exc, set_)
+        raise typer.Exit(1) from None
     except SettingsError as exc:
         typer.secho(str(exc), fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -66,8 +67,9 @@ def last_episodes_mean(metrics_path: Path, episodes: int = 20) -> float | None:
     return sum(tail) / len(tail) if tail else None
 
 
-def accuracy_summary(metrics_path: Path, window: int = 10) -> str | None:
-    """llm jobs: mean accuracy of the first and last `window` steps, and the last held-out accuracy."""
+def accuracy_summary(metrics_path: Path, window: int = 10) -> list[str] | None:
+    """llm jobs: mean accuracy of the first and last `window` steps, and the first and last held-out accuracy, a
+    line each (each fits in 80 columns)."""
     if not metrics_path.exists():
         return None
     from rljob.runtime.records.metrics import read_metrics
@@ -78,20 +80,71 @@ def accuracy_summary(metrics_path: Path, window: int = 10) -> str | None:
         return None
     first, last = values[:window], values[-window:]
     before, after = sum(first) / len(first), sum(last) / len(last)
-    text = f"accuracy {before:.3f} (first {len(first)} steps) -> {after:.3f} (last {len(last)})"
+    lines = [f"accuracy: {before:.3f} (first {len(first)} steps) -> {after:.3f} (last {len(last)})"]
     held_out = [r["eval_accuracy"] for r in records if r.get("eval_accuracy") is not None]
     if held_out:
-        text += f"; held-out accuracy {held_out[0]:.3f} -> {held_out[-1]:.3f}"
-    return text
+        lines.append(f"held-out accuracy: {held_out[0]:.3f} -> {held_out[-1]:.3f}")
+    return lines
+
+
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        help="Override a field by YAML key path, e.g. --set spec.trainer.steps=20 (repeatable); the value is read "
+        "as YAML, as the manifest is.",
+    ),
+]
+"""`--set`, the same for `run`, `validate` and `render`: what a user runs is what they checked."""
+
+
+def tensorboard_command(logdir: Path) -> str:
+    """`tensorboard --logdir ...` with the executable this rljob was installed beside (the venv's), so the line
+    works as printed without activating the venv first."""
+    beside = Path(sys.executable).parent / "tensorboard"
+    program = str(beside) if beside.exists() else "tensorboard"
+    return f"{program} --logdir {logdir}"
+
+
+def print_results(result, run_dir: Path) -> None:
+    """What the run gave, on stdout (progress and role logs go to stderr): `rljob run job.yaml > run.log` keeps
+    exactly the results."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    out = Console(soft_wrap=True)
+    metrics_path = run_dir / "metrics.jsonl"
+    reached = last_episodes_mean(metrics_path)
+    if result.exit_code == 0:
+        out.print(f"[bold green]done[/]: {escape(result.reason)}")
+    elif result.exit_code == 130:
+        out.print(f"[bold yellow]stopped[/]: {escape(result.reason)}")
+    else:
+        out.print(f"[bold red]failed[/]: {escape(result.reason)}")
+    if reached is not None:
+        out.print(f"mean return over the last 20 episodes: [bold]{reached:.1f}[/]")
+    for line in accuracy_summary(metrics_path) or []:
+        out.print(line)
+    model_dir = run_dir / "model"
+    if model_dir.exists():
+        out.print(f"model:   {escape(str(model_dir))} (Hugging Face format)")
+    if result.actor_restarts or result.replica_restarts:
+        replicas = ", ".join(f"{name} {count}" for name, count in sorted(result.replica_restarts.items())) or "none"
+        out.print(f"restarts: actor group {result.actor_restarts}; replicas: {escape(replicas)}")
+    if result.preemptions:
+        out.print(f"preemptions: actor group {result.preemptions} (resumed from its checkpoint, not counted)")
+    out.print(f"metrics: {escape(str(metrics_path))}")
+    curve = run_dir / "curve.png"
+    if curve.exists():
+        out.print(f"curve:   {escape(str(curve))}")
+    out.print(f"tensorboard: {escape(tensorboard_command(run_dir / 'tb'))}")
+    out.print(f"logs:    {escape(str(run_dir / 'logs'))}")
 
 
 def run(
     file: Annotated[Path, typer.Argument(help="RLJob manifest (YAML).", dir_okay=False)],
     out: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/<job>-<timestamp>).")] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="Override a field by YAML key path, e.g. --set spec.trainer.steps=20 (repeatable)."),
-    ] = None,
+    set_: SetOption = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="Do not echo role logs (they are still in OUT/logs).")] = False,
     ray_address: Annotated[
         str | None,
@@ -150,17 +203,18 @@ def run(
         typer.secho(str(exc), fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
     total = job.spec.trainer.steps
+    # No job name (the line above the bar says it) and a bar that takes what is left: one line at 80 columns.
     progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
+        BarColumn(bar_width=None),
         MofNCompleteColumn(),
         TextColumn("{task.fields[score]}"),
         TextColumn("{task.fields[rate]} steps/s"),
         TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(compact=True),
         console=console,
         transient=False,
+        expand=True,
     )
     score_name = "return" if job.spec.task.type == "gym" else "reward"
     task = progress.add_task(job.name, total=total, score=f"{score_name} -", rate="-")
@@ -201,7 +255,7 @@ def run(
             f"{score_name} {reward:.{1 if score_name == 'return' else 3}f}" if reward is not None else f"{score_name} -"
         )
         if report.get("accuracy") is not None:
-            score += f" accuracy {report['accuracy']:.3f}"
+            score += f" acc {report['accuracy']:.3f}"
         progress.update(task, completed=step, score=score, rate=f"{rate:.1f}")
 
     where = "" if ray_address is None else f" on Ray ({ray_address})"
@@ -226,33 +280,9 @@ def run(
         disconnect = getattr(local, "disconnect", None)
         if disconnect is not None:
             disconnect()
-    metrics_path = run_dir / "metrics.jsonl"
-    reached = last_episodes_mean(metrics_path)
     if result.exit_code == 0:
         progress.update(task, completed=total)
-        console.print(f"[bold green]done[/]: {escape(result.reason)}")
-    elif result.exit_code == 130:
-        console.print(f"[bold yellow]stopped[/]: {escape(result.reason)}")
-    else:
-        console.print(f"[bold red]failed[/]: {escape(result.reason)}")
-    if reached is not None:
-        console.print(f"mean return over the last 20 episodes: [bold]{reached:.1f}[/]")
-    learned = accuracy_summary(metrics_path)
-    if learned is not None:
-        console.print(learned)
-    model_dir = run_dir / "model"
-    if model_dir.exists():
-        console.print(f"model:   {escape(str(model_dir))} (Hugging Face format)")
-    if result.actor_restarts or result.replica_restarts:
-        console.print(f"restarts: actor group {result.actor_restarts}, replicas {result.replica_restarts}")
-    if result.preemptions:
-        console.print(f"preemptions: actor group {result.preemptions} (resumed from its checkpoint, not counted)")
-    console.print(f"metrics: {escape(str(metrics_path))}")
-    curve = run_dir / "curve.png"
-    if curve.exists():
-        console.print(f"curve:   {escape(str(curve))}")
-    console.print(f"tensorboard: tensorboard --logdir {escape(str(run_dir / 'tb'))}")
-    console.print(f"logs:    {escape(str(run_dir / 'logs'))}")
+    print_results(result, run_dir)
     raise typer.Exit(result.exit_code)
 
 

@@ -7,6 +7,9 @@ from typing import Any
 
 import yaml
 
+from rljob.api.loading import Edit, read_yaml_value
+from rljob.api.problems import InvalidRLJob, Problem
+
 
 class OverrideError(ValueError):
     """A `--set` argument that cannot be applied; the message names it and says why."""
@@ -21,7 +24,7 @@ def _yaml_kind(value: Any) -> str:
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """`spec.trainer.steps=10` -> (["spec", "trainer", "steps"], 10); the value is read as YAML."""
+    """`spec.trainer.steps=10` -> (["spec", "trainer", "steps"], 10); the value is read as YAML, as a manifest is."""
     path, sep, raw = text.partition("=")
     if not sep or not path.strip():
         raise OverrideError(f"--set {text!r}: expected path.to.key=value, e.g. --set spec.trainer.steps=20")
@@ -29,7 +32,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if any(not k for k in keys):
         raise OverrideError(f"--set {text!r}: empty key in path {path!r}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = read_yaml_value(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         raise OverrideError(f"--set {text!r}: the value is not valid YAML ({exc})") from None
     return keys, value
@@ -57,3 +60,17 @@ def apply_overrides(document: Any, overrides: list[str]) -> Any:
             node = child
         node[keys[-1]] = value
     return result
+
+
+def overrides_edit(overrides: list[str]) -> Edit | None:
+    """The `--set` arguments as an edit of each manifest document (see `rljob.api.loading.load_jobs`)."""
+    if not overrides:
+        return None
+
+    def edit(document: Any) -> Any:
+        try:
+            return apply_overrides(document, overrides)
+        except OverrideError as exc:
+            raise InvalidRLJob([Problem("", str(exc))]) from None
+
+    return edit

@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from rljob.api import API_VERSION, KIND, InvalidRLJob, RLJob, validate_job
+from rljob.api.loading import read_yaml_value
 from rljob.api.status import TERMINAL_PHASES, Progress, RLJobStatus
 from rljob.operator.admission import QUOTA_EXCEEDED, admission_problem, refused_for_quota
 from rljob.operator.client import ApiError, KubeClient
@@ -489,7 +489,7 @@ class JobWorker:
             raise
         if not controlled_by(existing, self.body["metadata"].get("uid")):
             return None
-        document = yaml.safe_load((existing.get("data") or {}).get(CONFIG_KEY) or "{}") or {}
+        document = read_yaml_value((existing.get("data") or {}).get(CONFIG_KEY) or "{}") or {}
         if not isinstance(document.get("spec"), dict):
             return None
         body = {k: v for k, v in self.body.items() if k not in ("spec", "status")}
@@ -532,8 +532,8 @@ class JobWorker:
                 sync.foreign.append(f"{manifest['kind']}/{name}")
                 continue
             if manifest["kind"] == "ConfigMap":
-                old = yaml.safe_load((existing.get("data") or {}).get(CONFIG_KEY) or "{}") or {}
-                new = yaml.safe_load(manifest["data"][CONFIG_KEY])
+                old = read_yaml_value((existing.get("data") or {}).get(CONFIG_KEY) or "{}") or {}
+                new = read_yaml_value(manifest["data"][CONFIG_KEY])
                 if old.get("spec") != new.get("spec"):
                     sync.spec_changed = restart_relevant(old.get("spec") or {}) != restart_relevant(new["spec"])
                     sync.patches.append((existing, {"data": manifest["data"]}))

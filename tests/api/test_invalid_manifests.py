@@ -1,7 +1,7 @@
 """Each broken manifest under tests/api/invalid/ yields its specific message with the field path.
 
 The expected messages are written in each file as `# expect: ...` lines, so a reader sees the
-manifest and its diagnosis side by side.
+manifest and its diagnosis side by side; `# never: ...` lines are text the diagnosis must not contain.
 """
 
 from pathlib import Path
@@ -14,8 +14,8 @@ from rljob.cli.main import app
 INVALID = sorted((Path(__file__).parent / "invalid").glob("*.yaml"))
 
 
-def expectations(path: Path) -> list[str]:
-    return [line.removeprefix("# expect: ").rstrip("\n") for line in path.open() if line.startswith("# expect: ")]
+def expectations(path: Path, prefix: str = "# expect: ") -> list[str]:
+    return [line.removeprefix(prefix).rstrip("\n") for line in path.open() if line.startswith(prefix)]
 
 
 def test_there_are_at_least_twenty_broken_manifests():
@@ -33,6 +33,8 @@ def test_broken_manifest_is_rejected_with_its_specific_message(path: Path):
     assert "Traceback" not in output
     for message in expected:
         assert message in output
+    for message in expectations(path, "# never: "):
+        assert message not in output
     # Every problem is located: file name and line number before the field path.
     for line in output.strip().splitlines():
         assert line.startswith(f"{path}:"), line

@@ -23,7 +23,7 @@ spec:
     type: gym
     gym: {{envId: CartPole-v1, numEnvs: 8}}
   algorithm: {{name: ppo, gamma: 0.98, gaeLambda: 0.8, epochs: 10, minibatches: 1}}
-  trainer: {{steps: {steps}, batchSize: 256, learningRate: 0.001, optimizerEps: 0.00001, gradClip: 0.5, seed: 1}}
+  trainer: {{steps: {steps}, batchSize: 256, learningRate: 1e-3, optimizerEps: 1e-5, gradClip: 0.5, seed: 1}}
   rollout:
     async: {{maxStaleness: 1}}
   checkpoint: {{interval: {interval}, keep: 2}}
@@ -61,15 +61,17 @@ def cartpole_manifest(tmp_path):
 class Run:
     """`rljob run` in a subprocess, with access to the role processes it started."""
 
-    def __init__(self, manifest: Path, out: Path, *extra: str) -> None:
+    def __init__(self, manifest: Path, out: Path, *extra: str, split_streams: bool = False) -> None:
         self.out = out.resolve()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "rljob.cli.main", "run", str(manifest), "--out", str(out), *extra],
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE if split_streams else subprocess.STDOUT,
             text=True,
         )
         self.output = ""
+        self.errors = ""
+        """stderr, when the streams are split; `output` is stdout (and stderr when they are not)."""
 
     def roles(self) -> list[psutil.Process]:
         """Every live process (on this machine) that belongs to this run, found by its RLJOB_RUN_DIR."""
@@ -115,11 +117,14 @@ class Run:
 
     def finish(self, timeout: float = 240) -> str:
         try:
-            self.output += self.process.communicate(timeout=timeout)[0] or ""
+            out, err = self.process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            self.output += self.process.communicate()[0] or ""
+            out, err = self.process.communicate()
+            self.output += out or ""
             raise
+        self.output += out or ""
+        self.errors += err or ""
         return self.output
 
 
@@ -127,8 +132,8 @@ class Run:
 def start_run(tmp_path):
     runs: list[Run] = []
 
-    def start(manifest: Path, *extra: str, name: str = "run") -> Run:
-        run = Run(manifest, tmp_path / name, *extra)
+    def start(manifest: Path, *extra: str, name: str = "run", split_streams: bool = False) -> Run:
+        run = Run(manifest, tmp_path / name, *extra, split_streams=split_streams)
         runs.append(run)
         return run
 

@@ -25,10 +25,23 @@ def assert_every_step_once(records: list[dict], steps: int, batch: int = 256) ->
 
 @pytest.mark.slow
 def test_cartpole_return_improves_with_two_actor_replicas(cartpole_manifest, start_run):
-    run = start_run(cartpole_manifest(steps=30, actors=2), "--quiet")
+    run = start_run(cartpole_manifest(steps=30, actors=2), split_streams=True)
     output = run.finish()
-    assert run.process.returncode == 0, output
-    assert "reached trainer.steps (30)" in output
+    assert run.process.returncode == 0, output + run.errors
+    # stdout holds the results and nothing else: `rljob run job.yaml > run.log` keeps them, the progress and the
+    # role logs stay on the terminal.
+    lines = output.splitlines()
+    assert lines[0].startswith("done: reached trainer.steps (30)"), output
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "mean return over the last 20 episodes",
+        "metrics",
+        "curve",
+        "tensorboard",
+        "logs",
+    ], output
+    tensorboard = Path(sys.executable).parent / "tensorboard"
+    assert f"tensorboard: {tensorboard} --logdir {run.out / 'tb'}" in output
+    assert "rljob run" in run.errors and "actor-0 |" in run.errors and "done:" not in run.errors
     records = run.metrics()
     assert_every_step_once(records, 30)
     for key in (
