@@ -92,19 +92,27 @@ def advisories(job: RLJob) -> list[Problem]:
                 "maxStaleness 0 to stay on-policy",
             )
         )
-    algorithm = spec.algorithm
-    if spec.task.type == "llm":  # a gym job runs ppo's own loss: its paper settings are the preset's
-        changed = departures(algorithm)
-        if changed:
-            settings = ", ".join(f"{key} {value} (paper: {paper})" for key, value, paper in changed)
-            found.append(
-                Problem(
-                    "spec.algorithm",
-                    f"{settings} depart from {algorithm.name}'s paper defaults ({PRESETS[algorithm.name].reference}); "
-                    "fine when intended, else remove them to get the preset (docs/algorithms.md)",
-                )
-            )
     return found
+
+
+def departure_note(job: RLJob) -> Problem | None:
+    """The algorithm settings a job writes that depart from its paper's preset, for `rljob validate` to note.
+
+    A departure is always something the manifest wrote (a preset fills only unset fields), so it is said where a
+    user asks for a check, not on every run: it helps whoever copied settings from another framework unawares."""
+    spec = job.spec
+    if spec.task.type != "llm":  # a gym job runs ppo's own loss: its paper settings are the preset's
+        return None
+    algorithm = spec.algorithm
+    changed = departures(algorithm)
+    if not changed:
+        return None
+    settings = ", ".join(f"{key} {value} (paper: {paper})" for key, value, paper in changed)
+    return Problem(
+        "spec.algorithm",
+        f"{settings} depart from {algorithm.name}'s paper defaults ({PRESETS[algorithm.name].reference}); "
+        "fine when intended, else remove them to get the preset (docs/algorithms.md)",
+    )
 
 
 def _check_name(name: str) -> Iterator[Problem]:

@@ -6,15 +6,20 @@ from __future__ import annotations
 import typer
 
 from rljob.api import RLJob
-from rljob.api.rules import advisories
+from rljob.api.rules import advisories, departure_note
 from rljob.operator.manifests.checks import operator_checkpoint_claim
 from rljob.operator.manifests.storage import checkpoint_storage_class
 from rljob.operator.settings import OperatorSettings
 
 
-def print_advisories(job: RLJob, source: str | None) -> None:
+def print_advisories(job: RLJob, source: str | None, *, departures: bool = False) -> None:
+    """Warnings every command prints; with `departures` (`rljob validate`), also the note on settings that depart
+    from the algorithm's paper."""
     for problem in advisories(job):
         typer.secho(f"warning: {problem.render(source)}", fg=typer.colors.YELLOW, err=True)
+    note = departure_note(job) if departures else None
+    if note is not None:
+        typer.secho(f"note: {note.render(source)}", fg=typer.colors.YELLOW, err=True)
 
 
 def print_cluster_notes(job: RLJob, source: str | None, settings: OperatorSettings) -> None:

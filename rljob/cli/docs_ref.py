@@ -363,6 +363,14 @@ def _usage(name: str, params: list[Parameter]) -> str:
 CLI_INTRO = """\
 Generated from the `rljob` command line (typer). Every command also takes `--help`. Exit codes and what to do
 about each are in [Troubleshooting](../troubleshooting.md#exit-codes).
+
+What a command gives goes to stdout: `rljob run`'s results (how it ended, the figures, the paths of the model,
+metrics, curve and logs), `rljob render`'s manifests, `rljob validate`'s `ok` lines. Progress, role logs, problems,
+warnings and notes go to stderr. So `rljob run job.yaml > run.log` keeps exactly the results, and
+`rljob render job.yaml | kubectl apply -f -` applies exactly the manifests.
+
+Manifests and `--set` values are read as YAML 1.2 reads numbers, as `kubectl apply` does: `learningRate: 3e-4` is
+a number (PyYAML alone, which follows YAML 1.1, would read it as a string).
 """
 
 

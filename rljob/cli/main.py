@@ -109,7 +109,7 @@ def validate(
                         typer.secho(problem.render(str(path)), fg=typer.colors.RED, err=True)
                     continue
                 typer.echo(f"ok {path}: {_summary(job)}")
-                print_advisories(job, str(path))
+                print_advisories(job, str(path), departures=True)
                 print_cluster_notes(job, str(path), settings)
     if failed:
         raise typer.Exit(1)

@@ -197,10 +197,10 @@ def validate(tmp_path: Path, manifest: dict[str, Any]) -> str:
     return result.output
 
 
-def test_validate_warns_when_a_choice_departs_from_the_paper(tmp_path: Path):
+def test_validate_notes_when_a_choice_departs_from_the_paper(tmp_path: Path):
     output = validate(tmp_path, llm_manifest("grpo", clipRatioHigh=0.28, klCoef=0.0))
     assert (
-        "warning: " in output
+        "note: " in output
         and "spec.algorithm: clipRatioHigh 0.28 (paper: 0.2), klCoef 0.0 (paper: 0.04) depart from grpo's paper "
         "defaults (Shao et al. 2024, DeepSeekMath (arXiv:2402.03300))"
         in output
@@ -214,8 +214,8 @@ def test_validate_is_quiet_for_the_paper_defaults_even_when_written_out(tmp_path
     aggregation, low, high, kl, normalize, dynamic, _ = PAPER_DEFAULTS[name]
     explicit = {"lossAggregation": aggregation, "clipRatioLow": low, "clipRatioHigh": high, "klCoef": kl}
     explicit |= {"normalizeAdvantages": normalize, "dynamicSampling": dynamic}
-    assert "warning:" not in validate(tmp_path, llm_manifest(name))
-    assert "warning:" not in validate(tmp_path, llm_manifest(name, **explicit))
+    assert "depart" not in validate(tmp_path, llm_manifest(name))
+    assert "depart" not in validate(tmp_path, llm_manifest(name, **explicit))
 
 
 def preset_table(path: Path) -> dict[str, list[str]]:
@@ -244,3 +244,10 @@ def test_the_documented_table_is_the_presets(page):
 def test_the_readme_and_the_llm_guide_link_the_algorithms_page():
     assert "(docs/algorithms.md)" in (REPO / "README.md").read_text()
     assert "(../algorithms.md)" in (REPO / "docs" / "guides" / "llm-jobs.md").read_text()
+
+
+def test_render_and_run_do_not_repeat_the_departures_validate_notes(tmp_path: Path):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(llm_manifest("grpo", clipRatioHigh=0.28, klCoef=0.0)))
+    result = CliRunner().invoke(app, ["render", str(path), "--only", "job"])
+    assert result.exit_code == 0 and "depart" not in result.stderr, result.stderr

@@ -20,6 +20,7 @@ the weight-sync parts of rljob.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -48,6 +49,28 @@ def staging_device(worker_device: torch.device | None, staging_bytes: int, bucke
         assert worker_device is not None
         return worker_device
     return torch.device("cpu")
+
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class ComputedBuffersNotice(logging.Filter):
+    """Drops vLLM's "RotaryEmbedding: Failed to load weights", logged on every reload although nothing is lost.
+
+    A rotary embedding holds only its cos/sin cache, computed from the config and in no state dict (Hugging Face's
+    or ours); the layer-wise reload finds no weight for it and puts the cache back as it was. Any other layer that
+    loads nothing is still reported."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        failed = record.msg == "%s: Failed to load weights"
+        return not (failed and isinstance(record.args, tuple) and record.args[:1] == ("RotaryEmbedding",))
+
+
+def quiet_computed_buffers() -> None:
+    """Install `ComputedBuffersNotice` on vLLM's reload logger in this process, once."""
+    logger = logging.getLogger(RELOAD_LOGGER)
+    if not any(isinstance(f, ComputedBuffersNotice) for f in logger.filters):
+        logger.addFilter(ComputedBuffersNotice())
 
 
 class WeightReceiver:
@@ -137,6 +160,7 @@ class WeightReceiver:
 
         if len(self.rljob_staging) != len(self.rljob_names):  # before vLLM takes the layers apart to reload them
             raise RuntimeError("no weights version is staged in this vLLM worker: nothing to swap in")
+        quiet_computed_buffers()
         with set_current_vllm_config(self.vllm_config):
             weights = zip(self.rljob_names, self.rljob_staging, strict=True)
             self.model_runner.reload_weights(weights_iterator=iter(weights))

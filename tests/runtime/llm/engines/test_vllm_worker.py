@@ -130,3 +130,24 @@ def test_an_ipc_version_missing_a_tensor_of_the_policy_is_refused_naming_both_an
     pytest.importorskip("vllm")
     with pytest.raises(RuntimeError, match="no weights version is staged in this vLLM worker"):
         worker.rljob_swap_in()
+
+
+def test_the_rotary_embeddings_computed_cache_is_not_reported_as_failed_weights_and_real_failures_are(caplog):
+    import importlib.util
+    import logging
+    from pathlib import Path
+
+    vllm_worker.quiet_computed_buffers()
+    vllm_worker.quiet_computed_buffers()  # once per process however often a swap-in asks
+    logger = logging.getLogger(vllm_worker.RELOAD_LOGGER)
+    assert sum(isinstance(f, vllm_worker.ComputedBuffersNotice) for f in logger.filters) == 1
+    with caplog.at_level(logging.WARNING, logger=vllm_worker.RELOAD_LOGGER):
+        logger.warning("%s: Failed to load weights", "RotaryEmbedding")
+        logger.warning("%s: Failed to load weights", "QKVParallelLinear")
+    assert [r.getMessage() for r in caplog.records] == ["QKVParallelLinear: Failed to load weights"]
+    # The message and logger are vLLM's own (read from its source: importing vLLM takes 20 s here).
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        pytest.skip("vLLM is not installed")
+    source = Path(spec.origin).parent / Path(*vllm_worker.RELOAD_LOGGER.split(".")[1:]).with_suffix(".py")
+    assert 'logger.warning("%s: Failed to load weights", layer.__class__.__name__)' in source.read_text()
