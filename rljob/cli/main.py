@@ -17,6 +17,7 @@ from rljob import __version__
 from rljob.api import InvalidRLJob, RLJob, load_job_file
 from rljob.api.crd import crd_yaml
 from rljob.api.loading import iter_job_files
+from rljob.api.view import shown
 from rljob.cli import role as role_cli
 from rljob.cli import run as run_cli
 from rljob.cli.advice import print_advisories, print_cluster_notes
@@ -140,11 +141,7 @@ def render(
     print_advisories(job, str(file))
     if only is not RenderPart.job:
         print_cluster_notes(job, str(file), OperatorSettings.from_env())
-    documents = (
-        []
-        if only is RenderPart.children
-        else [job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})]
-    )
+    documents = [] if only is RenderPart.children else [shown(job)]
     typer.echo(yaml.dump_all(documents + children, Dumper=_BlockDumper, sort_keys=False, width=100), nl=False)
 
 

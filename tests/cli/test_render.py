@@ -11,6 +11,7 @@ from rljob.api import load_job_file
 from rljob.cli.main import app
 from rljob.operator.manifests import build_children
 from rljob.operator.settings import OperatorSettings
+from tests.conftest import REPO
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 H100_JOB = EXAMPLES / "grpo-qwen-math-h100.yaml"
@@ -77,3 +78,20 @@ def test_render_shows_each_roles_probes_from_its_spec(tmp_path):
         assert main["startupProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
         assert main["startupProbe"]["failureThreshold"] == 4
         assert main["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
+
+
+def test_render_shows_only_the_builtin_settings_its_architecture_reads():
+    from rljob.api.spec import BuiltinNetwork
+    from rljob.api.view import _BUILTIN_FIELDS_READ
+
+    def builtin_of(example: str) -> dict:
+        result = CliRunner().invoke(app, ["render", str(REPO / "examples" / example), "--only", "job"])
+        assert result.exit_code == 0, result.output
+        return yaml.safe_load(result.stdout)["spec"]["model"].get("builtin")
+
+    assert set(builtin_of("cartpole-ppo.yaml")) == {"architecture", "hiddenSizes", "activation"}
+    assert set(builtin_of("grpo-tiny-arithmetic.yaml")) == {"architecture", "hiddenSize", "numLayers", "numHeads"}
+    assert "patchSize" in builtin_of("grpo-vlm-tiny-shapes.yaml")
+    assert builtin_of("grpo-qwen-math-h100.yaml") is None  # a hub model: no builtin network at all
+    every = {f.alias or name for name, f in BuiltinNetwork.model_fields.items()}
+    assert every == set().union(*_BUILTIN_FIELDS_READ.values())  # a new field must say which architecture reads it
