@@ -284,3 +284,6 @@ def test_the_example_trains_on_the_vllm_engine_and_a_killed_vllm_rollout_is_repl
         # vLLM's logprobs are those of the distribution the trainer recomputes, also after every update.
         assert record["mismatch_max_gap"] < 1e-3, record
         assert 0.0 <= record["accuracy"] <= 1.0
+    # Every weight update reloads the rotary cache vLLM computes: its "Failed to load weights" is not logged.
+    logs = "".join(p.read_text(errors="replace") for p in (run.out / "logs").glob("rollout-*.log"))
+    assert "Failed to load weights" not in logs
