@@ -45,13 +45,14 @@ def test_cartpole_names_peers_through_an_answering_dns(tmp_path):
 
 
 def test_tiny_grpo_trains_across_hosts_with_a_silent_dns(tmp_path):
-    job = load_example("grpo-tiny-arithmetic.yaml")
+    # Half the example's steps: on one host seed 0 goes from 0.06 (first 10 steps) to 0.44 (steps 191-200).
+    job = load_example("grpo-tiny-arithmetic.yaml", ["spec.trainer.steps=200"])
     done = run_in_lab(job, tmp_path / "out", dns="silent")
     assert done.result.exit_code == 0, "\n".join(done.lines[-40:])
     records = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines() if x.strip()]
     early = sum(r["accuracy"] for r in records[:10]) / 10
     late = sum(r["accuracy"] for r in records[-10:]) / 10
-    assert late > early + 0.3, (early, late)
+    assert late > early + 0.25, (early, late)
     assert done.lines_per_minute() < MAX_LINES_PER_MINUTE, f"{len(done.lines)} lines in {done.seconds:.0f}s"
 
 
