@@ -821,7 +821,9 @@ class HealthSpec(SpecModel):
     """EntropyCollapsed when the policy's mean entropy (nats per action for gym, per response token for llm)
     stays below this for `windowSteps` steps: the policy has become (almost) deterministic and stops
     exploring. 0.01 nats is a two-action policy that picks one action 99.9% of the time; the shipped examples
-    stay far above it (their lowest step: CartPole 0.20 nats, the tiny GRPO arithmetic example 0.55). Gym
+    stay far above it (their lowest step: CartPole 0.20 nats, the tiny GRPO arithmetic example 0.55), except
+    the calculator example: warmed up on a task it then solves, its tokens are nearly certain (0.004-0.02
+    nats), a converged policy rather than a collapsed one, and it sets 0.001. Gym
     policies with continuous actions report no entropy (theirs is differential and may be negative).
     0 turns the check off."""
     mismatch_kl_threshold: float = Field(default=0.01, ge=0)
