@@ -225,8 +225,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
-    """Poll `check` until it returns something truthy (its value is returned) or fail after `timeout`."""
+async def eventually(check: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
+    """Poll `check` until it returns something truthy (its value is returned) or fail after `timeout` (generous: a
+    loaded 2-core CI machine once took over 10 s for what takes 1 s alone; a passing check returns at once)."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:

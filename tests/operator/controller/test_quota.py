@@ -39,8 +39,11 @@ async def test_a_job_over_quota_creates_no_pod_names_the_quota_and_starts_once_r
         assert "needs pods 4, quota pod-q allows 3 more" in condition["message"], condition
         assert cluster.pods("cp") == {}
         assert cluster.phase("cp") == "Pending"
-        warning = next(e for e in cluster.events("cp") if e["reason"] == "QuotaExceeded")
-        assert warning["type"] == "Warning" and "pod-q" in warning["message"]
+        # The Event is posted after the status is written: under load it can come a moment later.
+        warnings = await eventually(
+            lambda: [e for e in cluster.events("cp") if e["reason"] == "QuotaExceeded"], what="QuotaExceeded Event"
+        )
+        assert warnings[0]["type"] == "Warning" and "pod-q" in warnings[0]["message"]
 
         # Another team's pod takes one more: the message follows the quota's usage.
         kube.create_object(PODS, NS, {"metadata": {"name": "other"}, "spec": {"containers": [{"name": "c"}]}})
