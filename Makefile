@@ -8,7 +8,7 @@ EXTRAS := operator,train,rollout,env,ray,dev
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install netns-tools helm test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-grpo-vlm bench-weights bench-chaos gpu-wheels gpu-check clean
+.PHONY: install netns-tools helm test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-grpo-vlm bench-weights bench-chaos figures gpu-wheels gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -110,6 +110,12 @@ bench-grpo: $(BENCH_STAMP)
 # CHAOS_ARGS="--rate 20 --seed 3" to change the fault rate or the draw
 bench-chaos: $(STAMP)
 	$(BIN)/python benchmarks/chaos_soak.py $(CHAOS_ARGS)
+
+# The figures the README and docs quote for the shipped examples: each run as a user runs it, the seeds the docs
+# name -> benchmarks/results/examples.json, then every marked figure in the docs rewritten from it
+# (tests/docs/test_figures.py fails when they disagree). FIGURES_ARGS="--only cartpole-ppo" reruns one example.
+figures: $(STAMP)
+	$(BIN)/python benchmarks/example_figures.py $(FIGURES_ARGS)
 
 # rljob (hf engine) vs TRL GRPOTrainer on the vision-language example examples/grpo-vlm-tiny-shapes.yaml, same
 # tiny Qwen2-VL, images, prompts, settings and cores, seeds 0 and 1 -> benchmarks/results/grpo_vlm_vs_trl.{json,png}
