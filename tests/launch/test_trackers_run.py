@@ -116,3 +116,40 @@ def test_trackers_out_of_reach_never_stop_training(cartpole_manifest, start_run,
     assert log.count("tracker wandb failed") == 1, log
     assert "reached trainer.steps (10)" in log
     assert os.environ["WANDB_API_KEY"] not in log
+
+
+@pytest.mark.slow
+def test_an_llm_run_logs_its_evaluations_and_its_exported_model(repo, start_run, tmp_path, monkeypatch):
+    trackers = f"[{{name: mlflow, uri: '{(tmp_path / 'mlruns').as_uri()}'}}, {{name: wandb, offline: true}}]"
+    run = start_run(
+        repo / "examples/grpo-tiny-arithmetic.yaml",
+        "--set=spec.trainer.steps=4",
+        "--set=spec.trainer.batchSize=16",
+        "--set=spec.evaluation.interval=2",
+        "--set=spec.evaluation.size=32",
+        "--set=spec.checkpoint.interval=2",
+        "--set=spec.logging.tensorboard=false",
+        f"--set=spec.logging.trackers={trackers}",
+        "--quiet",
+    )
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    records = {r["step"]: r for r in run.metrics()}
+
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    (found,) = client.search_runs([client.get_experiment_by_name("rljob").experiment_id])
+    assert found.info.run_name == "local-grpo-tiny-arithmetic-r0"
+    evaluations = client.get_metric_history(found.info.run_id, "eval_accuracy")
+    assert [(m.step, m.value) for m in evaluations] == [(s, records[s]["eval_accuracy"]) for s in (2, 4)]
+    assert found.data.tags["rljob.model_path"] == str(run.out / "model")
+    assert found.data.params["task.llm.maxResponseLength"]
+
+    (wandb,) = wandb_runs(run.out / "wandb")
+    assert sorted(wandb["history"]) == [1, 2, 3, 4]
+    exported = [a for a in wandb["artifacts"] if any("/model/" in ref for ref in a["refs"])]
+    hf_latest = [a for a in wandb["artifacts"] if any("/hf-latest/" in ref for ref in a["refs"])]
+    assert exported and hf_latest, wandb["artifacts"]
+    assert all(ref.startswith("file://") for a in wandb["artifacts"] for ref in a["refs"])
