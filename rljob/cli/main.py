@@ -19,7 +19,7 @@ from rljob.api.crd import crd_yaml
 from rljob.api.loading import iter_job_files
 from rljob.cli import role as role_cli
 from rljob.cli import run as run_cli
-from rljob.cli.advice import print_advisories, print_cluster_notes
+from rljob.cli.advice import print_advisories, print_cluster_notes, print_tracker_notes
 from rljob.cli.operator import operator
 from rljob.operator.manifests import build_children
 from rljob.operator.manifests.checks import build_problems
@@ -106,6 +106,8 @@ def validate(
                         typer.secho(problem.render(str(path)), fg=typer.colors.RED, err=True)
                     continue
                 typer.echo(f"ok {path}: {_summary(job)}")
+                if not load:
+                    print_tracker_notes(job, str(path))
                 print_advisories(job, str(path))
                 print_cluster_notes(job, str(path), settings)
     if failed:

@@ -129,3 +129,23 @@ def test_validate_notes_the_checkpoint_claim_needs_a_storage_class_unless_one_is
     own.write_text(example.read_text().replace("checkpoint:", "checkpoint:\n    volumeClaim: mine", 1))
     mine = runner.invoke(app, ["validate", str(own)])
     assert mine.exit_code == 0 and "note:" not in mine.stderr, mine.stderr
+
+
+def test_a_tracker_whose_library_is_missing_is_a_note_for_the_cluster_and_an_error_for_a_local_run(
+    tmp_path: Path, monkeypatch
+):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real_find_spec(n, *a))
+    manifest = yaml.safe_load((REPO / "examples" / "cartpole-ppo.yaml").read_text())
+    manifest["spec"]["logging"] = {"trackers": [{"name": "tensorboard", "dir": "/tb"}, {"name": "wandb"}]}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    cluster = runner.invoke(app, ["validate", str(path)])
+    assert cluster.exit_code == 0, cluster.output
+    assert "note:" in cluster.stderr and "spec.logging.trackers[1].name: tracker wandb needs" in cluster.stderr
+    local = runner.invoke(app, ["validate", "--load", str(path)])
+    assert local.exit_code == 1
+    assert "spec.logging.trackers[1].name: tracker wandb needs the wandb package" in local.output
+    assert "pip install 'rljob[trackers]'" in local.output
