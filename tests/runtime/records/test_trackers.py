@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -148,6 +149,43 @@ def test_a_failing_tracker_warns_once_backs_off_and_catches_up():
     assert calls == ["start", "start", "start", "log 1", "log 2", "log 3", "finish"]
     assert len(warnings) == 1 and "tracker flaky failed (ConnectionError: connection refused)" in warnings[0]
     assert queued_in < 1.0, "logging waited for the tracker"
+
+
+class StuckTracker:
+    """A tracker whose start hangs until released (a server that accepts the connection and answers late)."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def start(self) -> None:
+        self.started.set()
+        assert self.release.wait(30)
+
+    def log(self, step, metrics) -> None:
+        self.calls.append(f"log {step}")
+
+    def log_model(self, path) -> None:
+        self.calls.append(f"model {path}")
+
+    def finish(self) -> None:
+        self.calls.append("finish")
+
+
+def test_a_tracker_that_falls_behind_keeps_the_newest_records_and_says_how_many_it_missed():
+    calls: list[str] = []
+    warnings: list[str] = []
+    tracker = StuckTracker(calls)
+    trackers = Trackers({"stuck": lambda: tracker}, warn=warnings.append, max_queued=2)
+    trackers.log(1, {"reward_mean": 0.1})
+    assert tracker.started.wait(30)
+    for step in range(2, 6):  # steps 2 and 3 are pushed out by 4 and 5
+        trackers.log(step, {"reward_mean": step / 10})
+    tracker.release.set()
+    assert trackers.close(timeout_s=30) == {"stuck": 2}
+    assert calls == ["log 1", "log 4", "log 5", "finish"]
+    assert warnings == ["rljob: tracker stuck missed 2 record(s); metrics.jsonl has every step"]
 
 
 def test_an_unreachable_mlflow_server_never_holds_up_the_steps(tmp_path):

@@ -30,7 +30,8 @@ from rljob.runtime.records.trackers.base import (
 
 BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
-MAX_QUEUED = 100_000
+MAX_QUEUED = 10_000
+"""Records kept for a tracker that is down (a few KB each): hours of steps, tens of MB at most."""
 CLOSE_TIMEOUT_S = 30.0
 
 Warn = Callable[[str], None]
@@ -66,6 +67,9 @@ class _Feed:
         """Calls that raised so far (start included)."""
         self.delivered = 0
         self.dropped = 0
+        """Records pushed out of a full queue (the oldest first)."""
+        self._pending: Event | None = None
+        """The record being delivered (or retried): out of the queue, not yet delivered."""
         self._thread = threading.Thread(target=self._run, name=f"rljob-tracker-{name}", daemon=True)
         self._thread.start()
 
@@ -83,25 +87,25 @@ class _Feed:
             self._wake.notify()
         self._thread.join(timeout_s)
         with self._wake:
-            self._closing = True
-            return len(self._queue) + self.dropped
+            return len(self._queue) + self.dropped + (self._pending is not None)
 
     def _run(self) -> None:
         tracker: Tracker | None = None
         delay = self._backoff_s
         while True:
             with self._wake:
-                while not self._queue and not self._closing:
-                    self._wake.wait()
-                if not self._queue:  # closing with nothing left
-                    break
-                event = self._queue[0]
+                if self._pending is None:  # the next record; a failed one stays pending and is retried
+                    while not self._queue and not self._closing:
+                        self._wake.wait()
+                    if not self._queue:  # closing with nothing left
+                        break
+                    self._pending = self._queue.popleft()
+                kind, first, second = self._pending
             try:
                 if tracker is None:
                     candidate = self._make()
                     candidate.start()
                     tracker = candidate
-                kind, first, second = event
                 if kind == "log":
                     tracker.log(first, second)
                 else:
@@ -121,7 +125,7 @@ class _Feed:
                 continue
             delay = self._backoff_s
             with self._wake:
-                self._queue.popleft()
+                self._pending = None
                 self.delivered += 1
         if tracker is not None:
             try:
