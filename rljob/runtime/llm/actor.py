@@ -593,6 +593,8 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         trackers = job_trackers(context.job, identity.namespace, identity.run_dir, context.log.warning)
     except TrackersUnavailable as exc:
         raise FatalConfigError(str(exc)) from None
+    if trackers.names:
+        context.log.info("logging to %s as run %s", ", ".join(trackers.names), trackers.run_name)
     health.ready()
     context.log.info(
         "training %d steps from step %d: %d prompts x %d samples per step, %d actor rank(s)%s, %d rollout(s)",

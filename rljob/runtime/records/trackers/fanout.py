@@ -146,6 +146,7 @@ class Trackers:
         self,
         makers: Mapping[str, Callable[[], Tracker]],
         warn: Warn = _stderr,
+        run_name: str = "",
         backoff_s: float = BACKOFF_S,
         max_backoff_s: float = MAX_BACKOFF_S,
         max_queued: int = MAX_QUEUED,
@@ -153,6 +154,8 @@ class Trackers:
         self._warn = warn
         self._feeds = [_Feed(name, make, warn, backoff_s, max_backoff_s, max_queued) for name, make in makers.items()]
         self._closed = False
+        self.run_name = run_name
+        """The name of the run in every tracker (`<namespace>-<job>-r<restart>`)."""
 
     @property
     def names(self) -> list[str]:
@@ -196,7 +199,7 @@ def open_trackers(specs: Sequence[TrackerSpec], run: RunInfo, warn: Warn = _stde
     def maker(spec: TrackerSpec) -> Callable[[], Tracker]:
         return lambda: build_tracker(spec, run)
 
-    return Trackers({spec.name: maker(spec) for spec in specs}, warn=warn)
+    return Trackers({spec.name: maker(spec) for spec in specs}, warn=warn, run_name=run.name)
 
 
 class TrackersUnavailable(Exception):
