@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 CONSTRAINTS := constraints/cpu.txt
-EXTRAS := operator,train,rollout,env,ray,dev
+EXTRAS := operator,train,rollout,env,ray,trackers,dev
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 

@@ -140,8 +140,26 @@ def _check_spec(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     yield from _check_sft(spec)
     yield from _check_collocation(spec)
     yield from _check_sft_shares(spec)
+    yield from _check_trackers(spec)
     if spec.scheduling.gang == "kueue" and not spec.scheduling.queue:
         yield "scheduling.queue", "gang kueue needs scheduling.queue: the name of a Kueue LocalQueue"
+
+
+def _check_trackers(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    seen: set[str] = set()
+    for i, tracker in enumerate(spec.logging.trackers):
+        at = f"logging.trackers[{i}]"
+        if tracker.name in seen:
+            yield f"{at}.name", f"tracker {tracker.name} is listed twice: keep one entry per tracker"
+        seen.add(tracker.name)
+        if tracker.name == "tensorboard" and tracker.dir is None:
+            yield (
+                f"{at}.dir",
+                "tracker tensorboard needs dir: the directory its event files go to (a mounted volume in pods); "
+                "logging.tensorboard already writes <run dir>/tb under `rljob run`",
+            )
+        if tracker.name == "tensorboard" and tracker.api_key_secret is not None:
+            yield f"{at}.apiKeySecret", "tracker tensorboard takes no apiKeySecret: remove it"
 
 
 def _check_task(spec: RLJobSpec) -> Iterator[tuple[str, str]]:

@@ -604,11 +604,58 @@ class CheckpointSpec(SpecModel):
     parameter (1.1 TB) spread over the actor nodes, so 8 nodes writing 1 GB/s each need about 140 s for the write."""
 
 
+TrackerName = Literal["tensorboard", "wandb", "mlflow", "swanlab"]
+TRACKER_NAMES: tuple[TrackerName, ...] = ("tensorboard", "wandb", "mlflow", "swanlab")
+
+
+class SecretKeyRef(SpecModel):
+    """One key of a Kubernetes Secret in the job's namespace."""
+
+    name: str = Field(min_length=1)
+    """The Secret's name."""
+    key: str = Field(min_length=1)
+    """The key inside it whose value is the credential."""
+
+
+class TrackerSpec(SpecModel):
+    """An experiment tracker actor 0 sends its run to: the resolved spec as config, every step's metrics (evaluations
+    included) and the exported model's path. A tracker that fails (a bad key, a server out of reach) never stops
+    training: one warning, retries with back-off, and metrics.jsonl as always."""
+
+    model_config = cel(
+        ("self.name != 'tensorboard' || has(self.dir)", "tracker tensorboard needs dir"),
+        ("self.name != 'tensorboard' || !has(self.apiKeySecret)", "tracker tensorboard takes no apiKeySecret"),
+    )
+
+    name: TrackerName
+    """`tensorboard`, `wandb` (Weights & Biases), `mlflow` or `swanlab`. All but tensorboard need the `trackers` extra
+    (`pip install 'rljob[trackers]'`) where the actor runs."""
+    project: str = Field(default="rljob", min_length=1)
+    """The W&B or SwanLab project, the MLflow experiment."""
+    entity: str | None = None
+    """The W&B entity (team or user) or SwanLab workspace; unset: the key's default."""
+    uri: str | None = None
+    """The server: MLflow's tracking URI (`http://mlflow:5000`, `file:///runs/mlruns`), W&B's base URL (a self-hosted
+    server), SwanLab's host. Unset: MLflow's `MLFLOW_TRACKING_URI` (else `./mlruns`), the services' public hosts."""
+    offline: bool = False
+    """W&B offline mode and SwanLab local mode: files under `dir`, nothing sent (`wandb sync` later)."""
+    dir: str | None = None
+    """Where the tracker's local files go: TensorBoard's event files (required: a mounted volume in pods), W&B's and
+    SwanLab's run directories. Each run writes a folder of its own under it. Unset: `<run dir>/<name>` under `rljob
+    run`, the library's default in pods."""
+    api_key_secret: SecretKeyRef | None = None
+    """The Secret key holding the credential: the operator sets it as the actor pods' `WANDB_API_KEY`,
+    `MLFLOW_TRACKING_TOKEN` or `SWANLAB_API_KEY` (nothing secret in the spec or status). `rljob run` reads the same
+    variable from your environment."""
+
+
 class LoggingSpec(SpecModel):
     """Metrics, logs and the HTTP port of every role."""
 
     tensorboard: bool = True
-    """Write TensorBoard scalars under `<run dir>/tb`."""
+    """Write TensorBoard scalars under `<run dir>/tb` (`rljob run`; see `trackers` for pods)."""
+    trackers: list[TrackerSpec] = Field(default_factory=list)
+    """Experiment trackers actor 0 also logs to, each at most once."""
     prometheus_port: int = Field(default=9090, ge=1, le=65535)
     """HTTP port of every role in pods: `/healthz`, `/metrics` (Prometheus) and, on the actor, `/progress`."""
     metrics_interval: int = Field(default=1, ge=1)

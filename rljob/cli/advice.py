@@ -10,6 +10,7 @@ from rljob.api.rules import advisories, departure_note
 from rljob.operator.manifests.checks import operator_checkpoint_claim
 from rljob.operator.manifests.storage import checkpoint_storage_class
 from rljob.operator.settings import OperatorSettings
+from rljob.runtime.records.trackers import tracker_problems
 
 
 def print_advisories(job: RLJob, source: str | None, *, departures: bool = False) -> None:
@@ -37,3 +38,15 @@ def print_cluster_notes(job: RLJob, source: str | None, settings: OperatorSettin
         fg=typer.colors.YELLOW,
         err=True,
     )
+
+
+def print_tracker_notes(job: RLJob, source: str | None) -> None:
+    """The trackers the job lists whose libraries this machine lacks: an error for `rljob run` (and `validate
+    --load`), only a note for a manifest bound for a cluster, whose actor image has them."""
+    for problem in tracker_problems(job.spec):
+        typer.secho(
+            f"note: {problem.render(source)} (on this machine; `rljob run` and `rljob validate --load` refuse it here, "
+            "the actor images have the trackers extra)",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )

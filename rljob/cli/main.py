@@ -20,7 +20,7 @@ from rljob.api.loading import iter_job_files
 from rljob.api.view import shown
 from rljob.cli import role as role_cli
 from rljob.cli import run as run_cli
-from rljob.cli.advice import print_advisories, print_cluster_notes
+from rljob.cli.advice import print_advisories, print_cluster_notes, print_tracker_notes
 from rljob.cli.operator import operator
 from rljob.cli.run import SetOption
 from rljob.launch.overrides import overrides_edit
@@ -110,6 +110,8 @@ def validate(
                         typer.secho(problem.render(str(path)), fg=typer.colors.RED, err=True)
                     continue
                 typer.echo(f"ok {path}: {_summary(job)}")
+                if not load:
+                    print_tracker_notes(job, str(path))
                 print_advisories(job, str(path), departures=True)
                 print_cluster_notes(job, str(path), settings)
     if failed:

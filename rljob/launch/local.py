@@ -43,6 +43,7 @@ from rljob.launch.ports import pick_ports
 from rljob.launch.supervisor import Child, LaunchError, LogSink, RunResult, Supervisor
 from rljob.runtime.preflight import gpu_problems, gpus_asked, most_replicas, preflight, visible_gpus
 from rljob.runtime.process.parent_death import LAUNCHER_PID_ENV
+from rljob.runtime.records.trackers import RESTART_ENV
 from rljob.runtime.wire.identity import (
     COLLOCATED_ROLLOUT_HEALTH_ENV,
     DATA_PORT,
@@ -349,6 +350,7 @@ class LocalRun(Supervisor):
             **self.extra_env,
             "PYTHONUNBUFFERED": "1",
             LAUNCHER_PID_ENV: str(os.getpid()),  # the child asks to die with us (see parent_death)
+            RESTART_ENV: str(child.restarts),  # each actor-group start is a run of its own in the trackers
         }
         prefix = () if self.hosts is None else self.hosts(child.identity.role, child.identity.replica).command_prefix
         child.process = subprocess.Popen(

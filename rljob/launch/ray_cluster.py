@@ -60,6 +60,7 @@ from rljob.launch.ray_placement import (
 )
 from rljob.launch.supervisor import Child, LaunchError, LogSink, RunResult, Supervisor
 from rljob.runtime.process.parent_death import LAUNCHER_PID_ENV
+from rljob.runtime.records.trackers import RESTART_ENV
 from rljob.runtime.wire.identity import ReplicaAddress, placed_identities
 
 STOP_GRACE_S = 10.0
@@ -444,7 +445,7 @@ class RayRun(Supervisor):
             self._locate([child])
 
     def _run_role(self, child: RayChild) -> None:
-        env = {**child.identity.to_env(), **self.extra_env}
+        env = {**child.identity.to_env(), **self.extra_env, RESTART_ENV: str(child.restarts)}
         assert child.bundle is not None
         for var in self.job.spec.roles.get(child.bundle.role).env:
             if var.value is not None:

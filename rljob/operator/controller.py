@@ -447,12 +447,16 @@ class JobWorker:
         self.confirmed = time.monotonic()
 
     def desired(self) -> tuple[RLJob | None, InvalidRLJob | None, dict[str, Raw], list[Raw]]:
-        """The validated job and its children, rebuilt only when the spec changes (a new generation)."""
+        """The validated job and its children, rebuilt only when the spec changes (a new generation) or the actor
+        group restarted (its pods are told which restart they are: `RLJOB_RESTART`, the trackers' run names)."""
         meta = self.body["metadata"]
-        key = (meta.get("uid"), meta.get("generation"))
+        restarts = int((self.body.get("status") or {}).get("restarts") or 0)
+        key = (meta.get("uid"), meta.get("generation"), restarts)
         if self.built is not None and self.built[0] == key:
             return self.built[1]
         job, invalid = parse_job(self.body)
+        if job is not None and restarts:
+            job.status = RLJobStatus(restarts=restarts)
         desired_pods: dict[str, Raw] = {}
         others: list[Raw] = []
         if job is not None:

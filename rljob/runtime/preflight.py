@@ -13,6 +13,10 @@ Three depths, each a superset of the one before:
 - where the roles start (`engine_problems`, `gpu_problems`): the vLLM engine installed (`rljob run`, locally
   and `--ray`), the GPUs the job asks for visible on this machine (a local run only).
 
+The libraries of the experiment trackers a job lists (`logging.trackers`) are checked with `load` or `engine`:
+`rljob validate --load` and `rljob run`, never the operator (its image has none of them; the actor's says so
+at its start).
+
 Every problem is an `rljob.api.Problem`: the field to change and how. Pod-level clashes (reserved ports,
 volumes, env names) are the pod builders' (`rljob.operator.manifests.checks`), which `rljob validate` and the
 operator add on top of this.
@@ -29,6 +33,7 @@ from pathlib import Path
 
 from rljob.api import ROLE_NAMES, Problem, RLJob
 from rljob.api.rules import check
+from rljob.runtime.records.trackers import tracker_problems
 from rljob.runtime.wire.identity import actor_ranks_per_replica
 
 Warn = Callable[[str], None]
@@ -69,6 +74,8 @@ def preflight(
     problems = job_problems(job, ranks_per_replica)
     if engine and not problems:
         problems += engine_problems(job)
+    if (load or engine) and not problems:
+        problems += tracker_problems(job.spec)
     if load and not problems:
         problems += loaded_problems(job, Path.cwd() if base_dir is None else base_dir, warn)
     if local_gpus and not problems:

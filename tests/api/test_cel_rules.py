@@ -66,6 +66,11 @@ VIOLATIONS = [
     ("collocated-without-ipc", LLM, "spec.roles.rollout.collocated", True, "spec.rollout.weightSync.method"),
     ("collocated-scaled", COLLOCATED, "spec.roles.rollout.replicas", 2, "spec.roles.rollout.replicas"),
     ("gym-more-rollouts-than-envs", GYM, "spec.roles.rollout.replicas", 3, "spec.roles.rollout.replicas"),
+    ("tensorboard-tracker-without-dir", GYM, "spec.logging.trackers", [{"name": "tensorboard"}],
+     "spec.logging.trackers[0].dir"),
+    ("tensorboard-tracker-with-a-secret", GYM, "spec.logging.trackers",
+     [{"name": "tensorboard", "dir": "/tb", "apiKeySecret": {"name": "keys", "key": "tb"}}],
+     "spec.logging.trackers[0].apiKeySecret"),
 ]  # fmt: skip
 
 

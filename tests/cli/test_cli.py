@@ -158,3 +158,23 @@ def test_a_manifest_reads_exponent_numbers_as_kubectl_does(tmp_path: Path):
     (job,) = load_jobs(text)
     assert job.spec.trainer.learning_rate == 3e-4
     assert yaml.safe_load("3e-4") == "3e-4"  # PyYAML's own loader is left as it is for everyone else
+
+
+def test_a_tracker_whose_library_is_missing_is_a_note_for_the_cluster_and_an_error_for_a_local_run(
+    tmp_path: Path, monkeypatch
+):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real_find_spec(n, *a))
+    manifest = yaml.safe_load((REPO / "examples" / "cartpole-ppo.yaml").read_text())
+    manifest["spec"]["logging"] = {"trackers": [{"name": "tensorboard", "dir": "/tb"}, {"name": "wandb"}]}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    cluster = runner.invoke(app, ["validate", str(path)])
+    assert cluster.exit_code == 0, cluster.output
+    assert "note:" in cluster.stderr and "spec.logging.trackers[1].name: tracker wandb needs" in cluster.stderr
+    local = runner.invoke(app, ["validate", "--load", str(path)])
+    assert local.exit_code == 1
+    assert "spec.logging.trackers[1].name: tracker wandb needs the wandb package" in local.output
+    assert "pip install 'rljob[trackers]'" in local.output

@@ -16,8 +16,8 @@ from rljob import __version__
 ROOT = Path(__file__).parents[2]
 IMAGES = {
     "operator": ("operator", ["operator"]),
-    "trainer_image": ("trainer", ["train", "rollout"]),
-    "rollout_image": ("rollout", ["train", "rollout", "vllm"]),  # collocated vLLM jobs run the actor in it
+    "trainer_image": ("trainer", ["train", "rollout", "trackers"]),  # actor 0 logs to the trackers
+    "rollout_image": ("rollout", ["train", "rollout", "vllm", "trackers"]),  # collocated vLLM jobs: the actor too
     "env_image": ("env", ["env"]),
 }
 

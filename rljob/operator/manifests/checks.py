@@ -14,7 +14,9 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from rljob.api import ROLE_NAMES, InvalidRLJob, Problem, RLJob
+from rljob.operator.manifests.trackers import tracker_env_names
 from rljob.runtime.preflight import job_problems
+from rljob.runtime.records.trackers import RESTART_ENV
 from rljob.runtime.wire.identity import (
     COLLOCATED_DATA_PORT,
     COLLOCATED_METRICS_PORT,
@@ -45,7 +47,8 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 def reserved_env_names() -> frozenset[str]:
     """Variables the operator sets from the pod's identity; a role's `env` must not override them."""
     identity = pod_identity("job", "ns", "actor", 0, {r: 1 for r in ROLE_NAMES}, 9090, collocated_rollout=True)
-    return frozenset(replace(identity, rollout_members_file=MEMBERS_DIR_IN_POD).to_env()) | {TRANSPORT_KEY_FILE_ENV}
+    env = replace(identity, rollout_members_file=MEMBERS_DIR_IN_POD).to_env()
+    return frozenset(env) | {TRANSPORT_KEY_FILE_ENV, RESTART_ENV}
 
 
 def checkpoint_dir_in_pod(job: RLJob) -> str:
@@ -128,6 +131,7 @@ def _problems(job: RLJob) -> Iterator[Problem]:
             f"(got {spec.scheduling.queue!r})",
         )
     reserved_env = reserved_env_names()
+    tracker_secrets = {name: i for name, i in tracker_env_names(job).items() if i >= 0}
     for role in ROLE_NAMES:
         rs = spec.roles.get(role)
         base = f"spec.roles.{role}"
@@ -142,6 +146,12 @@ def _problems(job: RLJob) -> Iterator[Problem]:
                 yield Problem(
                     f"{base}.env[{i}].name",
                     f"{var.name} is set by the operator from the pod's identity: remove it from env",
+                )
+            elif role == "actor" and var.name in tracker_secrets:
+                yield Problem(
+                    f"{base}.env[{i}].name",
+                    f"{var.name} is set from spec.logging.trackers[{tracker_secrets[var.name]}].apiKeySecret: "
+                    "remove one of the two",
                 )
         for i, volume in enumerate(rs.volumes):
             if volume.name in RESERVED_VOLUMES:

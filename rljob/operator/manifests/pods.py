@@ -36,6 +36,7 @@ from rljob.operator.manifests.gang import PodGangMetadata, pod_gang_metadata, re
 from rljob.operator.manifests.members import MEMBERS_FILE_IN_POD, elastic_rollouts, members_volume
 from rljob.operator.manifests.placement import GPU_RESOURCE, PlacementProblem, role_affinity, role_tolerations
 from rljob.operator.manifests.secret import KEY_FILE_IN_POD, secret_volume
+from rljob.operator.manifests.trackers import tracker_env
 from rljob.operator.naming import (
     ANNOTATION_CONFIG_HASH,
     LABEL_REPLICA,
@@ -217,6 +218,8 @@ def _container(
         identity = replace(identity, rollout_members_file=MEMBERS_FILE_IN_POD)
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in identity.to_env().items()]
     env.append({"name": TRANSPORT_KEY_FILE_ENV, "value": KEY_FILE_IN_POD})  # the job's Secret: see secret.py
+    if role == "actor":  # actor 0 logs to the trackers; its ranks and replicas share one image and env
+        env += tracker_env(job)
     env += [var.model_dump(mode="json", by_alias=True, exclude_none=True) for var in rs.env]
     if not job.metadata.namespace:
         # Rendered without a namespace: the pod learns it from the API when it is created.

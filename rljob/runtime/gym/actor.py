@@ -53,6 +53,7 @@ from rljob.runtime.records.metrics import (
     keep_records_until,
     phase_key,
 )
+from rljob.runtime.records.trackers import TrackersUnavailable, job_trackers
 from rljob.runtime.weights.sync import SyncRefused, WeightPublisher
 from rljob.runtime.wire.context import FatalConfigError, RoleContext
 from rljob.runtime.wire.deadlines import LateReplicas
@@ -480,6 +481,12 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
         jsonl = Path(identity.run_dir) / "metrics.jsonl"
         previous_wall = keep_records_until(jsonl, learner.step)
         run_metrics = RunMetrics(identity.run_dir, spec.logging.tensorboard, start_time=time.time() - previous_wall)
+    try:
+        trackers = job_trackers(context.job, identity.namespace, identity.run_dir, context.log.warning)
+    except TrackersUnavailable as exc:
+        raise FatalConfigError(str(exc)) from None
+    if trackers.names:
+        context.log.info("logging to %s as run %s", ", ".join(trackers.names), trackers.run_name)
     health.ready()
     context.log.info("training %d steps from step %d (%d actor ranks)", total, learner.step, world)
     last_return: float | None = None
@@ -547,6 +554,7 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
                 line = run_metrics.log(learner.step, record)
             else:
                 line = {"step": learner.step, **record}
+            trackers.log(learner.step, line)
             health.metrics.observe(line)
             if record[RETURN_MEAN] is not None:
                 last_return = record[RETURN_MEAN]
@@ -581,6 +589,7 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
         controller.close()
         if run_metrics is not None:
             run_metrics.close()
+        trackers.close()
     learner.leave_group()
     if stop and learner.step < total:
         context.log.info(

@@ -75,6 +75,7 @@ from rljob.runtime.records.metrics import (
     keep_records_until,
     phase_key,
 )
+from rljob.runtime.records.trackers import TrackersUnavailable, job_trackers
 from rljob.runtime.weights.ipc import IpcWeightPublisher
 from rljob.runtime.weights.sync import FileWeightPublisher, WeightPublisher
 from rljob.runtime.wire.context import FatalConfigError, RoleContext
@@ -588,6 +589,12 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         )
         for record in sft_records:
             run_metrics.log(0, record, tensorboard_step=record["sft_step"])
+    try:
+        trackers = job_trackers(context.job, identity.namespace, identity.run_dir, context.log.warning)
+    except TrackersUnavailable as exc:
+        raise FatalConfigError(str(exc)) from None
+    if trackers.names:
+        context.log.info("logging to %s as run %s", ", ".join(trackers.names), trackers.run_name)
     health.ready()
     context.log.info(
         "training %d steps from step %d: %d prompts x %d samples per step, %d actor rank(s)%s, %d rollout(s)",
@@ -617,6 +624,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         }
         return save_checkpoint(checkpoints, learner, learner.step, state, channel)
 
+    completed = False
     try:
         sync_s = controller.sync(learner.step)
         controller.submit(batch, learner.step)
@@ -689,6 +697,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
             if evaluate:
                 record.update(_evaluate(controller, eval_rows, learner.step))
             line = run_metrics.log(learner.step, record) if run_metrics else {"step": learner.step, **record}
+            trackers.log(learner.step, line)
             health.metrics.observe(line)
             tracker.update(
                 learner.step,
@@ -712,16 +721,19 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
                 path = write_checkpoint()
                 last_saved = learner.step
                 if not stopping:  # the grace period is for the checkpoint; hf-latest waits for the next one
-                    export_policy(learner, tokenizer, path.parent / "hf-latest", channel)
+                    trackers.log_model(str(export_policy(learner, tokenizer, path.parent / "hf-latest", channel)))
             if stopping:
                 break
         if stopping and last_saved != learner.step and learner.step > 0:
             # Stopped mid-step: the checkpoint is the last finished step's, with the stream as that step left it.
             write_checkpoint()
+        completed = not stopping
     finally:
         controller.close()
         if run_metrics is not None:
             run_metrics.close()
+        if not completed:  # a completed run's trackers close after the export below
+            trackers.close()
     if stopping:
         channel.send("end", True)
         learner.leave_group()
@@ -736,6 +748,8 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     if identity.run_dir:
         exported = export_policy(learner, tokenizer, Path(identity.run_dir) / "model", channel)
         context.log.info("exported the trained policy to %s", exported)
+        trackers.log_model(str(exported))
+    trackers.close()
     channel.send("end")
     learner.leave_group()
     context.log.info("reached trainer.steps (%d)", total)
