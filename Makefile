@@ -8,7 +8,7 @@ EXTRAS := operator,train,rollout,env,ray,trackers,dev
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install netns-tools helm test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-grpo-vlm bench-weights bench-chaos figures gpu-wheels gpu-check clean
+.PHONY: install netns-tools helm mermaid browser test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-grpo-vlm bench-weights bench-chaos figures gpu-wheels gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,7 @@ helm: $(HELM_BIN)
 
 test: $(STAMP)
 	-$(MAKE) helm
+	-$(MAKE) browser
 	$(MAKE) lint
 	$(MAKE) docs
 	$(BIN)/pytest
@@ -73,7 +74,28 @@ crds: $(STAMP)
 
 # The documentation site (mkdocs.yml, docs/) -> site/. Strict: a broken link or anchor fails the build.
 docs: $(STAMP)
+	-$(MAKE) mermaid
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The site draws its mermaid diagrams with mermaid's own build, served beside the pages (not committed): a reader
+# offline, or a browser in a test, sees the diagram. Without npm, Material's theme fetches it from unpkg instead.
+MERMAID_NPM := mermaid@11.17.2
+MERMAID_JS := docs/assets/javascripts/mermaid.min.js
+
+$(MERMAID_JS):
+	rm -rf .tools/mermaid && mkdir -p .tools/mermaid $(dir $(MERMAID_JS))
+	cd .tools/mermaid && npm pack --silent $(MERMAID_NPM) && tar xzf *.tgz package/dist/mermaid.min.js
+	mv .tools/mermaid/package/dist/mermaid.min.js $(MERMAID_JS)
+	rm -rf .tools/mermaid
+
+mermaid: $(MERMAID_JS)
+
+# Headless Chromium (Debian's package) for tests/docs/test_site_in_browser.py, which looks at the built pages as a
+# reader does. Installed when missing and this is root on Debian/Ubuntu (CI); elsewhere that test skips and says why.
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	fi
 
 # docs/reference/spec.md (from the API models) and docs/reference/cli.md (from the command line) are generated;
 # tests fail when the committed pages drift from the code.
