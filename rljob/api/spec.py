@@ -25,9 +25,11 @@ from rljob.api.kubernetes import (
     VolumeMount,
 )
 
-AlgorithmName = Literal["ppo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo"]
+AlgorithmName = Literal["ppo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo", "sft", "dpo"]
 GROUP_ALGORITHMS: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo")
 """Algorithms whose advantage compares several samples of the same prompt."""
+OFFLINE_STAGES: tuple[str, ...] = ("sft", "dpo")
+"""Post-training stages that learn from the dataset's rows alone: the actor role only, no rollout, env or reward."""
 
 RoleName = Literal["actor", "rollout", "env", "reward"]
 ROLE_NAMES: tuple[RoleName, ...] = ("actor", "rollout", "env", "reward")
@@ -282,8 +284,21 @@ class OverlongShaping(SpecModel):
     """Penalty of a response that reaches the longest response's length."""
 
 
+class DPOSpec(SpecModel):
+    """Direct preference optimisation (`algorithm.name: dpo`) against the frozen starting policy as reference."""
+
+    loss_type: Literal["sigmoid", "ipo", "robust"] = "sigmoid"
+    """`sigmoid`: DPO (Rafailov et al. 2023), with labelSmoothing the conservative cDPO; `ipo`: IPO (Azar et al.
+    2023), squared loss on the per-token log-ratio gap; `robust`: robust DPO (Chowdhury et al. 2024), unbiased under
+    labelSmoothing's share of flipped labels. As TRL's `DPOTrainer` computes them."""
+    beta: float = Field(default=0.1, gt=0.0)
+    """Strength of the tie to the reference (DPO's beta; IPO's tau)."""
+    label_smoothing: float = Field(default=0.0, ge=0.0, lt=0.5)
+    """Assumed share of preference labels that are wrong (sigmoid and robust; not used by ipo)."""
+
+
 class AlgorithmSpec(SpecModel):
-    """The RL algorithm and its knobs."""
+    """The RL algorithm (or offline post-training stage) and its knobs."""
 
     model_config = cel(
         (
@@ -297,7 +312,9 @@ class AlgorithmSpec(SpecModel):
     )
 
     name: AlgorithmName
-    """The algorithm: `ppo` for gym tasks; a group algorithm for llm tasks."""
+    """The algorithm: `ppo` for gym tasks; a group algorithm for llm tasks; or an offline post-training stage of an
+    llm task, trained on the dataset's rows by the actor alone: `sft` (supervised fine-tuning on prompt/completion
+    or messages rows) or `dpo` (preference optimisation on prompt/chosen/rejected rows). See docs/post-training.md."""
     gamma: float = Field(default=0.99, ge=0.0, le=1.0)
     """Discount factor (ppo)."""
     gae_lambda: float = Field(default=0.95, ge=0.0, le=1.0)
@@ -346,6 +363,8 @@ class AlgorithmSpec(SpecModel):
     """The most generation rounds one step spends collecting informative groups with dynamicSampling."""
     overlong: OverlongShaping | None = None
     """DAPO overlong reward shaping (llm). Default: the algorithm's preset (on for dapo and cispo, else off)."""
+    dpo: DPOSpec = Field(default_factory=DPOSpec)
+    """The dpo stage's loss and its knobs."""
 
 
 # --- trainer ------------------------------------------------------------------------------------
