@@ -34,6 +34,8 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 _CHAT_TEXT = "system: user: assistant: \n"
+CHAT_TEXT = _CHAT_TEXT
+"""The builtin chat template's own text (its roles and line breaks): a tokenizer must cover it to render chats."""
 VISION_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
 """Qwen2-VL's vision tokens, added to the builtin tokenizer of tiny-qwen2-vl."""
 
@@ -114,9 +116,8 @@ def tokenizer_texts(task: LLMTask, rows: list[dict[str, Any]], extra: list[str] 
         texts.append(_CHAT_TEXT)
     if task.env is not None:
         texts.append(string.printable)
-    for row in rows:
-        texts.append(str(row[task.dataset.prompt_key]))
-        texts.append(str(row[task.dataset.answer_key]))
+    for row in rows:  # an offline stage's rows may lack both: their texts come as `extra`
+        texts += [str(row[key]) for key in (task.dataset.prompt_key, task.dataset.answer_key) if key in row]
     return texts
 
 
