@@ -44,8 +44,8 @@ def resolve_defaults(job: RLJob) -> RLJob:
     spec = job.spec
     gym = spec.task.type == "gym"
     offline = spec.algorithm.name in OFFLINE_STAGES
-    if spec.algorithm.group_size is None and not offline:  # an offline stage samples nothing
-        spec.algorithm.group_size = 1 if spec.algorithm.name == "ppo" else DEFAULT_GROUP_SIZE
+    if spec.algorithm.group_size is None:  # ppo and the offline stages: one response per prompt
+        spec.algorithm.group_size = 1 if spec.algorithm.name == "ppo" or offline else DEFAULT_GROUP_SIZE
     if offline and "replicas" not in spec.roles.rollout.model_fields_set:
         spec.roles.rollout.replicas = 0  # the actor alone trains on the rows; a rollout set by hand is refused below
     if spec.rollout.engine is None:

@@ -302,7 +302,7 @@ class AlgorithmSpec(SpecModel):
 
     model_config = cel(
         (
-            "self.name == 'ppo' || !has(self.groupSize) || self.groupSize >= 2",
+            "self.name in ['ppo', 'sft', 'dpo'] || !has(self.groupSize) || self.groupSize >= 2",
             "group algorithms compare samples of one prompt: algorithm.groupSize must be >= 2",
         ),
         (
@@ -349,7 +349,7 @@ class AlgorithmSpec(SpecModel):
     constant length). Default: the algorithm's preset (grpo, gspo: seq-mean-token-mean; dr_grpo:
     seq-mean-token-sum-norm; rloo: seq-mean-token-sum; else token-mean)."""
     group_size: int | None = Field(default=None, ge=1)
-    """Samples per prompt. Default: 1 for ppo, 8 for group algorithms."""
+    """Samples per prompt. Default: 1 for ppo (and the offline stages, which sample none), 8 for group algorithms."""
     epochs: int = Field(default=1, ge=1)
     """Passes over each batch."""
     minibatches: int = Field(default=1, ge=1)
