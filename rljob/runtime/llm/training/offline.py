@@ -103,6 +103,25 @@ class OfflineUpdate:
             rejected_tokens=scores.tokens[pairs:],
         )
 
+    def pass_loss(self, part: list[Encoded], batch: MicroBatch | None = None) -> tuple[Tensor, Tensor]:
+        """One forward pass over `part`: its summed loss (with grad; sft: completion-token NLL, dpo: per-pair loss)
+        and [loss, chosen rewards, rejected rewards, pairs ranked right, response tokens] summed over it."""
+        batch = self._batch(part) if batch is None else batch
+        with self.learner.compute():
+            scores = sequence_scores(self.learner.model, batch, self.chunk)
+        sums = torch.zeros(5, dtype=torch.float64)
+        sums[4] = float(scores.tokens.sum())
+        if self.stage == "sft":
+            total = -scores.logprob.sum()
+        else:
+            result = self._preference(batch, len(part), scores)
+            total = result.loss.sum()
+            sums[1] = float(result.chosen_rewards.sum())
+            sums[2] = float(result.rejected_rewards.sum())
+            sums[3] = float(result.correct.sum())
+        sums[0] = float(total.detach())
+        return total, sums
+
     def step(self, examples: list[Encoded]) -> dict[str, float]:
         """One optimizer step on this rank's share of `examples` (the whole batch, the same on every rank)."""
         learner = self.learner
@@ -118,21 +137,9 @@ class OfflineUpdate:
         learner.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(5, dtype=torch.float64)  # loss, chosen rewards, rejected rewards, correct, tokens
         for part, batch in zip(parts, batches, strict=True):
-            with learner.compute():
-                scores = sequence_scores(learner.model, batch, self.chunk)
-            if self.stage == "sft":
-                total = -scores.logprob.sum()
-                (total / normalizer).backward()
-                sums[0] += float(total.detach())
-            else:
-                result = self._preference(batch, len(part), scores)
-                total = result.loss.sum()
-                (total / normalizer).backward()
-                sums[0] += float(total.detach())
-                sums[1] += float(result.chosen_rewards.sum())
-                sums[2] += float(result.rejected_rewards.sum())
-                sums[3] += float(result.correct.sum())
-            sums[4] += float(scores.tokens.sum())
+            total, part_sums = self.pass_loss(part, batch)
+            (total / normalizer).backward()
+            sums += part_sums
         learner._sync_gradients()
         grad_norm = gradient_norm(learner.params, learner.trainer.grad_clip)
         totals = learner._all_reduce(sums)
