@@ -11,6 +11,7 @@ the frozen reference, and (ipo) each response's token count. The formulas are TR
   log-ratio divided by its token count, as TRL does after checking with the IPO authors).
 
 The implicit rewards are beta times each response's log-ratio; a pair is ranked right when the chosen one's is higher.
+A reward model's loss (`bradley_terry_loss`) takes its scalar scores of the two responses instead.
 """
 
 from __future__ import annotations
@@ -72,3 +73,10 @@ def dpo_loss(
     else:
         raise ValueError(f"algorithm.dpo.lossType {loss_type!r} is not one of sigmoid, ipo, robust")
     return PreferenceLoss(loss, beta * chosen_ratio.detach(), beta * rejected_ratio.detach())
+
+
+def bradley_terry_loss(chosen_rewards: Tensor, rejected_rewards: Tensor) -> PreferenceLoss:
+    """A reward model's loss per pair, -log sigmoid(r_chosen - r_rejected) (Bradley-Terry; TRL's `RewardTrainer`
+    without margin or centring): the probability that the chosen response is preferred, maximised."""
+    loss = -F.logsigmoid(chosen_rewards - rejected_rewards)
+    return PreferenceLoss(loss, chosen_rewards.detach(), rejected_rewards.detach())

@@ -83,7 +83,8 @@ PRESETS: dict[AlgorithmName, AlgorithmPreset] = {
 """The paper defaults of every RL `spec.algorithm.name`."""
 
 OFFLINE_PRESET = AlgorithmPreset("token-mean", 0.2, 0.2, 0.0, False, False, False, "offline post-training stage")
-"""The RL fields of an offline stage (sft, dpo): filled so every resolved job reads complete, used by none of them."""
+"""The RL fields of an offline stage (sft, dpo, reward_model): filled so every resolved job reads complete, used by
+none of them."""
 
 
 def preset_of(name: str) -> AlgorithmPreset:

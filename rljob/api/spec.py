@@ -25,10 +25,12 @@ from rljob.api.kubernetes import (
     VolumeMount,
 )
 
-AlgorithmName = Literal["ppo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo", "sft", "dpo"]
+AlgorithmName = Literal[
+    "ppo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo", "sft", "dpo", "reward_model"
+]
 GROUP_ALGORITHMS: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo")
 """Algorithms whose advantage compares several samples of the same prompt."""
-OFFLINE_STAGES: tuple[str, ...] = ("sft", "dpo")
+OFFLINE_STAGES: tuple[str, ...] = ("sft", "dpo", "reward_model")
 """Post-training stages that learn from the dataset's rows alone: the actor role only, no rollout, env or reward."""
 
 RoleName = Literal["actor", "rollout", "env", "reward"]
@@ -302,7 +304,7 @@ class AlgorithmSpec(SpecModel):
 
     model_config = cel(
         (
-            "self.name in ['ppo', 'sft', 'dpo'] || !has(self.groupSize) || self.groupSize >= 2",
+            "self.name in ['ppo', 'sft', 'dpo', 'reward_model'] || !has(self.groupSize) || self.groupSize >= 2",
             "group algorithms compare samples of one prompt: algorithm.groupSize must be >= 2",
         ),
         (
@@ -314,7 +316,9 @@ class AlgorithmSpec(SpecModel):
     name: AlgorithmName
     """The algorithm: `ppo` for gym tasks; a group algorithm for llm tasks; or an offline post-training stage of an
     llm task, trained on the dataset's rows by the actor alone: `sft` (supervised fine-tuning on prompt/completion
-    or messages rows) or `dpo` (preference optimisation on prompt/chosen/rejected rows). See docs/post-training.md."""
+    or messages rows), `dpo` (preference optimisation on prompt/chosen/rejected rows) or `reward_model` (a
+    Bradley-Terry reward model, the policy's network with a scalar head, on the same rows). See
+    docs/post-training.md."""
     gamma: float = Field(default=0.99, ge=0.0, le=1.0)
     """Discount factor (ppo)."""
     gae_lambda: float = Field(default=0.95, ge=0.0, le=1.0)

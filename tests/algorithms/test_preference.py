@@ -69,3 +69,12 @@ def test_the_gradient_raises_the_chosen_and_lowers_the_rejected_log_prob():
     assert chosen.grad is not None and rejected.grad is not None
     assert float(chosen.grad) < 0 < float(rejected.grad)  # descent raises chosen, lowers rejected
     assert float(chosen.grad) == pytest.approx(-0.5 * sigmoid(-1.0))
+
+
+def test_bradley_terry_is_minus_log_sigmoid_of_the_score_gap():
+    from rljob.algorithms.preference import bradley_terry_loss
+
+    result = bradley_terry_loss(torch.tensor([2.0, 0.0]), torch.tensor([1.0, 0.5]))
+    assert result.loss.tolist() == pytest.approx([-math.log(sigmoid(1.0)), -math.log(sigmoid(-0.5))])
+    assert result.correct.tolist() == [1.0, 0.0]
+    assert result.margins.tolist() == pytest.approx([1.0, -0.5])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 import yaml
 
 from rljob.runtime.records.checkpoint import CheckpointManager
@@ -86,9 +87,7 @@ def test_a_rerun_resumes_the_stage_where_its_checkpoint_left_it(repo, start_run)
 
 
 @pytest.mark.slow
-def test_a_preference_row_missing_a_side_stops_the_job_before_training_naming_row_and_field(
-    repo, tmp_path, start_run
-):
+def test_a_preference_row_missing_a_side_stops_the_job_before_training_naming_row_and_field(repo, tmp_path, start_run):
     rows = [json.loads(line) for line in (repo / "examples/data/tiny-sums-dpo.jsonl").read_text().splitlines()]
     del rows[7]["rejected"]
     data = tmp_path / "pairs.jsonl"
@@ -102,3 +101,37 @@ def test_a_preference_row_missing_a_side_stops_the_job_before_training_naming_ro
     assert run.process.returncode != 0, output
     assert "spec.task.llm.dataset: 1 of 225 rows are not dpo rows: row 7 has no 'rejected'" in output, output
     assert run.metrics() == []  # nothing trained
+
+
+@pytest.mark.slow
+def test_the_reward_model_example_ranks_held_out_pairs_and_its_export_scores_them_the_same(repo, start_run):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from rljob.api import load_job_file
+    from rljob.runtime.llm.data.offline_rows import encode_offline_row
+    from rljob.runtime.llm.data.rows import load_rows, split_off
+
+    example = repo / "examples/reward-model-tiny.yaml"
+    run = start_run(example, "--set=spec.trainer.steps=50", "--set=spec.checkpoint.interval=0", *QUIET)
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    records = run.metrics()
+    accuracy = evals(records, "eval_preference_accuracy")
+    assert accuracy[-1] > 0.55, accuracy  # 45 held-out pairs whose prompts were never trained on; chance is 0.5
+    assert evals(records, "eval_reward_margin")[-1] > 0.0
+
+    # The export is a sequence classifier a reward role can load: its scores rank the held-out pairs as the job did.
+    model = AutoModelForSequenceClassification.from_pretrained(run.out / "model").eval()
+    tokenizer = AutoTokenizer.from_pretrained(run.out / "model")
+    spec = load_job_file(example).spec
+    assert spec.task.llm is not None
+    _, held_out = split_off(load_rows(spec.task.llm, columns=False), spec.evaluation.size, spec.trainer.seed)
+    right = 0
+    for row in held_out:
+        encoded = encode_offline_row("reward_model", spec.task.llm, row, tokenizer)
+        scores = [
+            float(model(input_ids=torch.tensor([encoded.prompt + response])).logits[0, 0])
+            for response in encoded.responses
+        ]
+        right += scores[0] > scores[1]
+    assert right / len(held_out) == pytest.approx(accuracy[-1])

@@ -1,4 +1,5 @@
-"""An offline stage (sft, dpo) is the actor alone: the operator builds no rollout, env or reward pod, nor does Ray."""
+"""An offline stage (sft, dpo, reward_model) is the actor alone: the operator builds no rollout, env or reward pod,
+nor does Ray."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from rljob.launch.ray_placement import job_bundles
 from rljob.operator.manifests import build_children
 
-STAGES = ["sft-tiny", "dpo-tiny"]
+STAGES = ["sft-tiny", "dpo-tiny", "reward-model-tiny"]
 
 
 @pytest.mark.parametrize("example", STAGES)

@@ -1,13 +1,17 @@
-"""The actor of an offline post-training stage (`algorithm.name` sft or dpo): training on the dataset's rows alone.
+"""The actor of an offline post-training stage (`algorithm.name` sft, dpo or reward_model): training on the dataset's
+rows alone.
 
 No rollout, env or reward replica exists: every actor rank reads the rows, checks them (a bad row stops the job
 before the first step, exit 78, naming the row and the column), builds the same starting policy and walks the rows
 in the same seeded order, taking its share of each batch (`rljob.runtime.llm.training.offline`). dpo keeps a frozen
 copy of the starting policy as its reference (made before a checkpoint is loaded, so a resumed job measures against
-the same reference). Rank 0 writes metrics.jsonl (`loss`, and for dpo the implicit rewards, their margin and the
-preference accuracy), evaluates the held-out rows every `evaluation.interval` steps (`eval_*`), checkpoints every
-`checkpoint.interval` steps (with `hf-latest`, a Hugging Face export) and exports the final policy to
-`<run dir>/model`, as RL jobs do. Rows whose prompt is over `task.llm.maxPromptLength` or a response over
+the same reference); reward_model puts the starting policy's transformer under a scalar head
+(`models.policy.reward_model_from`), exported as a `...ForSequenceClassification` a reward role can load.
+
+Rank 0 writes metrics.jsonl (`loss`; for dpo and reward_model also the rewards of the chosen and rejected responses,
+their margin and the preference accuracy), evaluates the held-out rows every `evaluation.interval` steps (`eval_*`),
+checkpoints every `checkpoint.interval` steps (with `hf-latest`, a Hugging Face export) and exports the final model
+to `<run dir>/model`, as RL jobs do. Rows whose prompt is over `task.llm.maxPromptLength` or a response over
 `maxResponseLength` tokens (with EOS) are skipped and counted; none left is a configuration error.
 """
 
@@ -22,6 +26,7 @@ import torch
 
 from rljob.runtime.llm.data.offline_rows import Encoded, check_offline_rows, encode_offline_row
 from rljob.runtime.llm.data.rows import PromptStream, Row, split_off
+from rljob.runtime.llm.models.policy import reward_model_from
 from rljob.runtime.llm.setup import job_rows, load_job_policy
 from rljob.runtime.llm.training.learner import LLMLearner
 from rljob.runtime.llm.training.offline import OfflineUpdate
@@ -98,6 +103,8 @@ def train_stage(context: RoleContext, health: Any, rank: int, world: int, device
     reference = None
     if stage == "dpo":  # the starting policy, before any checkpoint is loaded into the trained one
         reference = copy.deepcopy(model).eval().requires_grad_(False)
+    elif stage == "reward_model":  # the starting policy's transformer under a scalar head
+        model = reward_model_from(model, tokenizer.pad_token_id, spec.trainer.seed)
     learner = LLMLearner(
         model,
         spec.algorithm,

@@ -4,7 +4,8 @@ sft rows: a prompt (the `task.llm.dataset.promptKey` column, rendered as RL prom
 template) and a `completion`; or `messages`, a chat whose last message is the assistant's (the completion) and whose
 earlier messages are the prompt, rendered with the tokenizer's chat template.
 
-dpo rows: a prompt (plain text, rendered as above, or a list of chat messages) and two responses, `chosen` and
+dpo and reward_model rows: a prompt (plain text, rendered as above, or a list of chat messages) and two responses,
+`chosen` and
 `rejected`: each plain text or a one-message list `[{"role": "assistant", "content": ...}]` (TRL's conversational
 preference format).
 
@@ -29,7 +30,7 @@ SHOWN = 5
 
 @dataclass(frozen=True)
 class Encoded:
-    """A row as token ids: the prompt and one (sft) or two (dpo: chosen, rejected) responses, each ending in EOS."""
+    """A row as token ids: the prompt and one (sft) or two (chosen, rejected) responses, each ending in EOS."""
 
     prompt: list[int]
     responses: tuple[list[int], ...]
@@ -78,7 +79,7 @@ def row_problem(stage: str, row: Row, prompt_key: str) -> str | None:
     missing = [c for c in (prompt_key, CHOSEN, REJECTED) if c not in row or row[c] is None]
     if missing:
         return (
-            f"has no {' or '.join(repr(c) for c in missing)} (a dpo row needs {prompt_key!r}, {CHOSEN!r} and "
+            f"has no {' or '.join(repr(c) for c in missing)} (a {stage} row needs {prompt_key!r}, {CHOSEN!r} and "
             f"{REJECTED!r})"
         )
     return (

@@ -18,6 +18,7 @@ prompts are encoded with (`rljob.runtime.llm.data.images`) and which the export 
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import string
@@ -336,6 +337,26 @@ def load_policy(
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return model.to(device), tokenizer
+
+
+def reward_model_from(language_model: torch.nn.Module, pad_token_id: int, seed: int) -> torch.nn.Module:
+    """The `reward_model` stage's network: `language_model`'s own transformer (its weights, dtype and device) under a
+    scalar head (`num_labels` 1, seeded) instead of its LM head, as transformers' `...ForSequenceClassification`. A
+    sequence's score is the head's output at its last token that is not padding (its EOS), so the export loads back
+    with `AutoModelForSequenceClassification` and scores as it trained."""
+    from transformers import AutoModelForSequenceClassification
+
+    config = copy.deepcopy(language_model.config)
+    config.num_labels = 1
+    config.pad_token_id = pad_token_id
+    config.architectures = None  # save_pretrained writes the class it saves
+    parameter = next(language_model.parameters())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForSequenceClassification.from_config(config, dtype=parameter.dtype)
+    prefix = language_model.base_model_prefix
+    getattr(model, prefix).load_state_dict(getattr(language_model, prefix).state_dict())
+    return model.to(parameter.device)
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:

@@ -1,14 +1,17 @@
-"""The update and the held-out evaluation of the offline stages (sft, dpo), on the learner's model and rank group.
+"""The update and the held-out evaluation of the offline stages (sft, dpo, reward_model), on the learner's model
+and rank group.
 
-A step takes `trainer.batchSize` examples (sft: prompt + completion; dpo: prompt + chosen + rejected), every actor
-rank its share (`examples[rank::world]`), in passes of `trainer.microBatchSize` examples. The loss is normalised by
-the GLOBAL count (sft: completion tokens; dpo: pairs) all-reduced over ranks, and gradients are summed over ranks
-as in the RL update (`LLMLearner`), so the step does not depend on how the batch is split. The optimizer, its
-learning-rate schedule, gradient clip and divergence check are the trainer's.
+A step takes `trainer.batchSize` examples (sft: prompt + completion; dpo, reward_model: prompt + chosen + rejected),
+every actor rank its share (`examples[rank::world]`), in passes of `trainer.microBatchSize` examples. The loss is
+normalised by the GLOBAL count (sft: completion tokens; else pairs) all-reduced over ranks, and gradients are summed
+over ranks as in the RL update (`LLMLearner`), so the step does not depend on how the batch is split. The optimizer,
+its learning-rate schedule, gradient clip and divergence check are the trainer's.
 
 sft: summed cross-entropy of the completion tokens (EOS included; the prompt masked) per completion token.
 dpo: `rljob.algorithms.preference.dpo_loss` on summed sequence log-probs; the reference's come from a frozen copy of
 the starting policy in the same micro-batches (no gradient). Log-probs are those of softmax(logits) (temperature 1).
+reward_model: `bradley_terry_loss` on the scalar head's scores of the chosen and rejected sequences (prompt, response,
+EOS), read at the EOS.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rljob.algorithms.preference import dpo_loss
+from rljob.algorithms.preference import PreferenceLoss, bradley_terry_loss, dpo_loss
 from rljob.api.spec import AlgorithmSpec
 from rljob.runtime.llm.data.offline_rows import Encoded
 from rljob.runtime.llm.training.batch import MicroBatch, collate
@@ -103,22 +106,33 @@ class OfflineUpdate:
             rejected_tokens=scores.tokens[pairs:],
         )
 
-    def pass_loss(self, part: list[Encoded], batch: MicroBatch | None = None) -> tuple[Tensor, Tensor]:
-        """One forward pass over `part`: its summed loss (with grad; sft: completion-token NLL, dpo: per-pair loss)
-        and [loss, chosen rewards, rejected rewards, pairs ranked right, response tokens] summed over it."""
-        batch = self._batch(part) if batch is None else batch
+    def _rewards(self, batch: MicroBatch, pairs: int) -> PreferenceLoss:
+        """reward_model: the head's scores of the chosen and rejected rows under the Bradley-Terry loss."""
         with self.learner.compute():
-            scores = sequence_scores(self.learner.model, batch, self.chunk)
+            scores = self.learner.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        scores = scores[:, 0].float()
+        return bradley_terry_loss(scores[:pairs], scores[pairs:])
+
+    def pass_loss(self, part: list[Encoded], batch: MicroBatch | None = None) -> tuple[Tensor, Tensor]:
+        """One forward pass over `part`: its summed loss (with grad; sft: completion-token NLL, dpo and reward_model:
+        per-pair loss) and [loss, chosen rewards, rejected rewards, pairs ranked right, response tokens] summed."""
+        batch = self._batch(part) if batch is None else batch
         sums = torch.zeros(5, dtype=torch.float64)
-        sums[4] = float(scores.tokens.sum())
-        if self.stage == "sft":
-            total = -scores.logprob.sum()
+        sums[4] = float(batch.response_mask.sum())
+        if self.stage == "reward_model":
+            result = self._rewards(batch, len(part))
         else:
+            with self.learner.compute():
+                scores = sequence_scores(self.learner.model, batch, self.chunk)
+            if self.stage == "sft":
+                total = -scores.logprob.sum()
+                sums[0] = float(total.detach())
+                return total, sums
             result = self._preference(batch, len(part), scores)
-            total = result.loss.sum()
-            sums[1] = float(result.chosen_rewards.sum())
-            sums[2] = float(result.rejected_rewards.sum())
-            sums[3] = float(result.correct.sum())
+        total = result.loss.sum()
+        sums[1] = float(result.chosen_rewards.sum())
+        sums[2] = float(result.rejected_rewards.sum())
+        sums[3] = float(result.correct.sum())
         sums[0] = float(total.detach())
         return total, sums
 
@@ -153,7 +167,7 @@ class OfflineUpdate:
 
     def _stats(self, totals: Tensor, normalizer: float, prefix: str) -> dict[str, float]:
         stats = {f"{prefix}loss": float(totals[0]) / normalizer, f"{prefix}tokens": float(totals[4])}
-        if self.stage == "dpo":
+        if self.stage != "sft":
             pairs = normalizer
             stats |= {
                 f"{prefix}rewards_chosen": float(totals[1]) / pairs,
@@ -166,8 +180,8 @@ class OfflineUpdate:
     @torch.no_grad()
     def evaluate(self, examples: list[Encoded]) -> dict[str, float]:
         """Held-out `eval_*` metrics at the current weights. sft: mean token loss and exact match (the share of
-        completions greedy decoding would write exactly, EOS included); dpo: mean loss, preference accuracy and
-        reward margin."""
+        completions greedy decoding would write exactly, EOS included); dpo and reward_model: mean loss, preference
+        accuracy and reward margin."""
         if not examples:
             return {}
         model = self.learner.model
@@ -178,19 +192,15 @@ class OfflineUpdate:
         try:
             for part in self._parts(examples):
                 batch = self._batch(part)
-                with self.learner.compute():
-                    scores = sequence_scores(model, batch, self.chunk, with_top1=self.stage == "sft")
-                sums[4] += float(scores.tokens.sum())
                 if self.stage == "sft":
+                    with self.learner.compute():
+                        scores = sequence_scores(model, batch, self.chunk, with_top1=True)
+                    sums[4] += float(scores.tokens.sum())
                     sums[0] += float(-scores.logprob.sum())
                     assert scores.top1 is not None
                     exact += float((scores.top1 == scores.tokens).sum())
                 else:
-                    result = self._preference(batch, len(part), scores)
-                    sums[0] += float(result.loss.sum())
-                    sums[1] += float(result.chosen_rewards.sum())
-                    sums[2] += float(result.rejected_rewards.sum())
-                    sums[3] += float(result.correct.sum())
+                    sums += self.pass_loss(part, batch)[1]
         finally:
             model.train(was_training)
         normalizer = float(sums[4]) if self.stage == "sft" else float(len(examples))
