@@ -135,3 +135,17 @@ def test_the_reward_model_example_ranks_held_out_pairs_and_its_export_scores_the
         ]
         right += scores[0] > scores[1]
     assert right / len(held_out) == pytest.approx(accuracy[-1])
+
+
+@pytest.mark.slow
+def test_two_actor_ranks_train_the_dpo_stage_as_one_does(repo, start_run):
+    settings = ("--set=spec.trainer.steps=8", "--set=spec.checkpoint.interval=0", "--set=spec.evaluation.interval=0")
+    one = start_run(repo / DPO, *settings, *QUIET, name="one")
+    two = start_run(repo / DPO, *settings, "--set=spec.roles.actor.replicas=2", *QUIET, name="two")
+    for run in (one, two):
+        output = run.finish()
+        assert run.process.returncode == 0, output
+    assert sorted(p.name for p in (two.out / "logs").iterdir()) == ["actor-0.log", "actor-1.log"]
+    # Each rank trains half of each batch; the loss is normalised by the global pair count and gradients are summed.
+    for key in ("loss", "preference_accuracy", "reward_margin"):
+        assert [r[key] for r in two.metrics()] == pytest.approx([r[key] for r in one.metrics()], rel=1e-4, abs=1e-6)
