@@ -129,3 +129,20 @@ def test_validate_notes_the_checkpoint_claim_needs_a_storage_class_unless_one_is
     own.write_text(example.read_text().replace("checkpoint:", "checkpoint:\n    volumeClaim: mine", 1))
     mine = runner.invoke(app, ["validate", str(own)])
     assert mine.exit_code == 0 and "note:" not in mine.stderr, mine.stderr
+
+
+def test_validate_load_names_the_preference_row_missing_a_side(tmp_path):
+    rows = [
+        '{"prompt": "1+1=", "chosen": "2", "rejected": "3"}',
+        '{"prompt": "2+2=", "chosen": "4"}',
+    ]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    job = yaml.safe_load((REPO / "examples" / "dpo-tiny.yaml").read_text())
+    job["spec"]["task"]["llm"]["dataset"]["path"] = str(data)
+    job["spec"]["evaluation"]["size"] = 1
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump(job))
+    result = runner.invoke(app, ["validate", "--load", str(manifest)])
+    assert result.exit_code == 1, result.output
+    assert "spec.task.llm.dataset: 1 of 2 rows are not dpo rows: row 1 has no 'rejected'" in result.output
