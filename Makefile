@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 CONSTRAINTS := constraints/cpu.txt
-EXTRAS := operator,train,rollout,env,ray,trackers,dev
+# bench: TRL, the peer the tests check the DPO loss and gradients against (and the GRPO benchmark measures).
+EXTRAS := operator,train,rollout,env,ray,trackers,dev,bench
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 

@@ -25,14 +25,18 @@ from rljob.algorithms.losses import (
     ppo_policy_loss,
     value_loss,
 )
+from rljob.algorithms.preference import PreferenceLoss, bradley_terry_loss, dpo_loss
 from rljob.algorithms.sampling import informative_groups
 from rljob.algorithms.shaping import overlong_penalty
 
 __all__ = [
     "GROUP_ADVANTAGES",
     "POLICY_LOSSES",
+    "PreferenceLoss",
     "aggregate_loss",
+    "bradley_terry_loss",
     "cispo_policy_loss",
+    "dpo_loss",
     "dr_grpo_advantages",
     "entropy_bonus",
     "explained_variance",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from rljob.api.spec import AlgorithmName, AlgorithmSpec, OverlongShaping
+from rljob.api.spec import OFFLINE_STAGES, AlgorithmName, AlgorithmSpec, OverlongShaping
 
 Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -80,7 +80,17 @@ PRESETS: dict[AlgorithmName, AlgorithmPreset] = {
         "token-mean", 0.2, 0.28, 0.0, True, True, True, "MiniMax 2025, MiniMax-M1 / CISPO (arXiv:2506.13585)"
     ),
 }
-"""The paper defaults of every `spec.algorithm.name`."""
+"""The paper defaults of every RL `spec.algorithm.name`."""
+
+OFFLINE_PRESET = AlgorithmPreset("token-mean", 0.2, 0.2, 0.0, False, False, False, "offline post-training stage")
+"""The RL fields of an offline stage (sft, dpo, reward_model): filled so every resolved job reads complete, used by
+none of them."""
+
+
+def preset_of(name: str) -> AlgorithmPreset:
+    """The preset of an RL algorithm, or the neutral one of an offline stage."""
+    return OFFLINE_PRESET if name in OFFLINE_STAGES else PRESETS[name]  # type: ignore[index]
+
 
 PRESET_FIELDS: tuple[tuple[str, str], ...] = (
     ("loss_aggregation", "lossAggregation"),
@@ -105,7 +115,7 @@ def resolve_algorithm(algorithm: AlgorithmSpec, max_response_length: int | None 
     single-turn task; None for gym tasks) sizes the overlong buffer: without
     it, or when the budget is too short for a buffer, the overlong preset stays off.
     """
-    preset = PRESETS[algorithm.name]
+    preset = preset_of(algorithm.name)
     resolved = algorithm.model_copy(deep=True)
     for attribute, _ in PRESET_FIELDS:
         if getattr(resolved, attribute) is None:
@@ -119,7 +129,10 @@ def resolve_algorithm(algorithm: AlgorithmSpec, max_response_length: int | None 
 
 
 def departures(algorithm: AlgorithmSpec) -> list[tuple[str, object, object]]:
-    """(manifest key, value, paper value) of each setting of a resolved algorithm that departs from its preset."""
+    """(manifest key, value, paper value) of each setting of a resolved algorithm that departs from its preset (none
+    for an offline stage, which reads none of them)."""
+    if algorithm.name in OFFLINE_STAGES:
+        return []
     preset = PRESETS[algorithm.name]
     found: list[tuple[str, object, object]] = [
         (key, getattr(algorithm, attribute), getattr(preset, attribute))

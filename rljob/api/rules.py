@@ -13,7 +13,7 @@ from rljob.api.job import MAX_NAME_LENGTH, RLJob
 from rljob.api.kubernetes import Volume
 from rljob.api.presets import PRESET_FIELDS, PRESETS, AlgorithmPreset, departures, resolve_algorithm
 from rljob.api.problems import Problem
-from rljob.api.spec import GROUP_ALGORITHMS, ROLE_NAMES, RLJobSpec
+from rljob.api.spec import GROUP_ALGORITHMS, OFFLINE_STAGES, ROLE_NAMES, RLJobSpec
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DEFAULT_GROUP_SIZE = 8
@@ -43,8 +43,11 @@ def resolve_defaults(job: RLJob) -> RLJob:
     job = job.model_copy(deep=True)
     spec = job.spec
     gym = spec.task.type == "gym"
-    if spec.algorithm.group_size is None:
-        spec.algorithm.group_size = 1 if spec.algorithm.name == "ppo" else DEFAULT_GROUP_SIZE
+    offline = spec.algorithm.name in OFFLINE_STAGES
+    if spec.algorithm.group_size is None:  # ppo and the offline stages: one response per prompt
+        spec.algorithm.group_size = 1 if spec.algorithm.name == "ppo" or offline else DEFAULT_GROUP_SIZE
+    if offline and "replicas" not in spec.roles.rollout.model_fields_set:
+        spec.roles.rollout.replicas = 0  # the actor alone trains on the rows; a rollout set by hand is refused below
     if spec.rollout.engine is None:
         spec.rollout.engine = "torch" if gym else "vllm"
     if spec.rollout.max_tokens is None and spec.task.llm is not None:
@@ -53,9 +56,9 @@ def resolve_defaults(job: RLJob) -> RLJob:
         spec.model.builtin.architecture = "mlp" if gym else "tiny-qwen2"
     if spec.roles.env.replicas is None:
         text_env = spec.task.llm is not None and spec.task.llm.env is not None
-        spec.roles.env.replicas = 1 if gym or text_env else 0
+        spec.roles.env.replicas = 1 if (gym or text_env) and not offline else 0
     if spec.roles.reward.replicas is None:
-        spec.roles.reward.replicas = 0 if gym else 1
+        spec.roles.reward.replicas = 0 if gym or offline else 1
     # Before the task defaults: the task does not change presets, and the checks below read resolved values.
     # DAPO's buffer is a fifth of the longest response (which maxTokens may make shorter than maxResponseLength),
     # and below maxResponseLength (the CRD checks that).
@@ -130,6 +133,8 @@ def _check_name(name: str) -> Iterator[Problem]:
 
 
 def _check_spec(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    if spec.algorithm.name in OFFLINE_STAGES:
+        yield from _check_offline_stage(spec)
     yield from _check_task(spec)
     yield from _check_gym_settings(spec)
     yield from _check_model(spec)
@@ -270,6 +275,50 @@ def _check_sft(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
                 f"{len(sft.turns)} turns, but an episode has at most task.llm.env.maxTurns ({env.max_turns}): a "
                 "rollout never reaches the later ones; demonstrate fewer turns or raise maxTurns",
             )
+
+
+def _check_offline_stage(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    """An offline stage (sft, dpo) is the actor training on the dataset's rows: what only RL uses is refused, named."""
+    stage = spec.algorithm.name
+    unused = f"an {stage} stage" if stage == "sft" else f"a {stage} stage"
+    unused += " trains the actor on the dataset's rows alone"
+    if spec.task.type != "llm":
+        return  # the gym rules name algorithm.name already
+    roles = spec.roles
+    if roles.rollout.replicas:
+        yield (
+            "roles.rollout",
+            f"{unused}: the rollout role is not used; remove spec.roles.rollout (got replicas "
+            f"{roles.rollout.replicas})",
+        )
+    if roles.rollout.collocated or roles.rollout.autoscale is not None:
+        yield "roles.rollout", f"{unused}: the rollout role is not used; remove collocated and autoscale"
+    for role in ("env", "reward"):
+        if roles.get(role).replicas:
+            yield (
+                f"roles.{role}.replicas",
+                f"{unused}: the {role} role is not used; set 0 or remove it (got {roles.get(role).replicas})",
+            )
+    if spec.reward.functions:
+        yield "reward.functions", f"{unused}: nothing is scored, the reward functions are not used; remove them"
+    llm = spec.task.llm
+    if llm is not None and llm.env is not None:
+        yield "task.llm.env", f"{unused}: no episode is played, the text environment is not used; remove it"
+    if spec.sft.steps:
+        yield (
+            "sft.steps",
+            "the supervised warm-up runs before RL; this job is an offline stage: set 0 (supervised training on "
+            "its own is algorithm.name sft)",
+        )
+    if spec.trainer.parallelism == "fsdp2":
+        yield "trainer.parallelism", f"{stage} stages train replicated actor ranks for now: use ddp"
+    if vision_job(spec):
+        yield "task.llm.dataset", f"{stage} stages read text rows only for now: use a text model and dataset"
+    if stage == "dpo" and spec.algorithm.dpo.loss_type == "ipo" and spec.algorithm.dpo.label_smoothing:
+        yield (
+            "algorithm.dpo.labelSmoothing",
+            "ipo does not use label smoothing: set 0, or lossType robust (or sigmoid) for noisy labels",
+        )
 
 
 def _check_text_env(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
@@ -463,7 +512,7 @@ def _check_reward(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     for i, fn in enumerate(functions):
         if (fn.builtin is None) == (fn.module is None):
             yield f"reward.functions[{i}]", "set exactly one of builtin or module"
-    if spec.task.type == "llm" and not functions:
+    if spec.task.type == "llm" and not functions and spec.algorithm.name not in OFFLINE_STAGES:
         yield "reward.functions", "llm tasks need at least one reward function, e.g. {builtin: exact_match}"
     if spec.task.type == "gym" and functions:
         yield "reward.functions", "gym environments give their own reward: remove spec.reward.functions"

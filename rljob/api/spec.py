@@ -25,9 +25,13 @@ from rljob.api.kubernetes import (
     VolumeMount,
 )
 
-AlgorithmName = Literal["ppo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo"]
+AlgorithmName = Literal[
+    "ppo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo", "sft", "dpo", "reward_model"
+]
 GROUP_ALGORITHMS: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo")
 """Algorithms whose advantage compares several samples of the same prompt."""
+OFFLINE_STAGES: tuple[str, ...] = ("sft", "dpo", "reward_model")
+"""Post-training stages that learn from the dataset's rows alone: the actor role only, no rollout, env or reward."""
 
 RoleName = Literal["actor", "rollout", "env", "reward"]
 ROLE_NAMES: tuple[RoleName, ...] = ("actor", "rollout", "env", "reward")
@@ -282,12 +286,25 @@ class OverlongShaping(SpecModel):
     """Penalty of a response that reaches the longest response's length."""
 
 
+class DPOSpec(SpecModel):
+    """Direct preference optimisation (`algorithm.name: dpo`) against the frozen starting policy as reference."""
+
+    loss_type: Literal["sigmoid", "ipo", "robust"] = "sigmoid"
+    """`sigmoid`: DPO (Rafailov et al. 2023), with labelSmoothing the conservative cDPO; `ipo`: IPO (Azar et al.
+    2023), squared loss on the per-token log-ratio gap; `robust`: robust DPO (Chowdhury et al. 2024), unbiased under
+    labelSmoothing's share of flipped labels. As TRL's `DPOTrainer` computes them."""
+    beta: float = Field(default=0.1, gt=0.0)
+    """Strength of the tie to the reference (DPO's beta; IPO's tau)."""
+    label_smoothing: float = Field(default=0.0, ge=0.0, lt=0.5)
+    """Assumed share of preference labels that are wrong (sigmoid and robust; not used by ipo)."""
+
+
 class AlgorithmSpec(SpecModel):
-    """The RL algorithm and its knobs."""
+    """The RL algorithm (or offline post-training stage) and its knobs."""
 
     model_config = cel(
         (
-            "self.name == 'ppo' || !has(self.groupSize) || self.groupSize >= 2",
+            "self.name in ['ppo', 'sft', 'dpo', 'reward_model'] || !has(self.groupSize) || self.groupSize >= 2",
             "group algorithms compare samples of one prompt: algorithm.groupSize must be >= 2",
         ),
         (
@@ -297,7 +314,11 @@ class AlgorithmSpec(SpecModel):
     )
 
     name: AlgorithmName
-    """The algorithm: `ppo` for gym tasks; a group algorithm for llm tasks."""
+    """The algorithm: `ppo` for gym tasks; a group algorithm for llm tasks; or an offline post-training stage of an
+    llm task, trained on the dataset's rows by the actor alone: `sft` (supervised fine-tuning on prompt/completion
+    or messages rows), `dpo` (preference optimisation on prompt/chosen/rejected rows) or `reward_model` (a
+    Bradley-Terry reward model, the policy's network with a scalar head, on the same rows). See
+    docs/post-training.md."""
     gamma: float = Field(default=0.99, ge=0.0, le=1.0)
     """Discount factor (ppo)."""
     gae_lambda: float = Field(default=0.95, ge=0.0, le=1.0)
@@ -332,7 +353,7 @@ class AlgorithmSpec(SpecModel):
     constant length). Default: the algorithm's preset (grpo, gspo: seq-mean-token-mean; dr_grpo:
     seq-mean-token-sum-norm; rloo: seq-mean-token-sum; else token-mean)."""
     group_size: int | None = Field(default=None, ge=1)
-    """Samples per prompt. Default: 1 for ppo, 8 for group algorithms."""
+    """Samples per prompt. Default: 1 for ppo (and the offline stages, which sample none), 8 for group algorithms."""
     epochs: int = Field(default=1, ge=1)
     """Passes over each batch."""
     minibatches: int = Field(default=1, ge=1)
@@ -346,6 +367,8 @@ class AlgorithmSpec(SpecModel):
     """The most generation rounds one step spends collecting informative groups with dynamicSampling."""
     overlong: OverlongShaping | None = None
     """DAPO overlong reward shaping (llm). Default: the algorithm's preset (on for dapo and cispo, else off)."""
+    dpo: DPOSpec = Field(default_factory=DPOSpec)
+    """The dpo stage's loss and its knobs."""
 
 
 # --- trainer ------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from rljob.api import ROLE_NAMES, Problem, RLJob
 from rljob.api.rules import check
+from rljob.api.spec import OFFLINE_STAGES
 from rljob.runtime.records.trackers import tracker_problems
 from rljob.runtime.wire.identity import actor_ranks_per_replica
 
@@ -97,7 +98,7 @@ def job_problems(job: RLJob, ranks_per_replica: int | None = None) -> list[Probl
     problems = check(job)
     if problems:
         return problems
-    if job.spec.task.type == "llm":
+    if job.spec.task.type == "llm" and job.spec.algorithm.name not in OFFLINE_STAGES:  # a stage: the actor alone
         problems += llm_role_problems(job)
     ranks = actor_ranks_per_replica(job) if ranks_per_replica is None else ranks_per_replica
     problems += actor_rank_problems(job, ranks)
@@ -143,7 +144,9 @@ def llm_loaded_problems(job: RLJob, base_dir: Path) -> list[Problem]:
     """Read the dataset, find the model, load the reward functions, fill the warm-up's demonstrations and build
     the text environment (if any)."""
     from rljob.api.rules import vision_job
+    from rljob.api.spec import OFFLINE_STAGES
     from rljob.runtime.llm.data.images import ImageError, check_images, images_base_dir, sharded_image_problem
+    from rljob.runtime.llm.data.offline_rows import check_offline_rows
     from rljob.runtime.llm.data.rows import DatasetError, load_rows
     from rljob.runtime.llm.episodes.rewards import check_reward_columns, check_reward_spec
     from rljob.runtime.llm.episodes.textenv import check_text_env
@@ -152,8 +155,9 @@ def llm_loaded_problems(job: RLJob, base_dir: Path) -> list[Problem]:
 
     spec = job.spec
     assert spec.task.llm is not None
+    stage = spec.algorithm.name if spec.algorithm.name in OFFLINE_STAGES else None
     try:
-        rows = load_rows(spec.task.llm, seed=spec.trainer.seed, base_dir=base_dir)
+        rows = load_rows(spec.task.llm, seed=spec.trainer.seed, base_dir=base_dir, columns=stage is None)
         check_images(rows, spec.task.llm.dataset, images_base_dir(spec.task.llm.dataset, base_dir))
         check_model_source(spec.model, base_dir)
     except (DatasetError, ImageError, ModelSourceError) as exc:
@@ -165,6 +169,8 @@ def llm_loaded_problems(job: RLJob, base_dir: Path) -> list[Problem]:
         problem = sharded_image_problem(rows, spec.task.llm.dataset)
         if problem is not None:
             return [Problem("spec.trainer.parallelism", problem)]
+    if stage is not None:  # the actor alone, on the rows: nothing is scored, no environment is played
+        return [Problem(field, message) for field, message in check_offline_rows(stage, spec.task.llm, rows)]
     found = (
         check_reward_spec(spec.reward, base_dir)
         + check_reward_columns(spec.reward, rows)

@@ -178,3 +178,20 @@ def test_a_tracker_whose_library_is_missing_is_a_note_for_the_cluster_and_an_err
     assert local.exit_code == 1
     assert "spec.logging.trackers[1].name: tracker wandb needs the wandb package" in local.output
     assert "pip install 'rljob[trackers]'" in local.output
+
+
+def test_validate_load_names_the_preference_row_missing_a_side(tmp_path):
+    rows = [
+        '{"prompt": "1+1=", "chosen": "2", "rejected": "3"}',
+        '{"prompt": "2+2=", "chosen": "4"}',
+    ]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    job = yaml.safe_load((REPO / "examples" / "dpo-tiny.yaml").read_text())
+    job["spec"]["task"]["llm"]["dataset"]["path"] = str(data)
+    job["spec"]["evaluation"]["size"] = 1
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump(job))
+    result = runner.invoke(app, ["validate", "--load", str(manifest)])
+    assert result.exit_code == 1, result.output
+    assert "spec.task.llm.dataset: 1 of 2 rows are not dpo rows: row 1 has no 'rejected'" in result.output

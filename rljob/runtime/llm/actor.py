@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from rljob.algorithms import group_advantages, informative_groups, overlong_penalty
 from rljob.api.rules import response_budget
-from rljob.api.spec import AlgorithmSpec
+from rljob.api.spec import OFFLINE_STAGES, AlgorithmSpec
 from rljob.runtime.llm.data.images import ImageError, VisionCache, VisionInputs, sharded_image_problem
 from rljob.runtime.llm.data.prompts import PromptEncoder
 from rljob.runtime.llm.data.rows import PromptStream, Row, split_off
@@ -49,6 +49,7 @@ from rljob.runtime.llm.models.policy import (
 from rljob.runtime.llm.replicas.membership import RolloutMembership
 from rljob.runtime.llm.replicas.pool import ChunkResult, RewardPool, RolloutPool
 from rljob.runtime.llm.setup import job_rows, load_job_policy, weights_dir
+from rljob.runtime.llm.stage import train_stage
 from rljob.runtime.llm.training.learner import LLMLearner, Sample
 from rljob.runtime.llm.training.sft import Warmup
 from rljob.runtime.llm.training.sharding import (
@@ -414,6 +415,8 @@ def run_actor(context: RoleContext) -> int:
     # The replica's health and metrics endpoint (its pod's readiness probe) is served by its local rank 0.
     health = RoleHealth(context, counters={}) if identity.local_rank == 0 else None
     try:
+        if spec.algorithm.name in OFFLINE_STAGES:  # sft, dpo: the actor alone, on the dataset's rows
+            return train_stage(context, health, rank, world, device)
         return _train(context, health, rank, world, device)
     except InterruptedError:
         context.log.info("stopped before the first step: nothing to checkpoint")

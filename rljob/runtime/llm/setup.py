@@ -8,9 +8,11 @@ from typing import Any
 
 import torch
 
+from rljob.api.spec import OFFLINE_STAGES
+from rljob.runtime.llm.data.offline_rows import check_offline_rows, offline_texts
 from rljob.runtime.llm.data.rows import DatasetError, Row, load_rows
 from rljob.runtime.llm.episodes.rewards import check_reward_columns
-from rljob.runtime.llm.models.policy import ModelSourceError, load_policy, policy_dtype
+from rljob.runtime.llm.models.policy import CHAT_TEXT, ModelSourceError, load_policy, policy_dtype
 from rljob.runtime.llm.training.sft import check_sft_rows, demonstration_texts
 from rljob.runtime.wire.context import FatalConfigError, RoleContext
 
@@ -30,14 +32,18 @@ def rollout_gpus(spec: Any) -> int:
 
 def job_rows(context: RoleContext) -> list[Row]:
     """The dataset's rows; a dataset that cannot be read, or lacks a column a reward function or the supervised
-    warm-up reads, is a configuration error (exit 78)."""
+    warm-up reads, or a row an offline stage (sft, dpo) cannot train on, is a configuration error (exit 78)."""
     spec = context.job.spec
     assert spec.task.llm is not None
+    stage = spec.algorithm.name if spec.algorithm.name in OFFLINE_STAGES else None
     try:
-        rows = load_rows(spec.task.llm, seed=spec.trainer.seed)
+        rows = load_rows(spec.task.llm, seed=spec.trainer.seed, columns=stage is None)
     except DatasetError as exc:
         raise FatalConfigError(str(exc)) from None
-    problems = check_reward_columns(spec.reward, rows) + check_sft_rows(spec.sft, rows)
+    if stage is not None:
+        problems = check_offline_rows(stage, spec.task.llm, rows)
+    else:
+        problems = check_reward_columns(spec.reward, rows) + check_sft_rows(spec.sft, rows)
     if problems:
         raise FatalConfigError("\n".join(f"{field}: {message}" for field, message in problems))
     return rows
@@ -64,10 +70,18 @@ def load_job_policy(context: RoleContext, device: torch.device, rows: list[Row] 
             spec.trainer.seed,
             device,
             spec.trainer.precision,
-            extra_texts=demonstration_texts(spec, rows),
+            extra_texts=job_texts(spec, rows),
         )
     except ModelSourceError as exc:
         raise FatalConfigError(str(exc)) from None
+
+
+def job_texts(spec: Any, rows: list[Row]) -> list[str]:
+    """Texts the builtin tokenizer must cover beside prompts and answers: the warm-up's demonstrations, or every
+    text of an offline stage's rows."""
+    if spec.algorithm.name in OFFLINE_STAGES:
+        return offline_texts(spec.task.llm, rows, CHAT_TEXT)
+    return demonstration_texts(spec, rows)
 
 
 def weights_dir(context: RoleContext) -> Path:

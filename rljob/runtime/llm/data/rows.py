@@ -165,8 +165,9 @@ def resolve_path(path: str, base_dir: Path | None) -> Path:
     return p if p.is_absolute() or base_dir is None else base_dir / p
 
 
-def load_rows(task: LLMTask, seed: int = 0, base_dir: Path | None = None) -> list[Row]:
-    """Every row of the configured split, checked to carry the prompt and answer keys."""
+def load_rows(task: LLMTask, seed: int = 0, base_dir: Path | None = None, columns: bool = True) -> list[Row]:
+    """Every row of the configured split, checked to carry the prompt and answer keys (`columns`; an offline
+    stage's rows are checked by `rljob.runtime.llm.data.offline_rows` instead)."""
     dataset = task.dataset
     if dataset.builtin == "arithmetic":
         rows = arithmetic_rows(dataset.size, seed, dataset.max_operand)
@@ -178,16 +179,18 @@ def load_rows(task: LLMTask, seed: int = 0, base_dir: Path | None = None) -> lis
         rows = _hub_rows(dataset)
     else:
         raise DatasetError(f"{FIELD}: set exactly one of path, name or builtin")
-    check_rows(rows, dataset)
+    check_rows(rows, dataset, columns)
     return rows
 
 
-def check_rows(rows: list[Row], dataset: DatasetSpec) -> None:
+def check_rows(rows: list[Row], dataset: DatasetSpec, columns: bool = True) -> None:
     if not rows:
         raise DatasetError(f"{FIELD}: the dataset has no rows")
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise DatasetError(f"{FIELD}: row {i} is {type(row).__name__}, not an object")
+        if not columns:
+            continue
         for key, field in ((dataset.prompt_key, "promptKey"), (dataset.answer_key, "answerKey")):
             if key not in row:
                 raise DatasetError(

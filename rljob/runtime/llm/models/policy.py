@@ -18,6 +18,7 @@ prompts are encoded with (`rljob.runtime.llm.data.images`) and which the export 
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import string
@@ -34,6 +35,8 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 _CHAT_TEXT = "system: user: assistant: \n"
+CHAT_TEXT = _CHAT_TEXT
+"""The builtin chat template's own text (its roles and line breaks): a tokenizer must cover it to render chats."""
 VISION_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
 """Qwen2-VL's vision tokens, added to the builtin tokenizer of tiny-qwen2-vl."""
 
@@ -114,9 +117,8 @@ def tokenizer_texts(task: LLMTask, rows: list[dict[str, Any]], extra: list[str] 
         texts.append(_CHAT_TEXT)
     if task.env is not None:
         texts.append(string.printable)
-    for row in rows:
-        texts.append(str(row[task.dataset.prompt_key]))
-        texts.append(str(row[task.dataset.answer_key]))
+    for row in rows:  # an offline stage's rows may lack both: their texts come as `extra`
+        texts += [str(row[key]) for key in (task.dataset.prompt_key, task.dataset.answer_key) if key in row]
     return texts
 
 
@@ -335,6 +337,26 @@ def load_policy(
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return model.to(device), tokenizer
+
+
+def reward_model_from(language_model: torch.nn.Module, pad_token_id: int, seed: int) -> torch.nn.Module:
+    """The `reward_model` stage's network: `language_model`'s own transformer (its weights, dtype and device) under a
+    scalar head (`num_labels` 1, seeded) instead of its LM head, as transformers' `...ForSequenceClassification`. A
+    sequence's score is the head's output at its last token that is not padding (its EOS), so the export loads back
+    with `AutoModelForSequenceClassification` and scores as it trained."""
+    from transformers import AutoModelForSequenceClassification
+
+    config = copy.deepcopy(language_model.config)
+    config.num_labels = 1
+    config.pad_token_id = pad_token_id
+    config.architectures = None  # save_pretrained writes the class it saves
+    parameter = next(language_model.parameters())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForSequenceClassification.from_config(config, dtype=parameter.dtype)
+    prefix = language_model.base_model_prefix
+    getattr(model, prefix).load_state_dict(getattr(language_model, prefix).state_dict())
+    return model.to(parameter.device)
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:

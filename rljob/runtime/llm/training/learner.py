@@ -30,7 +30,7 @@ from rljob.algorithms.losses import (
     policy_loss_for,
 )
 from rljob.api.presets import resolve_algorithm
-from rljob.api.spec import AlgorithmSpec, TrainerSpec
+from rljob.api.spec import OFFLINE_STAGES, AlgorithmSpec, TrainerSpec
 from rljob.runtime.llm.models.policy import resolve_precision
 from rljob.runtime.llm.training.batch import MicroBatch, Sample, by_prompt, collate, collate_shared
 from rljob.runtime.llm.training.grad_sync import sum_gradients
@@ -130,7 +130,8 @@ class LLMLearner:
         self.reference = reference
         self.rank, self.world_size = rank, world_size
         self.device = next(model.parameters()).device
-        self.policy_loss = policy_loss_for(algorithm.name)
+        # An offline stage (sft, dpo) brings its own loss (`rljob.runtime.llm.stage`) and never calls `update`.
+        self.policy_loss = None if algorithm.name in OFFLINE_STAGES else policy_loss_for(algorithm.name)
         self.step = 0
         self.generator = torch.Generator().manual_seed(trainer.seed)
         if world_size > 1:  # every rank starts from rank 0's weights, whatever each one loaded
@@ -324,6 +325,7 @@ class LLMLearner:
             corrected = float(cstats["corrected_fraction"]) * float(mask.sum())
         common = {"mask": mask, "aggregation": algo.loss_aggregation, "normalizer": normalizer}
         norm_length = self.max_response_tokens if algo.loss_aggregation == "seq-mean-token-sum-norm" else None
+        assert self.policy_loss is not None, "an offline stage's learner runs no RL update"
         loss, stats = self.policy_loss(
             logprobs,
             old_logprobs,
