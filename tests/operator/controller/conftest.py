@@ -156,6 +156,7 @@ def kopf_test_settings() -> kopf.OperatorSettings:
     settings.queueing.idle_timeout = 0.5
     settings.networking.request_timeout = 10
     handlers.restrict_watches(settings)
+    settings.persistence.diffbase_storage = handlers.NoDiffBase()
     return settings
 
 
