@@ -47,7 +47,7 @@ import json
 import re
 import uuid
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp.web
@@ -284,11 +284,11 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         self._require_known(request.resource)
         selector = request.params.get("labelSelector", "")
         fields = _field_selector(request.params.get("fieldSelector", ""))
-        items = [
-            raw
-            for raw in self._all(request.resource, request.namespace)
-            if self._selected(raw, selector) and all(raw["metadata"].get(k) == v for k, v in fields.items())
-        ]
+        items = self._all(
+            request.resource,
+            request.namespace,
+            lambda raw: self._selected(raw, selector) and all(raw["metadata"].get(k) == v for k, v in fields.items()),
+        )
         return {
             "apiVersion": "v1",
             "kind": "List",
@@ -649,7 +649,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         return clone(self._objects[key].raw)
 
     def list_objects(self, resource: Resource, namespace: str | None = None, selector: str = "") -> list[Raw]:
-        return [raw for raw in self._all(resource, namespace) if self._selected(raw, selector)]
+        return self._all(resource, namespace, lambda raw: self._selected(raw, selector))
 
     # --- internals ------------------------------------------------------------------------------
 
@@ -719,12 +719,19 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     def _live_items(self) -> list[tuple[Any, Raw]]:
         return [(key, obj.raw) for key, obj in self._objects.items() if not obj.deleted]
 
-    def _all(self, resource: Resource | None, namespace: str | None) -> list[Raw]:
+    def _all(
+        self, resource: Resource | None, namespace: str | None, wanted: Callable[[Raw], bool] | None = None
+    ) -> list[Raw]:
+        """Copies of the live objects of `resource` (in `namespace`) that `wanted` selects: selected before they
+        are copied, so a LIST by label of a few pods among thousands costs a few copies."""
         keys = self._keys.get(resource, {}) if resource is not None else {}
+        objects = self._objects
         return [
-            clone(self._objects[key].raw)
+            clone(obj.raw)
             for key in keys
-            if (namespace is None or key[1] == namespace) and not self._objects[key].deleted
+            if (namespace is None or key[1] == namespace)
+            and not (obj := objects[key]).deleted
+            and (wanted is None or wanted(obj.raw))
         ]
 
     @staticmethod
