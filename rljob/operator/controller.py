@@ -406,6 +406,8 @@ class JobWorker:
                 result = plan(obs)
         self.mark("planned")
         await self.write_status(result)  # the scaling's time and step first: a replay never scales twice
+        # Before the pods (what `kubectl describe` lists explains what follows), all in one round trip.
+        await self.post_events(result)
         if result.scale_rollouts is not None:
             await self.scale_rollouts(result.scale_rollouts)
         for existing, patch in sync.patches:
@@ -420,8 +422,7 @@ class JobWorker:
         if job is not None and result.rollout_members is not None:
             # Before the pods are touched: a rollout deleted now has left the membership the actor reads.
             await self.write_members(job, result.rollout_members)
-        # The Events go out beside the pods, not before them: they are not on the path to a running job.
-        refused, _ = await asyncio.gather(self.act(result, pods, desired_pods), self.post_events(result))
+        refused = await self.act(result, pods, desired_pods)
         return ctl.config.coalesce_seconds if refused else self.next_delay(result)
 
     def mark(self, stage: str, log: bool = True) -> None:
