@@ -173,6 +173,7 @@ gpu-check:
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site
 
-# 200 RLJobs x 8 pods against the API emulator, the operator run as `rljob operator`.
+# 100 and 1,000 RLJobs x 8 pods, and 500 + 1 in two namespaces (fairness), against the API emulator with its
+# latency model, the operator run as `rljob operator --all-namespaces` -> benchmarks/results/operator_scale.json
 bench-operator: $(STAMP)
 	$(BIN)/python benchmarks/operator_scale.py

@@ -257,9 +257,9 @@ def quota_shortfalls(pods: Iterable[Raw], quotas: Iterable[Raw], limit_ranges: I
 
 def admission_problem(pods: list[Raw], quotas: Iterable[Raw], limit_ranges: Iterable[Raw]) -> tuple[str, str] | None:
     """(reason, message) why none of `pods` may be created now, or None when they all fit."""
-    limit_ranges = list(limit_ranges)
-    if not pods:
-        return None
+    limit_ranges, quotas = list(limit_ranges), list(quotas)
+    if not pods or not (limit_ranges or quotas):
+        return None  # nothing to check against (the usual namespace): no copies of the pods
     problems = [
         p for pod in pods for p in limit_range_problems(with_limit_range_defaults(pod, limit_ranges), limit_ranges)
     ]

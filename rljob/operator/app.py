@@ -61,6 +61,7 @@ def kopf_settings(options: OperatorOptions) -> kopf.OperatorSettings:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     handlers.restrict_watches(settings)
+    settings.persistence.diffbase_storage = handlers.NoDiffBase()
     settings.peering.standalone = options.peering is None
     if options.peering is not None:
         settings.peering.name = options.peering

@@ -28,6 +28,8 @@ from rljob.api.loading import read_yaml_value
 from rljob.api.status import TERMINAL_PHASES, Progress, RLJobStatus
 from rljob.operator.admission import QUOTA_EXCEEDED, admission_problem, refused_for_quota
 from rljob.operator.client import ApiError, KubeClient
+from rljob.operator.eventlimit import EventBucket
+from rljob.operator.fairness import FairSlots
 from rljob.operator.manifests import build_children
 from rljob.operator.manifests.config import restart_relevant
 from rljob.operator.manifests.members import build_rollout_members
@@ -46,6 +48,7 @@ from rljob.operator.podstate import PodState, observe_pod
 from rljob.operator.progress import ProgressReader
 from rljob.operator.reconcile import Observation, Plan, plan
 from rljob.operator.settings import OperatorSettings
+from rljob.operator.trace import PassTrace
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +66,10 @@ ResourceQuota of its namespace changes: its usage moves whenever pods come and g
 class ControllerConfig:
     resync_seconds: float = 30.0
     """Reconcile every job at least this often, events or not."""
+    live_read_seconds: float = 300.0
+    """Read each job and its pods from the server, not kopf's caches, at least this often (and after every
+    re-list), and check its other children (not watched) as often. The read is two LISTs, the pods' by label,
+    the check a create and a GET per child: at 1,000 jobs a 30 s period would be about 400 requests a second."""
     progress_seconds: float = 10.0
     """Pull actor 0's progress at most this often."""
     expectation_seconds: float = 60.0
@@ -71,6 +78,12 @@ class ControllerConfig:
     coalesce_seconds: float = 0.05
     """After an event, wait this long for more before reconciling."""
     max_concurrent_reconciles: int = 32
+    """Reconcile passes running at once, the slots handed out round robin across namespaces (fairness.py)."""
+    create_fanout: int = 16
+    """At most this many creates (or deletes) of one pass in flight at once."""
+    event_burst: int = 25
+    """Events one RLJob may post at once; then one per `event_refill_seconds` (eventlimit.py)."""
+    event_refill_seconds: float = 10.0
     peering_poll_seconds: float = 5.0
     """With peering: how often the peering objects are read to know whether this operator stands by."""
 
@@ -179,10 +192,14 @@ class JobWorker:
         self.synced_generation: int | None = None
         self.children_checked = 0.0
         """When the children (ConfigMap, Service, PodGroup, NetworkPolicy) were last found complete and this
-        job's (monotonic): they are checked again every resync, since nothing watches them."""
+        job's (monotonic): they are checked again every `live_read_seconds`, since nothing watches them."""
         self.last_progress = 0.0
         self.progress: Progress | None = None
         self.task: asyncio.Task[None] | None = None
+        self.woken_at: float | None = time.perf_counter()
+        """When (perf_counter) the first event since the last pass arrived; None: none did (a timer wakes it)."""
+        self.trace: PassTrace | None = None
+        self.event_bucket = EventBucket(controller.config.event_burst, controller.config.event_refill_seconds)
         self.built: tuple[Any, Any] | None = None
         self.rejections: set[str] = set()
         self.members_written: list[int] | None = None
@@ -233,6 +250,12 @@ class JobWorker:
         status = self.status if self.status is not None else load_status(self.body.get("status"))
         return status.phase
 
+    def nudge(self) -> None:
+        """An event concerns the job: wake the worker, and remember when the first such event came."""
+        if self.woken_at is None:
+            self.woken_at = time.perf_counter()
+        self.wake.set()
+
     def start(self) -> None:
         self.task = asyncio.create_task(self.run(), name=f"rljob {self.key[0]}/{self.key[1]}")
 
@@ -261,7 +284,10 @@ class JobWorker:
             ctl.metrics.standby_passes.inc()
             self.forget_state()
             return ctl.config.resync_seconds
-        async with ctl.semaphore:
+        woken, self.woken_at = self.woken_at or time.perf_counter(), None
+        self.trace = trace = PassTrace(ctl.metrics.job_pass_seconds, self.key, woken)
+        async with ctl.slots.slot(self.key[0]):
+            trace.mark("slot")
             started = time.perf_counter()
             try:
                 delay = await self.reconcile()
@@ -287,6 +313,7 @@ class JobWorker:
                 delay = ctl.config.error_backoff_seconds
             finally:
                 ctl.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+                trace.finish()
         return delay
 
     def observed_pods(self, raws: list[Raw]) -> list[PodState]:
@@ -315,7 +342,7 @@ class JobWorker:
         namespace, name = self.key
         if meta.get("deletionTimestamp"):
             return None  # the garbage collector removes the children with the job
-        if self.confirm or time.monotonic() - self.confirmed >= ctl.config.resync_seconds:
+        if self.confirm or time.monotonic() - self.confirmed >= ctl.config.live_read_seconds:
             await self.read_live()  # before the status is loaded: after a standby it comes from here
             body = self.body
             meta = body["metadata"]
@@ -343,7 +370,9 @@ class JobWorker:
 
         sync = ConfigSync()
         active = self.status.phase not in TERMINAL_PHASES and job is not None and not job.spec.suspend
-        recheck = time.monotonic() - self.children_checked >= ctl.config.resync_seconds
+        # Children are not watched: looked at again every live read, every resync while the claim cannot bind.
+        period = ctl.config.resync_seconds if self.storage_problem else ctl.config.live_read_seconds
+        recheck = time.monotonic() - self.children_checked >= period
         if active and (self.synced_generation != generation or recheck):
             sync = await self.sync_children(job, others)
         if sync.storage_checked:
@@ -375,7 +404,9 @@ class JobWorker:
             )
             if obs.admission is not None:
                 result = plan(obs)
+        self.mark("planned")
         await self.write_status(result)  # the scaling's time and step first: a replay never scales twice
+        # Before the pods (what `kubectl describe` lists explains what follows), all in one round trip.
         await self.post_events(result)
         if result.scale_rollouts is not None:
             await self.scale_rollouts(result.scale_rollouts)
@@ -394,6 +425,10 @@ class JobWorker:
         refused = await self.act(result, pods, desired_pods)
         return ctl.config.coalesce_seconds if refused else self.next_delay(result)
 
+    def mark(self, stage: str, log: bool = True) -> None:
+        if self.trace is not None:
+            self.trace.mark(stage, log)
+
     async def check_admission(self, pods: list[Raw]) -> tuple[tuple[str, str] | None, float]:
         """(reason, message) why `pods` may not be created now, and how soon to look again; (None, 0) when
         they all fit. Reads the namespace's ResourceQuotas and LimitRanges live (they are not watched in full)."""
@@ -403,8 +438,9 @@ class JobWorker:
         self.quota_refusal = None
         client = self.controller.client
         try:
-            quotas = await client.list("v1", "ResourceQuota", self.key[0])
-            ranges = await client.list("v1", "LimitRange", self.key[0])
+            quotas, ranges = await asyncio.gather(
+                client.list("v1", "ResourceQuota", self.key[0]), client.list("v1", "LimitRange", self.key[0])
+            )
         except ApiError as exc:
             if exc.status != 403:
                 raise
@@ -513,20 +549,23 @@ class JobWorker:
         ctl = self.controller
         namespace = self.key[0]
         sync = ConfigSync()
-        edited = False
-        for manifest in others:
+        edited: list[bool] = []
+        fanout = asyncio.Semaphore(ctl.config.create_fanout)
+
+        async def one(manifest: Raw) -> None:
             name = manifest["metadata"]["name"]
             try:
-                made = await ctl.client.create(namespace, manifest)
+                async with fanout:
+                    made = await ctl.client.create(namespace, manifest)
                 if manifest["kind"] == "PersistentVolumeClaim":
                     await self.check_claim(made, sync)
-                continue
+                return
             except ApiError as exc:
                 if exc.status == 0:
                     raise  # the server is unreachable: nothing else will get through either
                 if not exc.exists:
                     sync.failed.append(f"{manifest['kind']}/{name}: {_create_error(manifest, exc)}")
-                    continue
+                    return
             existing = await ctl.client.get(manifest["apiVersion"], manifest["kind"], namespace, name)
             if manifest["kind"] == "PersistentVolumeClaim":
                 await self.check_claim(existing, sync)
@@ -534,14 +573,14 @@ class JobWorker:
                 # A namesake's (a deleted job of the same name whose children the garbage collector has not
                 # removed yet, or a stranger's): adopting it would lose it a moment later. Wait until it is gone.
                 sync.foreign.append(f"{manifest['kind']}/{name}")
-                continue
+                return
             if manifest["kind"] == "ConfigMap":
                 old = read_yaml_value((existing.get("data") or {}).get(CONFIG_KEY) or "{}") or {}
                 new = read_yaml_value(manifest["data"][CONFIG_KEY])
                 if old.get("spec") != new.get("spec"):
                     sync.spec_changed = restart_relevant(old.get("spec") or {}) != restart_relevant(new["spec"])
                     sync.patches.append((existing, {"data": manifest["data"]}))
-                    edited = True
+                    edited.append(True)
             elif manifest["kind"] == "PodGroup":
                 patch = merge_patch_between(existing.get("spec") or {}, manifest.get("spec") or {})
                 patch = {k: v for k, v in patch.items() if v is not None}
@@ -549,6 +588,9 @@ class JobWorker:
                     sync.patches.append((existing, {"spec": patch}))
             elif manifest["kind"] == "NetworkPolicy" and existing.get("spec") != manifest["spec"]:
                 sync.patches.append((existing, {"spec": manifest["spec"]}))
+
+        # Together: the children do not depend on each other, and the pods wait for all of them.
+        await _gather(one(manifest) for manifest in others)
         if edited:
             await self.delete_unneeded_policies(job, others)
         return sync
@@ -665,6 +707,7 @@ class JobWorker:
             if exc.exists:
                 raise StaleStatus() from None  # nothing of this plan may be carried out either
             raise
+        self.mark("status_written")
         self.status = result.status
         self.written = new
         self.status_version = (updated.get("metadata") or {}).get("resourceVersion")
@@ -672,13 +715,23 @@ class JobWorker:
             self.body = updated
 
     async def post_events(self, result: Plan) -> None:
+        """Post the pass's Events together, as many as the job's rate limit lets through (eventlimit.py)."""
         ctl = self.controller
-        for event in result.events:
-            logger.info("rljob %s/%s: %s %s", *self.key, event.reason, event.message)
+
+        async def post(event: Any) -> None:
             try:
                 await ctl.client.post_event(self.body, event.type, event.reason, event.message, ctl.clock())
             except ApiError as exc:
                 logger.warning("rljob %s/%s: cannot post event %s: %s", *self.key, event.reason, exc)
+
+        posts = []
+        for event in result.events:
+            logger.info("rljob %s/%s: %s %s", *self.key, event.reason, event.message)
+            if self.event_bucket.allow(time.monotonic()):
+                posts.append(post(event))
+            else:
+                ctl.metrics.events_suppressed.inc()
+        await asyncio.gather(*posts)
 
     async def act(self, result: Plan, pods: list[PodState], desired: dict[str, Raw]) -> bool:
         """Carry out the plan; True when the server refused a pod for quota and this pass's pods were deleted."""
@@ -690,7 +743,8 @@ class JobWorker:
         async def delete(name: str) -> None:
             pod = by_name[name]
             try:
-                await ctl.client.delete("v1", "Pod", namespace, name, uid=pod.uid)
+                async with fanout:
+                    await ctl.client.delete("v1", "Pod", namespace, name, uid=pod.uid)
             except ApiError as exc:
                 if exc.status not in (404, 409):  # gone already, or a newer pod took the name
                     raise
@@ -698,10 +752,12 @@ class JobWorker:
 
         created: dict[str, str] = {}
         over_quota: list[str] = []
+        fanout = asyncio.Semaphore(ctl.config.create_fanout)
 
         async def create(name: str) -> None:
             try:
-                made = await ctl.client.create(namespace, desired[name])
+                async with fanout:
+                    made = await ctl.client.create(namespace, desired[name])
             except ApiError as exc:
                 if exc.status == 403 and refused_for_quota(str(exc)):
                     over_quota.append(str(exc))
@@ -713,10 +769,13 @@ class JobWorker:
                     raise
             else:
                 created[name] = (made.get("metadata") or {}).get("uid") or ""
+                self.mark("pod_created", log=False)
             self.expected[name] = horizon
 
         await _gather(delete(n) for n in result.delete if n in by_name)
         await _gather(create(n) for n in result.create)
+        if created:
+            self.mark("pods_created")
         if over_quota:
             await self.roll_back(created, over_quota[0], len(result.create))
         for role, reason in result.replaced:
@@ -840,7 +899,8 @@ class Controller:
         self.progress = progress or ProgressReader()
         self.config = config or ControllerConfig()
         self.clock = clock
-        self.semaphore = asyncio.Semaphore(self.config.max_concurrent_reconciles)
+        self.slots = FairSlots(self.config.max_concurrent_reconciles)
+        metrics.reconcile_queue.set_function(self.slots.queued)
         self.workers: dict[Key, JobWorker] = {}
         self.pod_index: Any = None
         self.peering: PeeringGate | None = None
@@ -884,14 +944,14 @@ class Controller:
             return
         if _newer(worker.body, body):
             worker.body = body  # an event older than what a status write answered tells nothing new
-        worker.wake.set()
+        worker.nudge()
 
     def quota_changed(self, namespace: str) -> None:
         """A ResourceQuota of the namespace changed (raised, or its usage moved as pods came and went): the
         jobs there that wait for quota look again now."""
         for key, worker in list(self.workers.items()):
             if key[0] == namespace and worker.admission_attempts:
-                worker.wake.set()
+                worker.nudge()
 
     def standing_by(self) -> bool:
         return self.peering is not None and self.peering.paused
@@ -902,7 +962,7 @@ class Controller:
         self.metrics.standby.set(1 if self.standing_by() else 0)
         for worker in list(self.workers.values()):
             worker.forget_state()
-            worker.wake.set()
+            worker.nudge()
 
     async def watch_peering(self, namespaces: Iterable[str] = ()) -> None:
         """Keep the peering gate fresh (until cancelled): the served namespaces and those with jobs."""
@@ -915,7 +975,7 @@ class Controller:
         worker = self.workers.get((namespace, job))
         if worker is not None:
             worker.confirm = worker.confirm or listed
-            worker.wake.set()
+            worker.nudge()
 
     async def stop(self) -> None:
         """Stop every worker and close the HTTP sessions (idempotent)."""

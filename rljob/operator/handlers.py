@@ -44,7 +44,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
     """Add the operator's handlers to a kopf registry; the Controller comes in through `memo.controller`."""
 
     @kopf.index("v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry, id=POD_INDEX)
-    def rljob_pods(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    async def rljob_pods(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
+        # async: kopf runs a sync handler in a thread, a hop per pod event for a few dict lookups
         return {(namespace, labels[LABEL_JOB]): compact_pod(body)}
 
     @kopf.on.event("v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry, id="pod-changed")
@@ -78,3 +79,25 @@ def register(registry: kopf.OperatorRegistry) -> None:
 def restrict_watches(settings: kopf.OperatorSettings) -> None:
     """Watch only the pods of RLJobs (server-side label selector), not every pod of the cluster."""
     settings.watching.label_selectors["v1", "pods"] = LABEL_JOB
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf's diff base for handlers that only watch: none. kopf builds the "essence" of every object on every
+    event (a deep copy of the body, twice, and the progress annotations cleared from it) to find the changes
+    that `on.create`/`on.update`/`on.field` and daemons react to. This operator registers none of those
+    (`watch_only` checks), so the essence is never read: at 1,000 jobs x 8 pods those copies were a third of
+    the operator's CPU time."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return kopf.BodyEssence()
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
+def watch_only(registry: kopf.OperatorRegistry) -> bool:
+    """Whether every handler of `registry` only watches or indexes (so `NoDiffBase` loses nothing)."""
+    return not registry._changing.get_all_handlers() and not registry._spawning.get_all_handlers()

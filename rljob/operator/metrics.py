@@ -117,6 +117,24 @@ class OperatorMetrics:
             "1 while kopf peering has paused this operator (a hot standby): its job workers do nothing",
             registry=self.registry,
         )
+        self.job_pass_seconds = Histogram(
+            "rljob_operator_job_pass_seconds",
+            "Seconds from the watch event that woke a job's reconcile pass to each stage of the pass "
+            "(slot, planned, status_written, pod_created per pod, pods_created, done)",
+            ["stage"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
+            registry=self.registry,
+        )
+        self.reconcile_queue = Gauge(
+            "rljob_operator_reconcile_queue",
+            "Job passes waiting for a reconcile slot (granted round robin across namespaces)",
+            registry=self.registry,
+        )
+        self.events_suppressed = Counter(
+            "rljob_operator_events_suppressed",
+            "Kubernetes Events not posted because their RLJob posted too many lately (rate limit)",
+            registry=self.registry,
+        )
         self.standby_passes = Counter(
             "rljob_operator_standby_passes",
             "Job-worker passes skipped because the operator stands by",

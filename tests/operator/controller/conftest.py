@@ -101,6 +101,7 @@ NS = "ns"
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 FAST = ControllerConfig(
     resync_seconds=2.0,
+    live_read_seconds=2.0,
     progress_seconds=0.2,
     expectation_seconds=3.0,
     error_backoff_seconds=0.2,
@@ -156,6 +157,7 @@ def kopf_test_settings() -> kopf.OperatorSettings:
     settings.queueing.idle_timeout = 0.5
     settings.networking.request_timeout = 10
     handlers.restrict_watches(settings)
+    settings.persistence.diffbase_storage = handlers.NoDiffBase()
     return settings
 
 

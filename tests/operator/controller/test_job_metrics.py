@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
+from typing import Any
 
 from rljob.operator.metrics import OperatorMetrics
 from tests.operator.controller.conftest import (
@@ -68,3 +70,30 @@ async def test_true_conditions_are_series_that_go_when_the_condition_turns_false
             assert not _series(op.metrics, "rljob_operator_rljob_rollout_replicas")
     finally:
         await server.close()
+
+
+async def test_a_job_pass_is_traced_from_its_event_to_its_pods_in_the_metrics_and_a_debug_line(
+    kube: KubernetesApiEmulator, cluster: Cluster, caplog: Any
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="rljob.operator.trace")
+    async with operator_running(kube) as op:
+        cluster.create_job(cartpole_job())
+        await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS, what="pods")
+        await eventually(lambda: _series(op.metrics, "rljob_operator_job_pass_seconds_count").get(_stage("done")))
+        counts = _series(op.metrics, "rljob_operator_job_pass_seconds_count")
+        # One sample per pod created, and the pass that created them reached every stage on its way.
+        assert counts[_stage("pod_created")] == len(CARTPOLE_PODS)
+        assert counts[_stage("pods_created")] == 1
+        for stage in ("slot", "planned", "status_written"):
+            assert counts[_stage(stage)] >= 1
+        sums = _series(op.metrics, "rljob_operator_job_pass_seconds_sum")
+        # Later stages of a pass are later: on average the pods come after the plan.
+        mean = {stage: sums[_stage(stage)] / counts[_stage(stage)] for stage in ("slot", "planned")}
+        assert 0 <= mean["slot"] <= mean["planned"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "rljob.operator.trace"]
+    start = f"rljob {cluster.namespace}/cp pass after its event: slot="
+    assert any(line.startswith(start) and "pods_created=" in line for line in lines)
+
+
+def _stage(stage: str) -> tuple[tuple[str, str], ...]:
+    return (("stage", stage),)

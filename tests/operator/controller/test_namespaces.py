@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tests.operator.controller.conftest import (
     CARTPOLE_PODS,
+    FAST,
     Cluster,
     RunningOperator,
     cartpole_job,
@@ -49,3 +52,19 @@ async def test_all_namespaces_serves_a_namespace_created_after_start(kube: Kuber
             await eventually(lambda cluster=cluster: set(cluster.pods("cp")) == CARTPOLE_PODS, what=f"pods in {ns}")
             cluster.run_all("cp")
             await eventually(lambda cluster=cluster: cluster.phase("cp") == "Running", what=f"Running in {ns}")
+
+
+async def test_a_namespace_posting_many_jobs_does_not_queue_another_namespaces_first_job(
+    kube: KubernetesApiEmulator,
+) -> None:
+    busy, quiet = Cluster(kube, namespace="busy"), Cluster(kube, namespace="quiet")
+    # One reconcile slot: the busy namespace's jobs take turns, and the quiet one's job queues behind them.
+    async with operator_running(kube, all_namespaces=True, config=replace(FAST, max_concurrent_reconciles=1)):
+        for i in range(12):
+            busy.create_job(cartpole_job(name=f"b{i}", namespace="busy"))
+        quiet.create_job(cartpole_job(name="q", namespace="quiet"))
+        await eventually(lambda: len(quiet.pods("q")) == len(CARTPOLE_PODS), what="the quiet job's pods", timeout=30)
+        waiting = [i for i in range(12) if not busy.pods(f"b{i}")]
+        # Slots go round robin by namespace: the quiet job waited for a few busy passes, not for all twelve.
+        assert len(waiting) >= 6, f"only {waiting} of the busy jobs were still without pods"
+        await eventually(lambda: all(busy.pods(f"b{i}") for i in range(12)), what="every busy job's pods", timeout=30)

@@ -39,11 +39,11 @@ async def test_a_job_over_quota_creates_no_pod_names_the_quota_and_starts_once_r
         assert "needs pods 4, quota pod-q allows 3 more" in condition["message"], condition
         assert cluster.pods("cp") == {}
         assert cluster.phase("cp") == "Pending"
-        # The Event is posted after the status is written: under load it can come a moment later.
-        warnings = await eventually(
-            lambda: [e for e in cluster.events("cp") if e["reason"] == "QuotaExceeded"], what="QuotaExceeded Event"
+        # The Event follows the status write that it explains.
+        warning = await eventually(
+            lambda: next((e for e in cluster.events("cp") if e["reason"] == "QuotaExceeded"), None), what="Event"
         )
-        assert warnings[0]["type"] == "Warning" and "pod-q" in warnings[0]["message"]
+        assert warning["type"] == "Warning" and "pod-q" in warning["message"]
 
         # Another team's pod takes one more: the message follows the quota's usage.
         kube.create_object(PODS, NS, {"metadata": {"name": "other"}, "spec": {"containers": [{"name": "c"}]}})
@@ -51,7 +51,7 @@ async def test_a_job_over_quota_creates_no_pod_names_the_quota_and_starts_once_r
 
         kube.patch_object(RESOURCE_QUOTAS, NS, "pod-q", {"spec": {"hard": {"pods": "5"}}})
         await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS, what="created once the quota allows")
-        assert "Admitted" in cluster.reasons("cp")
+        await eventually(lambda: "Admitted" in cluster.reasons("cp"), what="Admitted Event")
         cluster.run_all("cp")
         await eventually(lambda: cluster.phase("cp") == "Running", what="Running")
 
