@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 from rljob.api.job import MAX_NAME_LENGTH, RLJob
 from rljob.api.kubernetes import Volume
-from rljob.api.presets import PRESET_FIELDS, PRESETS, AlgorithmPreset, departures, resolve_algorithm
+from rljob.api.presets import PRESET_FIELDS, PRESETS, AlgorithmPreset, departures, preset_of, resolve_algorithm
 from rljob.api.problems import Problem
 from rljob.api.spec import GROUP_ALGORITHMS, OFFLINE_STAGES, ROLE_NAMES, RLJobSpec
 
@@ -378,7 +378,7 @@ def _filled_by_preset(path: str, value: object, preset: AlgorithmPreset) -> bool
 def _check_gym_settings(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     if spec.task.type != "gym":
         return
-    preset = PRESETS[spec.algorithm.name]
+    preset = preset_of(spec.algorithm.name)
     for path, read, default in _LLM_ONLY_SETTINGS:
         value = read(spec)
         if value != default and not _filled_by_preset(path, value, preset):
