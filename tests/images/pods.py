@@ -25,6 +25,8 @@ class PodRun:
     docs: list[dict[str, Any]]
     workdir: Path
     network: str = field(default_factory=lambda: f"rljob-{secrets.token_hex(4)}")
+    run_dir: Path | None = None
+    """Where the actor writes metrics.jsonl (RLJOB_RUN_DIR, as in tests/multihost/kubelet.py): pods write none."""
     started: list[str] = field(default_factory=list)
     volumes: list[str] = field(default_factory=list)
 
@@ -53,6 +55,10 @@ class PodRun:
         for variable in container.get("env", []):
             args += ["--env", f"{variable['name']}={self._env_value(pod, variable)}"]
         args += self._mounts(pod, container, security.get("fsGroup"))
+        if self.run_dir is not None and pod["metadata"]["labels"].get("rljob.io/role") == "actor":
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            os.chown(self.run_dir, security["runAsUser"], security["runAsGroup"])
+            args += ["--volume", f"{self.run_dir}:/var/run/rljob/out", "--env", "RLJOB_RUN_DIR=/var/run/rljob/out"]
         command = container.get("command", [])
         if command:
             args += ["--entrypoint", command[0]]

@@ -3,6 +3,8 @@ with the reason, where the tools or the images are missing."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -61,7 +63,7 @@ def test_cartpole_pods_run_as_containers_until_the_actor_succeeds(tmp_path):
     assert result.exit_code == 0, result.output
     rendered = result.stdout
     docs = [doc for doc in yaml.safe_load_all(rendered) if doc]
-    run = PodRun(docs, tmp_path)
+    run = PodRun(docs, tmp_path, run_dir=tmp_path / "out")
     try:
         run.start()
         code, healthy = run.wait("cartpole-ppo-actor-0", limit_s=900)
@@ -72,3 +74,6 @@ def test_cartpole_pods_run_as_containers_until_the_actor_succeeds(tmp_path):
     pods = {pod["metadata"]["name"] for pod in run.pods}
     assert pods == {"cartpole-ppo-actor-0", "cartpole-ppo-rollout-0", "cartpole-ppo-env-0"}
     assert "cartpole-ppo-actor-0" in healthy["readinessProbe"], "the actor's /healthz answered on its metrics port"
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines() if line]
+    returns = [r["return_mean"] for r in records[-10:] if r.get("return_mean") is not None]
+    assert sum(returns) / len(returns) > 150, returns  # it learns (500 with every role a local process)
