@@ -15,7 +15,8 @@ podman image exists "$BASE" || images/base.sh "$BASE"
 revision=$(git rev-parse HEAD)
 epoch=$(git log -1 --format=%ct)
 for image in "$@"; do
-	set -- --build-arg BASE="$BASE" --build-arg RLJOB_VERSION="$VERSION" --build-arg VCS_REF="$revision"
+	set -- --build-arg BASE="$BASE" --build-arg RLJOB_VERSION="$VERSION" --build-arg VCS_REF="$revision" \
+		--build-arg SOURCE_DATE_EPOCH="$epoch"
 	case $image in
 	operator) file=operator/Dockerfile ;;
 	env) file=env_image/Dockerfile ;;
