@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rljob import __version__
 
@@ -101,3 +102,15 @@ def test_operator_image_cli_starts_without_the_role_dependencies():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Run the operator" in result.stdout
+
+
+def test_chart_default_tags_are_what_make_images_builds():
+    """`make images` tags <REGISTRY>/<image>:<version>; the chart pulls exactly those when nothing is overridden."""
+    build = (ROOT / "images" / "build.sh").read_text()
+    registry = re.search(r"REGISTRY=\$\{REGISTRY:-([^}]+)\}", build)[1]
+    assert 'tag="$REGISTRY/${image%-gpu}:$VERSION"' in build
+    chart = yaml.safe_load((ROOT / "charts" / "rljob-operator" / "Chart.yaml").read_text())
+    values = yaml.safe_load((ROOT / "charts" / "rljob-operator" / "values.yaml").read_text())
+    assert chart["appVersion"] == __version__
+    assert values["image"]["repository"] == f"{registry}/operator" and values["image"]["tag"] == ""
+    assert values["jobDefaults"]["images"]["registry"] == registry
