@@ -40,7 +40,8 @@ DOCKERFILES := operator/Dockerfile trainer_image/Dockerfile rollout_image/Docker
 # image tests skip and say why.
 IMAGE_TOOLS := buildah podman runc mmdebstrap
 image-tools:
-	@if ! command -v $(IMAGE_TOOLS) >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	@missing=$$(for tool in $(IMAGE_TOOLS); do command -v $$tool >/dev/null || echo $$tool; done); \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			$(IMAGE_TOOLS) uidmap netavark aardvark-dns ca-certificates >/dev/null; \
 	fi
