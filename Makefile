@@ -9,7 +9,7 @@ EXTRAS := operator,train,rollout,env,ray,trackers,dev,bench
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install netns-tools helm mermaid browser test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-grpo-vlm bench-weights bench-chaos figures gpu-wheels gpu-check clean
+.PHONY: install netns-tools helm mermaid browser test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-grpo-vlm bench-weights bench-chaos figures gpu-wheels gpu-check image-tools images images-gpu clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,36 @@ netns-tools:
 	fi
 
 DOCKERFILES := operator/Dockerfile trainer_image/Dockerfile rollout_image/Dockerfile env_image/Dockerfile
+
+# Daemonless OCI images (docs/images.md): buildah builds, podman + runc run them, mmdebstrap makes the Debian base
+# they build on (no registry needed). Installed when missing and this is root on Debian/Ubuntu; elsewhere the
+# image tests skip and say why.
+IMAGE_TOOLS := buildah podman runc mmdebstrap
+image-tools:
+	@missing=$$(for tool in $(IMAGE_TOOLS); do command -v $$tool >/dev/null || echo $$tool; done); \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			$(IMAGE_TOOLS) uidmap netavark aardvark-dns ca-certificates >/dev/null; \
+	fi
+
+# The CPU images install from this wheelhouse (the venv's own torch and pins): a build downloads nothing twice.
+# Only dependencies: each build makes rljob's wheel from the sources it was given.
+WHEELHOUSE := build/wheelhouse
+$(WHEELHOUSE)/.done: $(STAMP) pyproject.toml $(CONSTRAINTS)
+	rm -rf $(WHEELHOUSE)
+	$(PIP) wheel --quiet -c $(CONSTRAINTS) -w $(WHEELHOUSE) ".[operator,train,rollout,env,trackers]" "setuptools>=77" wheel
+	rm -f $(WHEELHOUSE)/rljob-*.whl
+	touch $@
+
+IMAGE_VERSION = $$($(BIN)/python -c 'import rljob; print(rljob.__version__)')
+
+# operator, env and a CPU trainer, tagged as the chart expects (ghcr.io/rljob/<image>:<version>); prints sizes.
+images: image-tools $(WHEELHOUSE)/.done
+	VERSION=$(IMAGE_VERSION) images/build.sh operator env trainer
+
+# The GPU images (CUDA torch; vLLM), from PyPI: several GB each, not built in CI.
+images-gpu: image-tools $(STAMP)
+	VERSION=$(IMAGE_VERSION) images/build.sh trainer-gpu rollout
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rljob.runtime.wire.transport import TRANSPORT_KEY_FILE_ENV
+from rljob.runtime.wire.identity import TRANSPORT_KEY_FILE_ENV
 from tests.multihost.lab import NetnsLab
 
 LIMIT_S = 300

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rljob import __version__
 
@@ -34,9 +35,10 @@ def instructions(folder: str) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("folder", sorted(IMAGES))
 def test_image_is_pinned_non_root_and_runs_rljob(folder):
     steps = instructions(folder)
+    defaults = dict(arg.split("=", 1) for k, arg in steps if k == "ARG" and "=" in arg)
     for keyword, argument in steps:
         if keyword == "FROM":
-            image = argument.split()[0]
+            image = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m[1]], argument.split()[0])  # `docker build` default
             assert re.fullmatch(r"[\w./-]+:[\w.-]*\d[\w.-]*", image), f"{folder}: pin {image} to a versioned tag"
     final_stage = steps[max(i for i, (k, _) in enumerate(steps) if k == "FROM") :]
     users = [arg for k, arg in final_stage if k == "USER"]
@@ -76,7 +78,39 @@ def test_gpu_images_share_one_torch_with_vllm():
     assert {"torch", "vllm"} <= set(pins)
     for folder in ("trainer_image", "rollout_image"):
         steps = instructions(folder)
-        assert ("COPY", "constraints/gpu.txt /tmp/constraints-gpu.txt") in steps
+        copies = [arg for k, arg in steps if k == "COPY" and "constraints" in arg]
+        source, target = copies[0].split()
+        args = dict(arg.split("=", 1) for k, arg in steps if k == "ARG" and "=" in arg)
+        default = args["CONSTRAINTS"] if source == "${CONSTRAINTS}" else source
+        # make images builds a CPU trainer with CONSTRAINTS=constraints/cpu.txt; `docker build` is the GPU one.
+        assert default == "constraints/gpu.txt", folder
         installs = [arg for k, arg in steps if k == "RUN" and "pip install" in arg and "rljob[" in arg]
-        assert "-c /tmp/constraints-gpu.txt" in installs[0]
+        assert f"-c {target}" in installs[0]
     assert "!constraints/gpu.txt" in (ROOT / ".dockerignore").read_text().split()
+
+
+def test_operator_image_cli_starts_without_the_role_dependencies():
+    """The operator image installs only the `operator` extra: `rljob` must start without msgspec, numpy or zmq."""
+    blocked = ("msgspec", "numpy", "zmq", "torch", "gymnasium")
+    code = (
+        "import sys\n"
+        f"for name in {blocked!r}: sys.modules[name] = None  # import fails like a missing package\n"
+        "from rljob.cli.main import main\n"
+        "sys.argv = ['rljob', 'operator', '--help']\n"
+        "main()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Run the operator" in result.stdout
+
+
+def test_chart_default_tags_are_what_make_images_builds():
+    """`make images` tags <REGISTRY>/<image>:<version>; the chart pulls exactly those when nothing is overridden."""
+    build = (ROOT / "images" / "build.sh").read_text()
+    registry = re.search(r"REGISTRY=\$\{REGISTRY:-([^}]+)\}", build)[1]
+    assert 'tag="$REGISTRY/${image%-gpu}:$VERSION"' in build
+    chart = yaml.safe_load((ROOT / "charts" / "rljob-operator" / "Chart.yaml").read_text())
+    values = yaml.safe_load((ROOT / "charts" / "rljob-operator" / "values.yaml").read_text())
+    assert chart["appVersion"] == __version__
+    assert values["image"]["repository"] == f"{registry}/operator" and values["image"]["tag"] == ""
+    assert values["jobDefaults"]["images"]["registry"] == registry

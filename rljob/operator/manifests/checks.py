@@ -24,9 +24,9 @@ from rljob.runtime.wire.identity import (
     DATA_PORT,
     MASTER_PORT,
     SYNC_PORT,
+    TRANSPORT_KEY_FILE_ENV,
     pod_identity,
 )
-from rljob.runtime.wire.transport import TRANSPORT_KEY_FILE_ENV
 
 CONFIG_VOLUME = "rljob-config"
 CHECKPOINT_VOLUME = "rljob-checkpoints"

@@ -53,10 +53,10 @@ from rljob.runtime.wire.identity import (
     DATA_PORT,
     MASTER_PORT,
     SYNC_PORT,
+    TRANSPORT_KEY_FILE_ENV,
     actor_ranks_per_replica,
     pod_identity,
 )
-from rljob.runtime.wire.transport import TRANSPORT_KEY_FILE_ENV
 
 CONTAINER_NAME = "main"
 """The container of every role pod; `kubectl logs <pod>` needs no `-c`."""

@@ -32,6 +32,9 @@ CONFIG_PATH_IN_POD = "/etc/rljob/job.yaml"
 """Where the operator mounts the ConfigMap holding the resolved job."""
 
 ENV_PREFIX = "RLJOB_"
+TRANSPORT_KEY_FILE_ENV = "RLJOB_TRANSPORT_KEY_FILE"
+"""The file holding this job's transport key (the operator's per-job Secret, mounted in every pod).
+Here, not in transport.py, so the operator image (no msgspec, numpy, zmq) can name it."""
 COLLOCATED_ROLLOUT_METRICS_PORT_ENV = "RLJOB_COLLOCATED_ROLLOUT_METRICS_PORT"
 """Set on an actor replica whose process starts the rollout replica beside it (a collocated job in a pod)."""
 COLLOCATED_ROLLOUT_HEALTH_ENV = "RLJOB_COLLOCATED_ROLLOUT_HEALTH"

@@ -34,6 +34,8 @@ import msgspec
 import numpy as np
 import zmq
 
+from rljob.runtime.wire.identity import TRANSPORT_KEY_FILE_ENV
+
 Payload = dict[str, Any]
 """A message body: numpy arrays (top-level values) travel as raw frames, everything else as msgpack."""
 Handler = Callable[[Payload], Payload | None]
@@ -93,10 +95,6 @@ def decode(frames: list[Any]) -> tuple[_Header, Payload]:
         buffer = frame.buffer if isinstance(frame, zmq.Frame) else frame
         payload[key] = np.frombuffer(buffer, dtype=np.dtype(dtype)).reshape(shape)
     return header, payload
-
-
-TRANSPORT_KEY_FILE_ENV = "RLJOB_TRANSPORT_KEY_FILE"
-"""The file holding this job's transport key (the operator's per-job Secret, mounted in every pod)."""
 
 
 def transport_key() -> bytes | None:

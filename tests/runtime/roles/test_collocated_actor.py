@@ -23,8 +23,7 @@ from rljob.operator.manifests import build_children
 from rljob.operator.naming import CONFIG_KEY
 from rljob.operator.settings import OperatorSettings
 from rljob.runtime.roles.collocated import TEST_ROLLOUT_COMMAND_ENV
-from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP
-from rljob.runtime.wire.transport import TRANSPORT_KEY_FILE_ENV
+from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP, TRANSPORT_KEY_FILE_ENV
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
