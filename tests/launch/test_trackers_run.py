@@ -154,3 +154,30 @@ def test_an_llm_run_logs_its_evaluations_and_its_exported_model(repo, start_run,
     hf_latest = [a for a in wandb["artifacts"] if any("/hf-latest/" in ref for ref in a["refs"])]
     assert exported and hf_latest, wandb["artifacts"]
     assert all(ref.startswith("file://") for a in wandb["artifacts"] for ref in a["refs"])
+
+
+def test_an_offline_stage_logs_its_steps_evaluations_and_export_to_its_trackers(repo, start_run, tmp_path, monkeypatch):
+    run = start_run(
+        repo / "examples/dpo-tiny.yaml",
+        "--set=spec.trainer.steps=4",
+        "--set=spec.evaluation.interval=2",
+        "--set=spec.checkpoint.interval=0",
+        "--set=spec.logging.tensorboard=false",
+        f"--set=spec.logging.trackers=[{{name: mlflow, uri: '{(tmp_path / 'mlruns').as_uri()}'}}]",
+        "--quiet",
+    )
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    records = {r["step"]: r for r in run.metrics()}
+
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    (found,) = client.search_runs([client.get_experiment_by_name("rljob").experiment_id])
+    assert found.info.run_name == "local-dpo-tiny-r0"
+    losses = client.get_metric_history(found.info.run_id, "loss")
+    assert [(m.step, m.value) for m in losses] == [(s, records[s]["loss"]) for s in (1, 2, 3, 4)]
+    accuracy = client.get_metric_history(found.info.run_id, "eval_preference_accuracy")
+    assert [m.step for m in accuracy] == [2, 4]
+    assert found.data.tags["rljob.model_path"] == str(run.out / "model")

@@ -53,9 +53,8 @@ from rljob.runtime.records.metrics import (
     keep_records_until,
     phase_key,
 )
-from rljob.runtime.records.trackers import TrackersUnavailable, job_trackers
 from rljob.runtime.weights.sync import SyncRefused, WeightPublisher
-from rljob.runtime.wire.context import FatalConfigError, RoleContext
+from rljob.runtime.wire.context import FatalConfigError, RoleContext, start_trackers
 from rljob.runtime.wire.deadlines import LateReplicas
 from rljob.runtime.wire.identity import EXIT_PREEMPTED
 from rljob.runtime.wire.ranks import STOP_NOW, agree_to_stop, join_actor_group, nccl_config_error, rank_device
@@ -481,12 +480,7 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
         jsonl = Path(identity.run_dir) / "metrics.jsonl"
         previous_wall = keep_records_until(jsonl, learner.step)
         run_metrics = RunMetrics(identity.run_dir, spec.logging.tensorboard, start_time=time.time() - previous_wall)
-    try:
-        trackers = job_trackers(context.job, identity.namespace, identity.run_dir, context.log.warning)
-    except TrackersUnavailable as exc:
-        raise FatalConfigError(str(exc)) from None
-    if trackers.names:
-        context.log.info("logging to %s as run %s", ", ".join(trackers.names), trackers.run_name)
+    trackers = start_trackers(context)
     health.ready()
     context.log.info("training %d steps from step %d (%d actor ranks)", total, learner.step, world)
     last_return: float | None = None

@@ -76,10 +76,9 @@ from rljob.runtime.records.metrics import (
     keep_records_until,
     phase_key,
 )
-from rljob.runtime.records.trackers import TrackersUnavailable, job_trackers
 from rljob.runtime.weights.ipc import IpcWeightPublisher
 from rljob.runtime.weights.sync import FileWeightPublisher, WeightPublisher
-from rljob.runtime.wire.context import FatalConfigError, RoleContext
+from rljob.runtime.wire.context import FatalConfigError, RoleContext, start_trackers
 from rljob.runtime.wire.deadlines import FIRST_S, FLOOR_S, LatencyDeadline, LateReplicas
 from rljob.runtime.wire.health import wait_for_collocated_rollout
 from rljob.runtime.wire.identity import EXIT_PREEMPTED
@@ -592,12 +591,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         )
         for record in sft_records:
             run_metrics.log(0, record, tensorboard_step=record["sft_step"])
-    try:
-        trackers = job_trackers(context.job, identity.namespace, identity.run_dir, context.log.warning)
-    except TrackersUnavailable as exc:
-        raise FatalConfigError(str(exc)) from None
-    if trackers.names:
-        context.log.info("logging to %s as run %s", ", ".join(trackers.names), trackers.run_name)
+    trackers = start_trackers(context)
     health.ready()
     context.log.info(
         "training %d steps from step %d: %d prompts x %d samples per step, %d actor rank(s)%s, %d rollout(s)",

@@ -40,7 +40,7 @@ from rljob.runtime.records.checkpoint import (
     restore_rng_state,
 )
 from rljob.runtime.records.metrics import RunMetrics, keep_records_until
-from rljob.runtime.wire.context import FatalConfigError, RoleContext
+from rljob.runtime.wire.context import FatalConfigError, RoleContext, start_trackers
 from rljob.runtime.wire.identity import EXIT_PREEMPTED
 from rljob.runtime.wire.ranks import agree_to_stop
 from rljob.runtime.wire.role_http import ProgressTracker
@@ -141,6 +141,7 @@ def train_stage(context: RoleContext, health: Any, rank: int, world: int, device
         previous_wall = keep_records_until(Path(identity.run_dir) / "metrics.jsonl", kept_until)
         started = time.time() - previous_wall if resumed is not None else time.time()
         run_metrics = RunMetrics(identity.run_dir, spec.logging.tensorboard, start_time=started)
+    trackers = start_trackers(context) if rank == 0 else None
     if health is not None:
         if rank == 0:
             health.server.set_progress_provider(tracker.snapshot)
@@ -155,7 +156,7 @@ def train_stage(context: RoleContext, health: Any, rank: int, world: int, device
         len(train_rows),
         len(held_out),
     )
-    stopping = False
+    stopping = completed = False
     stream_after_step = stream.state_dict()
 
     def write_checkpoint() -> Path:
@@ -183,6 +184,8 @@ def train_stage(context: RoleContext, health: Any, rank: int, world: int, device
                 record.update(update.evaluate(held_out))
             record["tokens_per_s"] = stats["tokens"] / max(time.perf_counter() - step_started, 1e-9)
             line = run_metrics.log(learner.step, record) if run_metrics else {"step": learner.step, **record}
+            if trackers is not None:
+                trackers.log(learner.step, line)
             if health is not None:
                 health.metrics.observe(line)
             margin = record.get("reward_margin")
@@ -196,12 +199,17 @@ def train_stage(context: RoleContext, health: Any, rank: int, world: int, device
             if (every and (learner.step % every == 0 or learner.step == total)) or stopping:
                 path = write_checkpoint()
                 if not stopping:
-                    export_policy(learner, tokenizer, path.parent / "hf-latest", channel)
+                    latest = export_policy(learner, tokenizer, path.parent / "hf-latest", channel)
+                    if trackers is not None:
+                        trackers.log_model(str(latest))
             if stopping:
                 break
+        completed = not stopping
     finally:
         if run_metrics is not None:
             run_metrics.close()
+        if trackers is not None and not completed:  # a completed run's trackers close after the export below
+            trackers.close()
     if train.skipped and rank == 0:
         context.log.warning(
             "%d training row(s) skipped: prompt over task.llm.maxPromptLength (%d) or a response over "
@@ -219,6 +227,10 @@ def train_stage(context: RoleContext, health: Any, rank: int, world: int, device
     if rank == 0 and identity.run_dir:
         exported = export_policy(learner, tokenizer, Path(identity.run_dir) / "model", channel)
         context.log.info("exported the trained policy to %s", exported)
+        if trackers is not None:
+            trackers.log_model(str(exported))
+    if trackers is not None:
+        trackers.close()
     learner.leave_group()
     context.log.info("reached trainer.steps (%d)", total)
     return 0

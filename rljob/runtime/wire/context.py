@@ -10,6 +10,7 @@ import threading
 from dataclasses import dataclass, field
 
 from rljob.api import RLJob, load_job_file
+from rljob.runtime.records.trackers import Trackers, TrackersUnavailable, job_trackers
 from rljob.runtime.wire.identity import RoleIdentity
 from rljob.runtime.wire.liveness import Heartbeat
 
@@ -58,3 +59,16 @@ def start_role(identity: RoleIdentity | None = None) -> RoleContext:
     # Several roles share few cores: one compute thread each unless the user says otherwise.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     return context
+
+
+def start_trackers(context: RoleContext) -> Trackers:
+    """Actor 0's experiment trackers (`spec.logging.trackers`), said in its log; a listed tracker whose library is
+    missing here is a FatalConfigError (exit 78), which no restart fixes."""
+    identity = context.identity
+    try:
+        trackers = job_trackers(context.job, identity.namespace, identity.run_dir, context.log.warning)
+    except TrackersUnavailable as exc:
+        raise FatalConfigError(str(exc)) from None
+    if trackers.names:
+        context.log.info("logging to %s as run %s", ", ".join(trackers.names), trackers.run_name)
+    return trackers
