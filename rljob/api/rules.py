@@ -510,8 +510,8 @@ def _check_sft_shares(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
 def _check_reward(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     functions = spec.reward.functions
     for i, fn in enumerate(functions):
-        if (fn.builtin is None) == (fn.module is None):
-            yield f"reward.functions[{i}]", "set exactly one of builtin or module"
+        if [fn.builtin, fn.module, fn.model].count(None) != 2:
+            yield f"reward.functions[{i}]", "set exactly one of builtin, module or model"
     if spec.task.type == "llm" and not functions and spec.algorithm.name not in OFFLINE_STAGES:
         yield "reward.functions", "llm tasks need at least one reward function, e.g. {builtin: exact_match}"
     if spec.task.type == "gym" and functions:

@@ -482,13 +482,23 @@ class RolloutSpec(SpecModel):
 # --- reward -------------------------------------------------------------------------------------
 
 
+class RewardModelRef(SpecModel):
+    """A sequence-classification reward model (one output), e.g. the `model/` export of a `reward_model` job."""
+
+    path: str = Field(min_length=1)
+    """Directory of the Hugging Face model and its tokenizer (a relative path resolves against the reward role's
+    working directory)."""
+    batch_size: int = Field(default=32, ge=1)
+    """(prompt, response) pairs scored per forward pass."""
+
+
 class RewardFunction(SpecModel):
-    """One reward term: a builtin function or a user function `file.py:fn` / `package.module:fn`."""
+    """One reward term: a builtin function, a user function `file.py:fn` / `package.module:fn`, or a reward model."""
 
     model_config = cel(
         (
-            "has(self.builtin) != has(self.module)",
-            "set exactly one of builtin or module",
+            "[has(self.builtin), has(self.module), has(self.model)].filter(x, x).size() == 1",
+            "set exactly one of builtin, module or model",
         )
     )
 
@@ -508,6 +518,9 @@ class RewardFunction(SpecModel):
         | None
     ) = None
     """`path/to/file.py:function` or `package.module:function`."""
+    model: RewardModelRef | None = None
+    """A reward model scoring each (prompt, response): its output is this term's value. Loaded once per reward
+    replica, on the reward role's GPU when it has `gpusPerReplica`, else on the CPU."""
     weight: float = 1.0
     """Factor of this term in the summed reward."""
     args: FreeForm = Field(default_factory=dict)

@@ -3,7 +3,8 @@
 Methods: `status` -> {"tag"}; `score` {"samples": [RewardInput, ...]} -> {"rewards": float32 [n],
 "terms": {name: [float]}, "errors": {name: int}, "tag"}. The server answers one request at a time;
 the scorer runs the functions of a batch on `sandbox.maxConcurrency` threads. A user function that
-cannot be loaded is a FatalConfigError (exit 78); one that fails on a sample scores 0 and is counted.
+cannot be loaded is a FatalConfigError (exit 78); one that fails on a sample scores 0 and is counted. Reward
+models (`functions[i].model`) run on this replica's GPU when the role has `gpusPerReplica`, else on the CPU.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from rljob.runtime.llm.episodes.rewards import RewardConfigError, RewardScorer
 from rljob.runtime.wire.context import FatalConfigError, RoleContext
+from rljob.runtime.wire.ranks import rank_device
 from rljob.runtime.wire.transport import Payload, RequestServer, process_tag
 
 
@@ -24,7 +26,12 @@ def run_reward(context: RoleContext) -> int:
         return 1
     try:
         # Relative `file.py` references resolve against the working directory the role was started in.
-        scorer = RewardScorer(spec.reward, answer_key=spec.task.llm.dataset.answer_key, base_dir=Path.cwd())
+        scorer = RewardScorer(
+            spec.reward,
+            answer_key=spec.task.llm.dataset.answer_key,
+            base_dir=Path.cwd(),
+            device=rank_device(spec.roles.reward.gpus_per_replica, 0, "spec.roles.reward.gpusPerReplica"),
+        )
     except RewardConfigError as exc:
         raise FatalConfigError(str(exc)) from None
     identity = context.identity

@@ -24,6 +24,9 @@ spec field (missing file or function, wrong signature). Builtins other than `cod
 reward role's process (they are rljob's own code); a builtin past its timeout is abandoned, not killed
 (Python cannot stop a thread): its thread is replaced and keeps running until the function returns.
 The code of `code_exec` runs in a fresh sandboxed process per sample (`rljob.runtime.sandbox.runner`).
+A reward model (`model: {path, batchSize}`) is no per-sample function: it scores the whole batch in the scorer's
+own thread, before the other functions run (`rljob.runtime.llm.episodes.reward_model`); if it fails, every sample
+of the batch scores 0 on its term and counts as an error.
 
 Builtins:
 - `exact_match`: 1.0 when the final answer of the response equals `row[answer_key]`, after `final_answer`
@@ -76,6 +79,7 @@ from rljob.runtime.llm.data.benchmark_rows import (
     detect_code_format,
     gold_answer,
 )
+from rljob.runtime.llm.episodes.reward_model import RewardModel, check_reward_model
 from rljob.runtime.sandbox.confined_module import (
     WORKER_START_SECONDS,
     ModuleCallError,
@@ -347,8 +351,12 @@ def _resolve(
     for index, function in enumerate(reward.functions):
         at = f"spec.reward.functions[{index}]"
         callable_: RewardFn | None = None
-        if (function.builtin is None) == (function.module is None):
-            problems.append((at, "set exactly one of builtin or module"))
+        if [function.builtin, function.module, function.model].count(None) != 2:
+            problems.append((at, "set exactly one of builtin, module or model"))
+        elif function.model is not None:
+            problem = check_reward_model(function.model, base_dir)
+            if problem:
+                problems.append((f"{at}.model.path", problem))
         elif function.builtin is not None:
             found = _check_builtin_args(function.builtin, function.args, f"{at}.args")
             if function.builtin == "math_verify" and importlib.util.find_spec("math_verify") is None:
@@ -464,6 +472,8 @@ class _Term:
     kwargs: dict[str, Any]
     sample_fields: tuple[str, ...]
     timeout: float
+    model: RewardModel | None = None
+    """A reward model scores the whole batch at once, in the scorer's own thread, instead of `function`."""
 
 
 class RewardScorer:
@@ -475,7 +485,9 @@ class RewardScorer:
         answer_key: str = "answer",
         base_dir: Path | None = None,
         isolation: Isolation = "auto",
+        device: Any = "cpu",
     ) -> None:
+        """`device`: where reward models run (the reward role's GPU when it has one)."""
         resolved, problems = _resolve(reward, base_dir)
         if problems:
             raise RewardConfigError(
@@ -489,8 +501,12 @@ class RewardScorer:
         sandbox = Sandbox.from_spec(reward.sandbox, isolation)
         self._modules: list[SandboxedFunction] = []
         for index, (spec, function) in enumerate(resolved):
-            assert function is not None  # no problems: every function resolved
             timeout = self.timeout
+            model = None
+            if spec.model is not None:
+                model = RewardModel(spec.model, base_dir, device)
+                function = _scored_by_model
+            assert function is not None  # no problems: every function resolved
             sample_fields = _sample_fields(function)  # of the user's own function, loaded for the checks
             if spec.builtin == "code_exec":
                 function = CodeExec(sandbox)
@@ -498,7 +514,7 @@ class RewardScorer:
             elif spec.module is not None:
                 function = self._sandboxed(spec.module, f"spec.reward.functions[{index}].module", base_dir, isolation)
                 timeout = self.timeout + WORKER_START_SECONDS + CODE_EXEC_TIMEOUT_MARGIN
-            label = spec.name or spec.builtin or (spec.module or "").rpartition(":")[2]
+            label = spec.name or spec.builtin or (spec.module or "reward_model").rpartition(":")[2]
             labels[label] = labels.get(label, 0) + 1
             kwargs = dict(spec.args)
             if spec.builtin in ("exact_match", "math_verify", "multiple_choice"):
@@ -511,6 +527,7 @@ class RewardScorer:
                     kwargs=kwargs,
                     sample_fields=sample_fields,
                     timeout=timeout,
+                    model=model,
                 )
             )
         self._condition = threading.Condition()
@@ -553,7 +570,8 @@ class RewardScorer:
     def score(self, samples: list[RewardInput], beat: Callable[[], None] = lambda: None) -> ScoredBatch:
         """`beat()` each time a call of the batch starts, ends or is abandoned (the role's heartbeat: a large batch
         of calls that run into `sandbox.timeoutSeconds` is slow, not hung)."""
-        calls = [_Call(t, s) for s in range(len(samples)) for t in range(len(self._terms))]
+        modelled = {t: self._score_with_model(term, samples, beat) for t, term in enumerate(self._terms) if term.model}
+        calls = [_Call(t, s) for s in range(len(samples)) for t in range(len(self._terms)) if t not in modelled]
         with self._condition:
             self._pending = len(calls)  # before any call is queued: workers count it down
             for call in calls:
@@ -576,6 +594,15 @@ class RewardScorer:
         terms = {term.name: [0.0] * len(samples) for term in self._terms}
         errors = {term.name: 0 for term in self._terms}
         messages: dict[str, str] = {}
+        for t, (values, error) in modelled.items():
+            term = self._terms[t]
+            if error is not None:
+                errors[term.name] += len(samples)
+                messages[term.name] = error
+                continue
+            terms[term.name] = values
+            for index, value in enumerate(values):
+                rewards[index] += term.weight * value
         for call in calls:
             term = self._terms[call.term]
             if call.error is not None:
@@ -585,6 +612,23 @@ class RewardScorer:
             terms[term.name][call.sample] = call.value
             rewards[call.sample] += term.weight * call.value
         return ScoredBatch(rewards=rewards, terms=terms, errors=errors, error_messages=messages)
+
+    @staticmethod
+    def _score_with_model(
+        term: _Term, samples: list[RewardInput], beat: Callable[[], None]
+    ) -> tuple[list[float], str | None]:
+        """The model's scores of the batch, or zeros and why it failed (e.g. out of memory) for every sample."""
+        assert term.model is not None
+        beat()
+        try:
+            values = term.model.score([(sample["prompt"], sample["response"]) for sample in samples])
+        except Exception as exc:
+            return [0.0] * len(samples), describe_exception(exc)
+        finally:
+            beat()
+        if not all(math.isfinite(value) for value in values):
+            return [0.0] * len(samples), "the reward model returned a score that is not a finite number"
+        return values, None
 
     def _start_worker(self) -> None:
         threading.Thread(target=self._work, name="reward-scorer", daemon=True).start()
@@ -645,6 +689,11 @@ def unreadable_by_the_sandbox(path: Path) -> str | None:
             f"(mode {stat.filemode(path.stat().st_mode)}): chmod o+r {path}"
         )
     return None
+
+
+def _scored_by_model(prompt: str, response: str, row: dict[str, Any]) -> float:
+    """Never called: a reward model's term scores whole batches (`RewardScorer._score_with_model`)."""
+    raise AssertionError("a reward model scores batches, not single samples")
 
 
 def _sample_fields(function: RewardFn) -> tuple[str, ...]:
