@@ -39,6 +39,7 @@ from rljob.runtime.llm.data.prompts import PromptEncoder
 from rljob.runtime.llm.data.rows import PromptStream, Row, split_off
 from rljob.runtime.llm.engines.base import Sampling, chunk_size
 from rljob.runtime.llm.episodes.multiturn import episode_metrics, episode_runner
+from rljob.runtime.llm.models.lora import LoraTargetError, add_lora, trainable_bytes
 from rljob.runtime.llm.models.policy import (
     ModelSourceError,
     enable_gradient_checkpointing,
@@ -473,6 +474,16 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         wait_for_collocated_rollout(context)
     with fits_beside_rollout(collocated, spec.rollout.engine, device):
         model, tokenizer = load_job_policy(context, device, all_rows)
+    lora = spec.model.lora
+    if lora is not None:
+        if spec.trainer.parallelism != "ddp":  # the API refuses it too; a hand-built spec must not get further
+            raise FatalConfigError("spec.model.lora: LoRA trains with trainer.parallelism ddp only for now")
+        try:
+            add_lora(model, lora)
+        except LoraTargetError as exc:
+            raise FatalConfigError(str(exc)) from None
+        params, nbytes = trainable_bytes(model)
+        context.log.info("model.lora: %d adapter parameters train (%d bytes), the base stays frozen", params, nbytes)
     if spec.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     if spec.trainer.parallelism == "fsdp2" and is_vision_language(model.config):
@@ -487,8 +498,10 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     if evaluation.interval and evaluation.size:
         train_rows, eval_rows = split_off(all_rows, evaluation.size, spec.trainer.seed)
     reference = None
-    if spec.algorithm.kl_coef > 0:
-        ref = spec.model.reference
+    ref = spec.model.reference
+    # LoRA never changes the base weights: the base (adapters off) is the initial policy, no second copy needed.
+    reference_is_base = lora is not None and (ref is None or ref.source == "initial")
+    if spec.algorithm.kl_coef > 0 and not reference_is_base:
         with fits_beside_rollout(collocated, spec.rollout.engine, device):
             if ref is None or ref.source == "initial":
                 reference = copy.deepcopy(model)
@@ -509,6 +522,8 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         temperature=spec.rollout.temperature,
         max_response_tokens=response_budget(spec) or task.max_response_length,  # Dr. GRPO: an episode's budget
         reference=reference,
+        reference_is_base=reference_is_base,
+        merge_on_export=lora is None or lora.merge_on_export,
         rank=rank,
         world_size=world,
         returns_memory=collocated,
