@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from rljob.api.spec import AlgorithmSpec, LoraSpec, TrainerSpec
 from rljob.runtime.llm.models.lora import add_lora, merged_state_dict
 from rljob.runtime.llm.training.learner import LLMLearner
+from rljob.runtime.records.checkpoint import CheckpointError
 from tests.runtime.llm.training.test_learner import MAX_RESPONSE, TOKENIZER, make_model, make_samples
 
 LORA = LoraSpec(rank=4, alpha=8.0)
@@ -73,3 +75,15 @@ def test_lora_trains_a_fraction_of_the_parameters_and_optimizer_state():
     full_params, full_state = footprint(lora_learner(AlgorithmSpec(name="grpo", kl_coef=0.0), lora=None))
     lora_params, lora_state = footprint(lora_learner(AlgorithmSpec(name="grpo", kl_coef=0.0)))
     assert lora_params < full_params / 4 and lora_state < full_state / 4
+
+
+def test_a_checkpoint_of_another_kind_is_refused_with_the_field():
+    no_kl = AlgorithmSpec(name="grpo", kl_coef=0.0)
+    with_lora = copy.deepcopy(lora_learner(no_kl).state_dict())
+    without = copy.deepcopy(lora_learner(no_kl, lora=None).state_dict())
+    with pytest.raises(
+        CheckpointError, match=r"spec.model.lora: the checkpoint holds LoRA adapters and this job has none"
+    ):
+        lora_learner(no_kl, lora=None).load_state_dict(with_lora)
+    with pytest.raises(CheckpointError, match=r"spec.model.lora: the checkpoint lacks the adapter tensors"):
+        lora_learner(no_kl).load_state_dict(without)
