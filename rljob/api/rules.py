@@ -425,11 +425,10 @@ def _check_model(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
                 "model.lora",
                 "LoRA trains with trainer.parallelism ddp only for now: set parallelism ddp or remove model.lora",
             )
-        elif spec.algorithm.name in OFFLINE_STAGES:
+        elif spec.algorithm.name == "reward_model":
             yield (
                 "model.lora",
-                f"the offline stage {spec.algorithm.name} does not train adapters yet: remove model.lora "
-                "(RL algorithms, with or without an sft warm-up, do)",
+                "the reward_model stage does not train adapters yet: remove model.lora (RL algorithms, sft and dpo do)",
             )
 
 

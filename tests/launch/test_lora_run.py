@@ -85,3 +85,29 @@ def test_a_lora_job_on_vllm_samples_from_the_merged_weights(repo, tmp_path, star
         assert record["mismatch_max_gap"] < 1e-3, record
     logs = "".join(p.read_text(errors="replace") for p in (run.out / "logs").glob("rollout-*.log"))
     assert "Failed to load weights" not in logs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["sft-tiny", "dpo-tiny"])
+def test_the_offline_stages_train_adapters_and_dpo_measures_against_the_base(repo, start_run, example):
+    run = start_run(
+        repo / "examples" / f"{example}.yaml",
+        "--set=spec.trainer.steps=6",
+        "--set=spec.checkpoint.interval=3",
+        "--set=spec.model.lora.rank=8",
+        "--set=spec.logging.tensorboard=false",
+        "--quiet",
+    )
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    records = run.metrics()
+    assert [r["step"] for r in records] == list(range(1, 7))
+    assert "adapter parameters train" in (run.out / "logs" / "actor-0.log").read_text()
+    latest = CheckpointManager(run.out / "checkpoints").latest_valid()
+    assert latest is not None and all(".lora_" in k for k in latest[1]["learner"]["model"])
+    if example == "dpo-tiny":
+        # B starts at zero: the policy is its reference (the base, adapters off), every log-ratio 0, the loss ln 2.
+        assert records[0]["loss"] == pytest.approx(0.693147, abs=1e-5)
+        assert records[0]["reward_margin"] == 0.0 and records[-1]["reward_margin"] > 0.0
+    else:
+        assert records[-1]["loss"] < records[0]["loss"]

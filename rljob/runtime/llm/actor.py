@@ -39,7 +39,6 @@ from rljob.runtime.llm.data.prompts import PromptEncoder
 from rljob.runtime.llm.data.rows import PromptStream, Row, split_off
 from rljob.runtime.llm.engines.base import Sampling, chunk_size
 from rljob.runtime.llm.episodes.multiturn import episode_metrics, episode_runner
-from rljob.runtime.llm.models.lora import LoraTargetError, add_lora, trainable_bytes
 from rljob.runtime.llm.models.policy import (
     ModelSourceError,
     enable_gradient_checkpointing,
@@ -49,7 +48,7 @@ from rljob.runtime.llm.models.policy import (
 )
 from rljob.runtime.llm.replicas.membership import RolloutMembership
 from rljob.runtime.llm.replicas.pool import ChunkResult, RewardPool, RolloutPool
-from rljob.runtime.llm.setup import job_rows, load_job_policy, weights_dir
+from rljob.runtime.llm.setup import add_job_lora, job_rows, load_job_policy, weights_dir
 from rljob.runtime.llm.stage import train_stage
 from rljob.runtime.llm.training.learner import LLMLearner, Sample
 from rljob.runtime.llm.training.sft import Warmup
@@ -475,15 +474,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     with fits_beside_rollout(collocated, spec.rollout.engine, device):
         model, tokenizer = load_job_policy(context, device, all_rows)
     lora = spec.model.lora
-    if lora is not None:
-        if spec.trainer.parallelism != "ddp":  # the API refuses it too; a hand-built spec must not get further
-            raise FatalConfigError("spec.model.lora: LoRA trains with trainer.parallelism ddp only for now")
-        try:
-            add_lora(model, lora)
-        except LoraTargetError as exc:
-            raise FatalConfigError(str(exc)) from None
-        params, nbytes = trainable_bytes(model)
-        context.log.info("model.lora: %d adapter parameters train (%d bytes), the base stays frozen", params, nbytes)
+    add_job_lora(context, model)
     if spec.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     if spec.trainer.parallelism == "fsdp2" and is_vision_language(model.config):
