@@ -9,7 +9,7 @@ EXTRAS := operator,train,rollout,env,ray,trackers,dev,bench
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install netns-tools helm mermaid browser test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-grpo-vlm bench-weights bench-chaos figures gpu-wheels gpu-check image-tools images test-images images-gpu clean
+.PHONY: install netns-tools helm mermaid browser test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-grpo-vlm bench-weights bench-chaos bench-lora figures gpu-wheels gpu-check image-tools images test-images images-gpu clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -144,7 +144,7 @@ docs-ref: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/rljob run examples/cartpole-ppo.yaml
 
-bench: bench-cartpole bench-operator bench-grpo bench-grpo-vlm bench-weights bench-chaos
+bench: bench-cartpole bench-operator bench-grpo bench-grpo-vlm bench-weights bench-chaos bench-lora
 
 # The benchmarks' peers (TRL), on top of the project's extras and the same constraints.
 $(BENCH_STAMP): $(STAMP)
@@ -187,6 +187,10 @@ bench-grpo-vlm: $(BENCH_STAMP)
 # into a vllm engine -> benchmarks/results/weight_sync.json
 bench-weights: $(STAMP)
 	$(BIN)/python benchmarks/weight_sync.py --vllm
+
+# The llm actor's parameter, gradient and Adam-state bytes with and without model.lora -> benchmarks/results/lora_memory.json
+bench-lora: $(STAMP)
+	$(BIN)/python benchmarks/lora_memory.py
 
 # The GPU check (benchmarks/gpu/check.py) runs on a GPU machine whose python3 has a CUDA torch and transformers but
 # no registry: `make gpu-wheels` (here, with registry access) downloads the rest for that machine's python into

@@ -417,6 +417,19 @@ def _check_model(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
         yield "model.reference.path", "reference source local needs model.reference.path"
     if ref is not None and ref.source == "hub" and not ref.hub_id:
         yield "model.reference.hubId", "reference source hub needs model.reference.hubId"
+    if model.lora is not None:
+        if gym:
+            yield "model.lora", "LoRA adapts language models: gym tasks train the whole mlp policy; remove model.lora"
+        elif spec.trainer.parallelism == "fsdp2":
+            yield (
+                "model.lora",
+                "LoRA trains with trainer.parallelism ddp only for now: set parallelism ddp or remove model.lora",
+            )
+        elif spec.algorithm.name == "reward_model":
+            yield (
+                "model.lora",
+                "the reward_model stage does not train adapters yet: remove model.lora (RL algorithms, sft and dpo do)",
+            )
 
 
 def _check_algorithm(spec: RLJobSpec) -> Iterator[tuple[str, str]]:

@@ -222,6 +222,26 @@ class ModelRef(SpecModel):
     """Model id of the reference model on a hub (source hub)."""
 
 
+class LoraSpec(SpecModel):
+    """Low-rank adapters (LoRA, through PEFT): only the adapters train, the loaded weights stay as they are."""
+
+    rank: int = Field(default=8, ge=1)
+    """Rank r of each adapter: A is [r, in], B is [out, r]."""
+    alpha: float = Field(default=16.0, gt=0.0)
+    """Scale of the adapters' output: the update is alpha / rank x B A."""
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapters' input while training."""
+    target_modules: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
+    )
+    """Names of the linear layers that get adapters (the last part of the module name, e.g. `q_proj`, or a full
+    dotted name); every name must match a module of the model."""
+    merge_on_export: bool = True
+    """The exported model (`model/` in the run directory): true, the base weights with the adapters merged in (a
+    plain Hugging Face model); false, the PEFT adapter directory alone (`adapter_config.json`,
+    `adapter_model.safetensors`)."""
+
+
 class ModelSpec(SpecModel):
     """The policy being trained."""
 
@@ -249,6 +269,10 @@ class ModelSpec(SpecModel):
     loaded (EasyR1's `freeze_vision_tower`, off by default as there)."""
     reference: ModelRef | None = None
     """Reference for the KL penalty; the frozen initial policy when unset and klCoef > 0."""
+    lora: LoraSpec | None = None
+    """Train low-rank adapters instead of every weight (llm, trainer.parallelism ddp). The KL reference is then
+    the same model with its adapters switched off (no second copy); rollouts receive the merged weights;
+    checkpoints hold the adapters."""
 
 
 # --- algorithm ----------------------------------------------------------------------------------

@@ -162,6 +162,12 @@ def llm_loaded_problems(job: RLJob, base_dir: Path) -> list[Problem]:
         check_model_source(spec.model, base_dir)
     except (DatasetError, ImageError, ModelSourceError) as exc:
         return [Problem("", str(exc))]
+    if spec.model.lora is not None:
+        from rljob.runtime.llm.models.lora import check_lora_targets
+
+        missing = check_lora_targets(spec.model, spec.task.llm, rows, base_dir)
+        if missing:
+            return [Problem("spec.model.lora.targetModules", message.split(": ", 1)[1]) for message in missing]
     vision = checkpoint_problems(job, base_dir)
     if vision:
         return vision

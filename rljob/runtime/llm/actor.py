@@ -48,7 +48,7 @@ from rljob.runtime.llm.models.policy import (
 )
 from rljob.runtime.llm.replicas.membership import RolloutMembership
 from rljob.runtime.llm.replicas.pool import ChunkResult, RewardPool, RolloutPool
-from rljob.runtime.llm.setup import job_rows, load_job_policy, weights_dir
+from rljob.runtime.llm.setup import add_job_lora, job_rows, load_job_policy, weights_dir
 from rljob.runtime.llm.stage import train_stage
 from rljob.runtime.llm.training.learner import LLMLearner, Sample
 from rljob.runtime.llm.training.sft import Warmup
@@ -472,6 +472,8 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         wait_for_collocated_rollout(context)
     with fits_beside_rollout(collocated, spec.rollout.engine, device):
         model, tokenizer = load_job_policy(context, device, all_rows)
+    lora = spec.model.lora
+    add_job_lora(context, model)
     if spec.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     if spec.trainer.parallelism == "fsdp2" and is_vision_language(model.config):
@@ -486,8 +488,10 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
     if evaluation.interval and evaluation.size:
         train_rows, eval_rows = split_off(all_rows, evaluation.size, spec.trainer.seed)
     reference = None
-    if spec.algorithm.kl_coef > 0:
-        ref = spec.model.reference
+    ref = spec.model.reference
+    # LoRA never changes the base weights: the base (adapters off) is the initial policy, no second copy needed.
+    reference_is_base = lora is not None and (ref is None or ref.source == "initial")
+    if spec.algorithm.kl_coef > 0 and not reference_is_base:
         with fits_beside_rollout(collocated, spec.rollout.engine, device):
             if ref is None or ref.source == "initial":
                 reference = copy.deepcopy(model)
@@ -508,6 +512,8 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         temperature=spec.rollout.temperature,
         max_response_tokens=response_budget(spec) or task.max_response_length,  # Dr. GRPO: an episode's budget
         reference=reference,
+        reference_is_base=reference_is_base,
+        merge_on_export=lora is None or lora.merge_on_export,
         rank=rank,
         world_size=world,
         returns_memory=collocated,

@@ -27,7 +27,7 @@ import torch
 from rljob.runtime.llm.data.offline_rows import Encoded, check_offline_rows, encode_offline_row
 from rljob.runtime.llm.data.rows import PromptStream, Row, split_off
 from rljob.runtime.llm.models.policy import reward_model_from
-from rljob.runtime.llm.setup import job_rows, load_job_policy
+from rljob.runtime.llm.setup import add_job_lora, job_rows, load_job_policy
 from rljob.runtime.llm.training.learner import LLMLearner
 from rljob.runtime.llm.training.offline import OfflineUpdate
 from rljob.runtime.llm.training.sharding import CommandChannel, export_policy, load_checkpoint, save_checkpoint
@@ -89,6 +89,8 @@ def train_stage(context: RoleContext, health: Any, rank: int, world: int, device
         raise FatalConfigError("\n".join(f"{field}: {message}" for field, message in problems))
     torch.manual_seed(spec.trainer.seed)
     model, tokenizer = load_job_policy(context, device, rows)
+    lora = spec.model.lora
+    add_job_lora(context, model)
     train_rows, eval_rows = rows, []
     if spec.evaluation.interval and spec.evaluation.size:
         train_rows, eval_rows = split_off(rows, spec.evaluation.size, spec.trainer.seed)
@@ -101,7 +103,7 @@ def train_stage(context: RoleContext, health: Any, rank: int, world: int, device
         )
     held_out = StageExamples(stage, task, eval_rows, tokenizer).usable()
     reference = None
-    if stage == "dpo":  # the starting policy, before any checkpoint is loaded into the trained one
+    if stage == "dpo" and lora is None:  # the starting policy, before any checkpoint is loaded into the trained one
         reference = copy.deepcopy(model).eval().requires_grad_(False)
     elif stage == "reward_model":  # the starting policy's transformer under a scalar head
         model = reward_model_from(model, tokenizer.pad_token_id, spec.trainer.seed)
@@ -112,6 +114,8 @@ def train_stage(context: RoleContext, health: Any, rank: int, world: int, device
         pad_id=tokenizer.pad_token_id,
         temperature=1.0,
         max_response_tokens=task.max_response_length,
+        reference_is_base=lora is not None,  # dpo with LoRA: the starting policy is the base, adapters off
+        merge_on_export=lora is None or lora.merge_on_export,
         rank=rank,
         world_size=world,
     )

@@ -31,6 +31,7 @@ from rljob.algorithms.losses import (
 )
 from rljob.api.presets import resolve_algorithm
 from rljob.api.spec import OFFLINE_STAGES, AlgorithmSpec, TrainerSpec
+from rljob.runtime.llm.models.lora import adapter_state_dict, adapters_off, has_lora, load_adapter_state
 from rljob.runtime.llm.models.policy import resolve_precision
 from rljob.runtime.llm.training.batch import MicroBatch, Sample, by_prompt, collate, collate_shared
 from rljob.runtime.llm.training.grad_sync import sum_gradients
@@ -39,6 +40,7 @@ from rljob.runtime.llm.training.packing import pack_by_tokens, split_to_count
 from rljob.runtime.llm.training.sharding import gradient_norm, shard_policy, shards_model
 from rljob.runtime.optim.divergence import check_update
 from rljob.runtime.optim.optimizer import build_optimizer, learning_rate_at, set_learning_rate
+from rljob.runtime.records.checkpoint import CheckpointError
 
 FSDP_MIN_SAVING = 0.25
 """The share of a pass's token positions a shared prompt prefix must save under fsdp2. The prefix is one more
@@ -108,6 +110,8 @@ class LLMLearner:
         temperature: float,
         max_response_tokens: int,
         reference: nn.Module | None = None,
+        reference_is_base: bool = False,
+        merge_on_export: bool = True,
         rank: int = 0,
         world_size: int = 1,
         returns_memory: bool = False,
@@ -119,7 +123,11 @@ class LLMLearner:
         # A resolved job's algorithm is already complete; one built in code gets its paper's preset here.
         self.algorithm, self.trainer = resolve_algorithm(algorithm, max_response_tokens), trainer
         algorithm = self.algorithm
-        if algorithm.kl_coef and reference is None:
+        self.merge_on_export = merge_on_export
+        """With LoRA: the export merges the adapters into the base (true) or writes the adapter directory alone."""
+        self.reference_is_base = reference_is_base and has_lora(model)
+        """The KL reference is the policy itself with its LoRA adapters switched off (`lora.adapters_off`)."""
+        if algorithm.kl_coef and reference is None and not self.reference_is_base:
             raise ValueError(
                 f"spec.algorithm.klCoef {algorithm.kl_coef} needs a reference model to measure the KL against: "
                 "pass one, or set klCoef 0"
@@ -350,12 +358,18 @@ class LLMLearner:
 
     @torch.no_grad()
     def _reference_logprobs(self, micro: list[list[MicroBatch]]) -> list[list[Tensor]]:
+        if self.reference_is_base:
+            with adapters_off(self.model):
+                return self._logprobs_of(self.model, micro)
         assert self.reference is not None
         self.reference.eval()
+        return self._logprobs_of(self.reference, micro)
+
+    def _logprobs_of(self, model: nn.Module, micro: list[list[MicroBatch]]) -> list[list[Tensor]]:
         chunk = self.trainer.logprob_chunk_tokens
         with self.compute():
             return [
-                [token_logprobs(self.reference, mb, self.temperature, False, chunk_tokens=chunk)[0] for mb in batches]
+                [token_logprobs(model, mb, self.temperature, False, chunk_tokens=chunk)[0] for mb in batches]
                 for batches in micro
             ]
 
@@ -377,7 +391,8 @@ class LLMLearner:
         if self.sharded_checkpoints:
             return {"sharded": True, "step": self.step, "generator": self.generator.get_state()}
         return {
-            "model": self.model.state_dict(),
+            # With LoRA the base weights never change: the adapters are the model's whole trained state.
+            "model": adapter_state_dict(self.model) if has_lora(self.model) else self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "step": self.step,
             "generator": self.generator.get_state(),
@@ -386,7 +401,18 @@ class LLMLearner:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The inverse of `state_dict` (`sharding.load_checkpoint` also reads the shards)."""
         if not state.get("sharded"):
-            self.model.load_state_dict(state["model"])
+            if has_lora(self.model):
+                try:
+                    load_adapter_state(self.model, state["model"])
+                except KeyError as exc:
+                    raise CheckpointError(f"spec.model.lora: {exc.args[0]}") from None
+            elif any(".lora_" in key for key in state["model"]):
+                raise CheckpointError(
+                    "spec.model.lora: the checkpoint holds LoRA adapters and this job has none: set model.lora as "
+                    "it was, or start afresh (checkpoint.resume: never)"
+                )
+            else:
+                self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
         self.generator.set_state(state["generator"])

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from rljob.algorithms.preference import PreferenceLoss, bradley_terry_loss, dpo_loss
 from rljob.api.spec import AlgorithmSpec
 from rljob.runtime.llm.data.offline_rows import Encoded
+from rljob.runtime.llm.models.lora import adapters_off
 from rljob.runtime.llm.training.batch import MicroBatch, collate
 from rljob.runtime.llm.training.learner import LLMLearner, token_logprobs
 from rljob.runtime.llm.training.sharding import gradient_norm
@@ -71,7 +72,7 @@ class OfflineUpdate:
     def __init__(self, learner: LLMLearner, algorithm: AlgorithmSpec, reference: nn.Module | None = None) -> None:
         self.learner, self.algorithm, self.reference = learner, algorithm, reference
         self.stage = algorithm.name
-        if self.stage == "dpo" and reference is None:
+        if self.stage == "dpo" and reference is None and not learner.reference_is_base:
             raise ValueError("the dpo stage measures log-ratios against a reference: pass the frozen starting policy")
         self.chunk = learner.trainer.logprob_chunk_tokens
         self.micro_size = learner.trainer.micro_batch_size
@@ -90,9 +91,13 @@ class OfflineUpdate:
         return response_batch(*rows, self.learner.pad_id).to(self.learner.device)
 
     def _preference(self, batch: MicroBatch, pairs: int, scores: SequenceScores) -> Any:
-        assert self.reference is not None
         with torch.no_grad(), self.learner.compute():
-            reference = sequence_scores(self.reference, batch, self.chunk).logprob
+            if self.reference is None:  # LoRA: the policy with its adapters off is the starting policy
+                assert self.learner.reference_is_base
+                with adapters_off(self.learner.model):
+                    reference = sequence_scores(self.learner.model, batch, self.chunk).logprob
+            else:
+                reference = sequence_scores(self.reference, batch, self.chunk).logprob
         dpo = self.algorithm.dpo
         return dpo_loss(
             scores.logprob[:pairs],

