@@ -21,6 +21,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from rljob.api import validate_job  # noqa: E402
+from rljob.api.loading import read_yaml_value  # noqa: E402
 from rljob.launch.ray_cluster import RayRun  # noqa: E402
 from rljob.launch.supervisor import LaunchError  # noqa: E402
 
@@ -82,11 +83,9 @@ def wait_until_clean(timeout: float = 30) -> tuple[list, list]:
 
 
 def load(manifest, *sets: str):
-    import yaml
-
     from rljob.launch.overrides import apply_overrides
 
-    return validate_job(apply_overrides(yaml.safe_load(manifest.read_text()), list(sets)))
+    return validate_job(apply_overrides(read_yaml_value(manifest.read_text()), list(sets)))
 
 
 def test_a_job_that_cannot_fit_fails_fast_naming_the_missing_resource(cluster, cartpole_manifest, tmp_path):

@@ -11,12 +11,13 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from rljob.api.loading import read_yaml_value
 from tests.launch.test_local_run import assert_every_step_once
 from tests.runtime.records.tracker_files import swanlab_runs, wandb_runs
 
 
 def with_trackers(manifest: Path, trackers: list[dict]) -> Path:
-    job = yaml.safe_load(manifest.read_text())
+    job = read_yaml_value(manifest.read_text())  # as rljob reads it: `1e-3` is a number
     job["spec"]["logging"]["trackers"] = trackers
     manifest.write_text(yaml.safe_dump(job))
     return manifest
