@@ -58,6 +58,10 @@ def cartpole_manifest(tmp_path):
     return write
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Run:
     """`rljob run` in a subprocess, with access to the role processes it started."""
 
@@ -68,6 +72,9 @@ class Run:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE if split_streams else subprocess.STDOUT,
             text=True,
+            # Ctrl-C as at a terminal, even when the suite itself was started in the background by a shell
+            # without job control (`make test &`), whose children inherit SIGINT ignored.
+            preexec_fn=_interruptible,
         )
         self.output = ""
         self.errors = ""
