@@ -121,6 +121,16 @@ def test_trackers_out_of_reach_never_stop_training(cartpole_manifest, start_run,
 
 
 @pytest.mark.slow
+def the_mlflow_run(store: Path, monkeypatch):
+    """(client, run) of the one run a job logged to the MLflow file store `store`."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=store.as_uri())
+    (found,) = client.search_runs([client.get_experiment_by_name("rljob").experiment_id])
+    return client, found
+
+
 def test_an_llm_run_logs_its_evaluations_and_its_exported_model(repo, start_run, tmp_path, monkeypatch):
     trackers = f"[{{name: mlflow, uri: '{(tmp_path / 'mlruns').as_uri()}'}}, {{name: wandb, offline: true}}]"
     run = start_run(
@@ -137,12 +147,7 @@ def test_an_llm_run_logs_its_evaluations_and_its_exported_model(repo, start_run,
     output = run.finish()
     assert run.process.returncode == 0, output
     records = {r["step"]: r for r in run.metrics()}
-
-    from mlflow.tracking import MlflowClient
-
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
-    (found,) = client.search_runs([client.get_experiment_by_name("rljob").experiment_id])
+    client, found = the_mlflow_run(tmp_path / "mlruns", monkeypatch)
     assert found.info.run_name == "local-grpo-tiny-arithmetic-r0"
     evaluations = client.get_metric_history(found.info.run_id, "eval_accuracy")
     assert [(m.step, m.value) for m in evaluations] == [(s, records[s]["eval_accuracy"]) for s in (2, 4)]
@@ -170,12 +175,7 @@ def test_an_offline_stage_logs_its_steps_evaluations_and_export_to_its_trackers(
     output = run.finish()
     assert run.process.returncode == 0, output
     records = {r["step"]: r for r in run.metrics()}
-
-    from mlflow.tracking import MlflowClient
-
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
-    (found,) = client.search_runs([client.get_experiment_by_name("rljob").experiment_id])
+    client, found = the_mlflow_run(tmp_path / "mlruns", monkeypatch)
     assert found.info.run_name == "local-dpo-tiny-r0"
     losses = client.get_metric_history(found.info.run_id, "loss")
     assert [(m.step, m.value) for m in losses] == [(s, records[s]["loss"]) for s in (1, 2, 3, 4)]
