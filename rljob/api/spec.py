@@ -70,6 +70,33 @@ def _check_class_ref(value: str) -> str:
 # --- task ---------------------------------------------------------------------------------------
 
 
+GymWrapperName = Literal["normalize-observation", "normalize-reward", "frame-stack"]
+"""Wrappers rljob knows by name (`rljob.runtime.gym.wrappers.BUILTIN_WRAPPERS`)."""
+
+
+class GymWrapper(SpecModel):
+    """A gymnasium wrapper around each environment: exactly one of `builtin` or `module`."""
+
+    model_config = cel(("has(self.builtin) != has(self.module)", "set exactly one of builtin or module"))
+
+    builtin: GymWrapperName | None = None
+    """A wrapper rljob ships: `normalize-observation` (running mean and variance, per environment),
+    `normalize-reward` (scales rewards by the running std of the discounted return; args `gamma`),
+    `frame-stack` (the last `size` observations stacked on a new first axis; args `size`, default 4)."""
+    module: (
+        Annotated[
+            str,
+            AfterValidator(_check_class_ref),
+            WithJsonSchema({"type": "string", "pattern": _FUNCTION_REF.pattern}),
+        ]
+        | None
+    ) = None
+    """`package.module:ClassName` or `path/to/file.py:ClassName`: a `gymnasium.Wrapper` called as
+    `ClassName(env, **args)`, importable in the env role's image."""
+    args: FreeForm = Field(default_factory=dict)
+    """Keyword arguments of the wrapper."""
+
+
 class GymTask(SpecModel):
     """A gymnasium control task."""
 
@@ -81,6 +108,11 @@ class GymTask(SpecModel):
     """Truncate episodes after this many steps; the env's own limit when unset."""
     env_kwargs: FreeForm = Field(default_factory=dict)
     """Keyword arguments passed to `gymnasium.make`."""
+    wrappers: list[GymWrapper] = Field(default_factory=list)
+    """Wrappers applied in order around each environment (the first wraps the env itself)."""
+    vectorization: Literal["sync", "async"] = "sync"
+    """How an env replica steps its environments: `sync`, one after another in the env process; `async`, each in
+    a subprocess of its own (gymnasium's AsyncVectorEnv), for simulators that step on one thread."""
 
 
 class DatasetSpec(SpecModel):

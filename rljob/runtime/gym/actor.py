@@ -48,6 +48,7 @@ from rljob.runtime.records.metrics import (
     RETURN_MEAN,
     STALENESS_MAX,
     STALENESS_MEAN,
+    SUCCESS_RATE,
     VALUE_LOSS,
     RunMetrics,
     keep_records_until,
@@ -514,6 +515,7 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
             env_steps += transitions
             returns = np.concatenate([r["episode_returns"] for r in replies])
             lengths = np.concatenate([r["episode_lengths"] for r in replies])
+            successes = np.concatenate([r["episode_successes"] for r in replies])
             episodes += len(returns)
             staleness = [version - int(r["version"]) for r in replies]  # within the budget: fetch checked
             collect_s = max(float(r["collect_s"]) for r in replies)
@@ -523,6 +525,7 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
                 RETURN_MEAN: float(returns.mean()) if len(returns) else None,
                 LENGTH_MEAN: float(lengths.mean()) if len(lengths) else None,
                 EPISODES: len(returns),
+                SUCCESS_RATE: float(successes.mean()) if len(successes) else None,
                 "episode_returns": [round(float(x), 3) for x in returns],
                 POLICY_LOSS: stats["policy_loss"],
                 VALUE_LOSS: stats["value_loss"],

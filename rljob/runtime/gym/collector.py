@@ -106,6 +106,7 @@ class TrajectoryCollector:
         truncated = np.zeros((steps, n), dtype=bool)
         episode_returns: list[float] = []
         episode_lengths: list[int] = []
+        episode_successes: list[float] = []
         bounds = np.cumsum([0] + [r.count for r in self.replicas])
         running_return = np.concatenate([r.running_return for r in self.replicas])
         running_length = np.concatenate([r.running_length for r in self.replicas])
@@ -121,11 +122,14 @@ class TrajectoryCollector:
             rewards[t] = np.concatenate([r["rewards"] for r in replies])
             terminated[t] = np.concatenate([r["terminated"] for r in replies])
             truncated[t] = np.concatenate([r["truncated"] for r in replies])
+            successes = np.concatenate([r["successes"] for r in replies])
             running_return += rewards[t]
             running_length += 1
             for i in np.flatnonzero(terminated[t] | truncated[t]):
                 episode_returns.append(float(running_return[i]))
                 episode_lengths.append(int(running_length[i]))
+                if not np.isnan(successes[i]):
+                    episode_successes.append(float(successes[i]))
                 running_return[i] = 0.0
                 running_length[i] = 0
         # V(s_{t+1}) for every step in one pass; where an episode ended, s_{t+1} is its final observation.
@@ -145,6 +149,7 @@ class TrajectoryCollector:
             "truncated": truncated,
             "episode_returns": np.asarray(episode_returns, dtype=np.float64),
             "episode_lengths": np.asarray(episode_lengths, dtype=np.int64),
+            "episode_successes": np.asarray(episode_successes, dtype=np.float32),
             "version": version,
             "collect_s": time.perf_counter() - started,
         }

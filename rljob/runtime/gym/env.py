@@ -1,15 +1,45 @@
 """The env role: serves its share of `task.gym.numEnvs` gymnasium environments over the transport.
 
 Methods: `spaces` (observation/action space), `reset` (seeded), `step` (actions for this replica's
-environments -> observations, rewards, terminated, truncated, final observations). A restarted env
+environments -> observations, rewards, terminated, truncated, final observations, successes). A restarted env
 process answers `step` with `EnvNotReset` until the rollout resets it.
+
+`/metrics` has `rljob_env_steps_total` and `rljob_env_replica_steps_per_second`: environment steps this replica
+served per second over the last RATE_WINDOW_S, the simulator's throughput as the rollout drives it.
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
+
 from rljob.runtime.gym.envs import GymConfigError, VectorGymEnv, env_share, space_to_wire
 from rljob.runtime.wire.context import FatalConfigError, RoleContext
 from rljob.runtime.wire.transport import Payload, RequestServer, process_tag
+
+RATE_WINDOW_S = 30.0
+
+
+class StepRate:
+    """Environment steps per second over a sliding window of recent `step` calls."""
+
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self.calls: deque[tuple[float, int]] = deque()
+
+    def add(self, steps: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self.calls.append((now, steps))
+        while self.calls and self.calls[0][0] < now - self.window_s:
+            self.calls.popleft()
+
+    def per_second(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        recent = [(t, n) for t, n in self.calls if t >= now - self.window_s]
+        if len(recent) < 2:
+            return 0.0
+        span = now - recent[0][0]
+        return sum(n for _, n in recent[1:]) / span if span > 0 else 0.0
 
 
 def run_env(context: RoleContext) -> int:
@@ -25,6 +55,7 @@ def run_env(context: RoleContext) -> int:
         raise FatalConfigError(str(exc)) from None
     tag = process_tag()
     steps = 0
+    rate = StepRate()
 
     def spaces(_: Payload) -> Payload:
         return {
@@ -45,23 +76,29 @@ def run_env(context: RoleContext) -> int:
         nonlocal steps
         result = envs.step(request["actions"])
         steps += count
+        rate.add(count)
         return {
             "obs": result.obs,
             "rewards": result.rewards,
             "terminated": result.terminated,
             "truncated": result.truncated,
             "final_obs": result.final_obs,
+            "successes": result.successes,
             "tag": tag,
         }
 
     from rljob.runtime.wire.health import RoleHealth
 
-    health = RoleHealth(context, counters={"env_steps_total": lambda: steps})
+    health = RoleHealth(
+        context, counters={"env_steps_total": lambda: steps, "env_replica_steps_per_second": rate.per_second}
+    )
     server = RequestServer(
         identity.endpoints["env"][identity.replica], {"spaces": spaces, "reset": reset, "step": step}
     )
     health.ready()
-    context.log.info("serving %d %s environments (%d..%d)", count, task.env_id, start, start + count - 1)
+    context.log.info(
+        "serving %d %s environments (%d..%d, %s)", count, task.env_id, start, start + count - 1, task.vectorization
+    )
     try:
         server.serve(context.stop.is_set, beat=context.heartbeat.beat)
     finally:

@@ -15,9 +15,10 @@ from typing import Any
 import gymnasium
 import numpy as np
 from gymnasium import spaces
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
 from rljob.api.spec import GymTask
+from rljob.runtime.gym.wrappers import WrapperConfigError, apply_wrappers
 
 
 class EnvNotReset(RuntimeError):
@@ -57,7 +58,7 @@ def make_env(task: GymTask) -> gymnasium.Env:
     if task.max_episode_steps is not None:
         kwargs["max_episode_steps"] = task.max_episode_steps
     try:
-        return gymnasium.make(task.env_id, **kwargs)
+        env = gymnasium.make(task.env_id, **kwargs)
     except gymnasium.error.DependencyNotInstalled as exc:
         raise GymConfigError(
             f"spec.task.gym.envId {task.env_id!r} needs a package that is not installed here: {exc}"
@@ -79,6 +80,11 @@ def make_env(task: GymTask) -> gymnasium.Env:
             f"{where}: creating {task.env_id!r} with {kwargs!r} failed: {type(exc).__name__}: {_first_line(exc)}. "
             "Fix spec.task.gym.envId / spec.task.gym.envKwargs so that gymnasium.make accepts them."
         ) from None
+    try:
+        return apply_wrappers(env, task.wrappers)
+    except WrapperConfigError as exc:
+        env.close()
+        raise GymConfigError(str(exc)) from None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -138,6 +144,27 @@ def space_from_wire(wire: dict[str, Any]) -> spaces.Space:
     )
 
 
+SUCCESS_KEYS = ("success", "is_success")
+"""Where simulators report a solved episode in `info` (ManiSkill and MetaWorld: `success`; SB3 and robosuite
+wrappers: `is_success`); read at the step an episode ends."""
+
+
+def episode_successes(info: dict[str, Any], ended: np.ndarray) -> np.ndarray:
+    """[n] 1.0 where an episode ended solved, 0.0 where it ended unsolved, NaN where none ended or the env does not
+    say. With same-step autoreset the ended episode's info is `info["final_info"]`."""
+    result = np.full(ended.shape, np.nan, dtype=np.float32)
+    if not ended.any():
+        return result
+    final = info.get("final_info", info)
+    for key in SUCCESS_KEYS:
+        if key in final:
+            values = np.asarray(final[key], dtype=np.float32).reshape(ended.shape[0], -1)[:, -1]
+            known = np.asarray(final.get(f"_{key}", np.ones_like(ended)), dtype=bool) & ended
+            result[known] = values[known]
+            break
+    return result
+
+
 @dataclass
 class StepResult:
     obs: np.ndarray
@@ -147,6 +174,8 @@ class StepResult:
     truncated: np.ndarray
     final_obs: np.ndarray
     """[n, *obs_shape] last observation of the episode that ended at this step; equals `obs` elsewhere."""
+    successes: np.ndarray
+    """[n] 1.0 / 0.0 where an episode ended solved / unsolved by the env's `info["success"]`; NaN elsewhere."""
 
 
 class VectorGymEnv:
@@ -156,9 +185,14 @@ class VectorGymEnv:
         if count < 1:
             raise ValueError("an env replica needs at least one environment (task.gym.numEnvs >= roles.env.replicas)")
         check_task(task)  # fail early, naming the field to fix
-        self.vector = SyncVectorEnv(
-            [lambda: make_env(task) for _ in range(count)], autoreset_mode=AutoresetMode.SAME_STEP
-        )
+        makers = [lambda: make_env(task) for _ in range(count)]
+        if task.vectorization == "async":
+            # spawn: the env process already runs threads (heartbeat, transport), which fork would copy mid-state.
+            self.vector: gymnasium.vector.VectorEnv = AsyncVectorEnv(
+                makers, autoreset_mode=AutoresetMode.SAME_STEP, context="spawn"
+            )
+        else:
+            self.vector = SyncVectorEnv(makers, autoreset_mode=AutoresetMode.SAME_STEP)
         self.count = count
         self.observation_space = self.vector.single_observation_space
         self.action_space = self.vector.single_action_space
@@ -182,12 +216,14 @@ class VectorGymEnv:
             final_obs = obs.copy()
             for i in np.flatnonzero(mask):
                 final_obs[i] = info["final_obs"][i]
+        terminated, truncated = np.asarray(terminated, dtype=bool), np.asarray(truncated, dtype=bool)
         return StepResult(
             obs=obs,
             rewards=np.asarray(rewards, dtype=np.float32),
-            terminated=np.asarray(terminated, dtype=bool),
-            truncated=np.asarray(truncated, dtype=bool),
+            terminated=terminated,
+            truncated=truncated,
             final_obs=final_obs,
+            successes=episode_successes(info, terminated | truncated),
         )
 
     def close(self) -> None:
