@@ -84,8 +84,9 @@ class ControllerConfig:
     event_burst: int = 25
     """Events one RLJob may post at once; then one per `event_refill_seconds` (eventlimit.py)."""
     event_refill_seconds: float = 10.0
-    peering_poll_seconds: float = 5.0
-    """With peering: how often the peering objects are read to know whether this operator stands by."""
+    peering_poll_seconds: float = 2.0
+    """With peering: how often the peering objects are read to know whether this operator stands by (2 s:
+    controller-runtime's leader-election retry period)."""
 
 
 def utcnow() -> datetime.datetime:
