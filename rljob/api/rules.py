@@ -434,6 +434,24 @@ def _check_model(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
 
 def _check_algorithm(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     algo = spec.algorithm
+    if algo.name == "distill" and algo.distill is None:
+        yield (
+            "algorithm.distill",
+            "distill needs its teacher: set algorithm.distill.teacher, e.g. {source: local, path: /models/teacher}",
+        )
+    teacher = algo.distill.teacher if algo.distill is not None else None
+    if teacher is not None and teacher.source == "local" and not teacher.path:
+        yield "algorithm.distill.teacher.path", "teacher.source local needs teacher.path: the teacher's model directory"
+    if teacher is not None and teacher.source == "hub" and not teacher.hub_id:
+        yield "algorithm.distill.teacher.hubId", "teacher.source hub needs teacher.hubId, e.g. Qwen/Qwen2.5-7B-Instruct"
+    if algo.distill is not None and algo.name != "distill":
+        yield "algorithm.distill", f"goes with algorithm.name distill, not {algo.name}: remove it or set name distill"
+    if algo.distill is not None and algo.distill.reward_weight > 0 and (algo.group_size or 1) < 2:
+        yield (
+            "algorithm.distill.rewardWeight",
+            "weighs the rewards' group advantage, which compares groupSize samples of a prompt: set "
+            f"algorithm.groupSize >= 2 (got {algo.group_size}) or rewardWeight 0",
+        )
     if algo.name in GROUP_ALGORITHMS and algo.group_size is not None and algo.group_size < 2:
         yield (
             "algorithm.groupSize",

@@ -26,7 +26,7 @@ from rljob.api.kubernetes import (
 )
 
 AlgorithmName = Literal[
-    "ppo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo", "sft", "dpo", "reward_model"
+    "ppo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo", "distill", "sft", "dpo", "reward_model"
 ]
 GROUP_ALGORITHMS: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo")
 """Algorithms whose advantage compares several samples of the same prompt."""
@@ -355,13 +355,49 @@ class DPOSpec(SpecModel):
     """Assumed share of preference labels that are wrong (sigmoid and robust; not used by ipo)."""
 
 
+class TeacherModel(SpecModel):
+    """The teacher of an on-policy distillation: a Hugging Face causal LM with the student's tokenizer."""
+
+    model_config = cel(
+        ("self.source != 'local' || has(self.path)", "teacher.source local needs teacher.path"),
+        ("self.source != 'hub' || has(self.hubId)", "teacher.source hub needs teacher.hubId"),
+    )
+
+    source: Literal["local", "hub"] = "local"
+    """`local`: a model directory (`path`, e.g. another job's exported `model/` on a shared volume); `hub`: a model id
+    resolved through the Hugging Face cache (`hubId`)."""
+    path: str | None = None
+    """Directory of the teacher (source local)."""
+    hub_id: str | None = None
+    """Model id of the teacher on a hub (source hub)."""
+
+
+class DistillSpec(SpecModel):
+    """On-policy distillation (`algorithm.name: distill`): the student samples responses, the teacher scores every
+    sampled token, and each token's advantage is coef x (log teacher - log student), the negative of the per-token
+    reverse KL (as GKD with lambda 1 and NeMo RL's on-policy distillation). Minimising it moves the student towards
+    the teacher where the student itself goes."""
+
+    teacher: TeacherModel
+    coef: float = Field(default=1.0, gt=0.0)
+    """Weight of the teacher's per-token signal in the advantage."""
+    reward_weight: float = Field(default=0.0, ge=0.0)
+    """Weight of the reward functions' group advantage (GRPO's, over groupSize samples) added to every token's;
+    0: the rewards are only reported (reward_mean, accuracy)."""
+
+
 class AlgorithmSpec(SpecModel):
     """The RL algorithm (or offline post-training stage) and its knobs."""
 
     model_config = cel(
         (
-            "self.name in ['ppo', 'sft', 'dpo', 'reward_model'] || !has(self.groupSize) || self.groupSize >= 2",
+            "self.name in ['ppo', 'distill', 'sft', 'dpo', 'reward_model'] || !has(self.groupSize)"
+            " || self.groupSize >= 2",
             "group algorithms compare samples of one prompt: algorithm.groupSize must be >= 2",
+        ),
+        (
+            "(self.name == 'distill') == has(self.distill)",
+            "algorithm.distill (the teacher) goes with algorithm.name distill, and only with it",
         ),
         (
             "self.name != 'ppo' || !has(self.dynamicSampling) || !self.dynamicSampling",
@@ -425,6 +461,8 @@ class AlgorithmSpec(SpecModel):
     """DAPO overlong reward shaping (llm). Default: the algorithm's preset (on for dapo and cispo, else off)."""
     dpo: DPOSpec = Field(default_factory=DPOSpec)
     """The dpo stage's loss and its knobs."""
+    distill: DistillSpec | None = None
+    """The teacher and weights of `distill` (required with it, refused with any other algorithm)."""
 
 
 # --- trainer ------------------------------------------------------------------------------------
