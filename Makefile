@@ -4,8 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 CONSTRAINTS := constraints/cpu.txt
+# pixels: ale-py and minigrid (the atari and minigrid-rgb wrappers, their tests and examples).
 # bench: TRL, the peer the tests check the DPO loss and gradients against (and the GRPO benchmark measures).
-EXTRAS := operator,train,rollout,env,ray,trackers,dev,bench
+EXTRAS := operator,train,rollout,env,ray,trackers,dev,bench,pixels
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
