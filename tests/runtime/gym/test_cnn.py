@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from rljob.api.spec import BuiltinNetwork
+from rljob.api.spec import AlgorithmSpec, BuiltinNetwork, TrainerSpec
 from rljob.runtime.gym.images import ImageSpaceError, check_conv_fits, image_layout
 from rljob.runtime.gym.models import CNNActorCritic, MLPActorCritic, UnsupportedSpaceError, build_actor_critic
 from rljob.runtime.gym.numpy_policy import NumpyPolicy
+from rljob.runtime.gym.ppo import BATCH_FIELDS, GymBatch, PPOLearner
 from rljob.runtime.gym.torch_policy import TorchPolicy, rollout_policy
 
 SMALL = BuiltinNetwork(architecture="cnn", channels=[8, 16], kernel_sizes=[3, 3], strides=[2, 1], hidden_sizes=[32])
@@ -129,3 +130,35 @@ def test_vector_observations_with_the_cnn_and_images_with_the_mlp_name_the_archi
         build_actor_critic(BuiltinNetwork(), _pixels(84, 84), gymnasium.spaces.Discrete(2))
     with pytest.raises(UnsupportedSpaceError, match="the builtin cnn supports Discrete or 1-D Box action spaces"):
         build_actor_critic(SMALL, _pixels(20, 20, 3), gymnasium.spaces.MultiDiscrete([2, 2]))
+
+
+def _pixel_batch(seed: int, steps: int = 8, envs: int = 4) -> GymBatch:
+    g = torch.Generator().manual_seed(seed)
+    return GymBatch(
+        obs=torch.randint(0, 256, (steps, envs, 20, 20, 3), generator=g, dtype=torch.uint8),
+        actions=torch.randint(0, 3, (steps, envs), generator=g),
+        logprobs=torch.full((steps, envs), -1.1) + 0.05 * torch.randn(steps, envs, generator=g),
+        values=torch.randn(steps, envs, generator=g),
+        next_values=torch.randn(steps, envs, generator=g),
+        rewards=torch.ones(steps, envs),
+        terminated=torch.rand(steps, envs, generator=g) < 0.1,
+        truncated=torch.zeros(steps, envs, dtype=torch.bool),
+    )
+
+
+def _cnn_learner() -> PPOLearner:
+    torch.manual_seed(0)
+    model = build_actor_critic(SMALL, _pixels(20, 20, 3), gymnasium.spaces.Discrete(3))
+    trainer = TrainerSpec(steps=2, batch_size=32, learning_rate=1e-3, grad_clip=0.5, seed=3)
+    return PPOLearner(model, AlgorithmSpec(name="ppo", epochs=2, minibatches=2), trainer)
+
+
+def test_a_ppo_update_trains_the_cnn_on_uint8_batches_as_on_the_float_copy_other_ranks_get():
+    as_bytes, as_floats = _cnn_learner(), _cnn_learner()
+    before = [p.detach().clone() for p in as_bytes.model.parameters()]
+    batch = _pixel_batch(0)
+    stats = as_bytes.update(batch)
+    # other actor ranks receive the batch as one float32 tensor (actor._share_batch)
+    floats = GymBatch(**{f: getattr(batch, f) for f in BATCH_FIELDS if f != "obs"}, obs=batch.obs.float())
+    assert stats == as_floats.update(floats)
+    assert all(not torch.equal(a, b) for a, b in zip(before, as_bytes.model.parameters(), strict=True))
