@@ -56,9 +56,11 @@ class TrajectoryCollector:
         for replica in self.replicas:
             replica.count = int(self._wait_for(replica, "spaces", {})["count"])
         self.num_envs = sum(r.count for r in self.replicas)
-        # Pixels stay bytes in the batch buffers (4x less memory than float32): the cnn scales them itself.
-        uint8 = self.spaces["observation_space"].get("dtype") == np.dtype(np.uint8).str
-        self.obs_dtype = np.dtype(np.uint8) if uint8 else np.dtype(np.float32)
+        # Pixels (uint8 images) stay bytes in the batch buffers, 4x less memory than float32: the cnn scales them
+        # itself. Everything else is stored as float32, the mlp's dtype.
+        wire = self.spaces["observation_space"]
+        pixels = wire.get("dtype") == np.dtype(np.uint8).str and len(wire.get("shape", ())) >= 2
+        self.obs_dtype = np.dtype(np.uint8) if pixels else np.dtype(np.float32)
         self.env_restarts = 0
 
     def _wait_for(self, replica: EnvReplica, method: str, payload: dict) -> dict:
