@@ -4,12 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 CONSTRAINTS := constraints/cpu.txt
+# pixels: ale-py and minigrid (the atari and minigrid-rgb wrappers, their tests and examples).
 # bench: TRL, the peer the tests check the DPO loss and gradients against (and the GRPO benchmark measures).
-EXTRAS := operator,train,rollout,env,ray,trackers,dev,bench
+EXTRAS := operator,train,rollout,env,ray,trackers,dev,bench,pixels
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install netns-tools helm mermaid browser test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-grpo-vlm bench-weights bench-chaos bench-lora figures gpu-wheels gpu-check image-tools images test-images images-gpu clean
+.PHONY: install netns-tools helm mermaid browser test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-grpo-vlm bench-weights bench-chaos bench-lora bench-cnn figures gpu-wheels gpu-check image-tools images test-images images-gpu clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -144,7 +145,7 @@ docs-ref: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/rljob run examples/cartpole-ppo.yaml
 
-bench: bench-cartpole bench-operator bench-grpo bench-grpo-vlm bench-weights bench-chaos bench-lora
+bench: bench-cartpole bench-operator bench-grpo bench-grpo-vlm bench-weights bench-chaos bench-lora bench-cnn
 
 # The benchmarks' peers (TRL), on top of the project's extras and the same constraints.
 $(BENCH_STAMP): $(STAMP)
@@ -187,6 +188,10 @@ bench-grpo-vlm: $(BENCH_STAMP)
 # into a vllm engine -> benchmarks/results/weight_sync.json
 bench-weights: $(STAMP)
 	$(BIN)/python benchmarks/weight_sync.py --vllm
+
+# The gym rollout's cnn inference, torch vs numpy, on the MiniGrid and Atari networks -> benchmarks/results/cnn_inference.json
+bench-cnn: $(STAMP)
+	$(BIN)/python benchmarks/cnn_inference.py
 
 # The llm actor's parameter, gradient and Adam-state bytes with and without model.lora -> benchmarks/results/lora_memory.json
 bench-lora: $(STAMP)

@@ -13,7 +13,7 @@ from rljob.api.job import MAX_NAME_LENGTH, RLJob
 from rljob.api.kubernetes import Volume
 from rljob.api.presets import PRESET_FIELDS, PRESETS, AlgorithmPreset, departures, preset_of, resolve_algorithm
 from rljob.api.problems import Problem
-from rljob.api.spec import GROUP_ALGORITHMS, OFFLINE_STAGES, ROLE_NAMES, RLJobSpec
+from rljob.api.spec import GROUP_ALGORITHMS, OFFLINE_STAGES, ROLE_NAMES, BuiltinNetwork, RLJobSpec
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DEFAULT_GROUP_SIZE = 8
@@ -392,6 +392,16 @@ def _check_gym_settings(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
         )
 
 
+def _check_cnn_layers(builtin: BuiltinNetwork) -> Iterator[tuple[str, str]]:
+    layers = len(builtin.channels)
+    for field, values in (("kernelSizes", builtin.kernel_sizes), ("strides", builtin.strides)):
+        if len(values) != layers:
+            yield (
+                f"model.builtin.{field}",
+                f"needs one entry per convolution: {layers} like model.builtin.channels (got {len(values)})",
+            )
+
+
 def _check_model(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     model = spec.model
     if model.source == "local" and not model.path:
@@ -403,10 +413,12 @@ def _check_model(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
         yield "model.source", "gym tasks train the builtin mlp policy: set model.source to builtin"
     arch = model.builtin.architecture
     if model.source == "builtin" and arch is not None:
-        if gym and arch != "mlp":
-            yield "model.builtin.architecture", f"gym tasks use mlp (got {arch!r})"
+        if gym and arch not in ("mlp", "cnn"):
+            yield "model.builtin.architecture", f"gym tasks use mlp or cnn (got {arch!r})"
         if not gym and arch not in ("tiny-qwen2", "tiny-qwen2-vl"):
             yield "model.builtin.architecture", f"llm tasks use tiny-qwen2 or tiny-qwen2-vl (got {arch!r})"
+        if arch == "cnn":
+            yield from _check_cnn_layers(model.builtin)
         if arch in ("tiny-qwen2", "tiny-qwen2-vl") and model.builtin.hidden_size % model.builtin.num_heads:
             yield (
                 "model.builtin.numHeads",

@@ -70,7 +70,7 @@ def _check_class_ref(value: str) -> str:
 # --- task ---------------------------------------------------------------------------------------
 
 
-GymWrapperName = Literal["normalize-observation", "normalize-reward", "frame-stack"]
+GymWrapperName = Literal["normalize-observation", "normalize-reward", "frame-stack", "atari", "minigrid-rgb"]
 """Wrappers rljob knows by name (`rljob.runtime.gym.wrappers.BUILTIN_WRAPPERS`)."""
 
 
@@ -82,7 +82,11 @@ class GymWrapper(SpecModel):
     builtin: GymWrapperName | None = None
     """A wrapper rljob ships: `normalize-observation` (running mean and variance, per environment),
     `normalize-reward` (scales rewards by the running std of the discounted return; args `gamma`),
-    `frame-stack` (the last `size` observations stacked on a new first axis; args `size`, default 4)."""
+    `frame-stack` (the last `size` observations stacked on a new first axis; args `size`, default 4),
+    `atari` (gymnasium's AtariPreprocessing: 84x84 grayscale, `frame_skip` 4, up to `noop_max` 30 no-op steps at
+    reset, `terminal_on_life_loss` false; needs `envKwargs: {frameskip: 1}` on ALE v5 ids),
+    `minigrid-rgb` (MiniGrid's image of the agent's view, or of the whole grid with `partial: false`, as the only
+    observation; args `tile_size` in pixels, default 8)."""
     module: (
         Annotated[
             str,
@@ -221,14 +225,23 @@ class TaskSpec(SpecModel):
 class BuiltinNetwork(SpecModel):
     """A small network rljob builds itself (no download)."""
 
-    architecture: Literal["mlp", "tiny-qwen2", "tiny-qwen2-vl"] | None = None
-    """`mlp` (gym default) for vector observations; `tiny-qwen2` (llm default) is a small random
+    architecture: Literal["mlp", "cnn", "tiny-qwen2", "tiny-qwen2-vl"] | None = None
+    """`mlp` (gym default) for vector observations; `cnn` for image observations (gym: convolutions, then
+    `hiddenSizes` dense layers shared by the policy and value heads); `tiny-qwen2` (llm default) is a small random
     LM with a tokenizer trained locally; `tiny-qwen2-vl` is the same language model behind a small Qwen2-VL
     vision tower, for image prompts."""
     hidden_sizes: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [64, 64], min_length=1)
-    """mlp: widths of the hidden layers of the policy and value networks."""
+    """mlp: widths of the hidden layers of the policy and value networks; cnn: of the dense layers after the
+    convolutions (Nature DQN: [512])."""
     activation: Literal["tanh", "relu", "gelu"] = "tanh"
-    """mlp: activation between layers."""
+    """mlp and cnn: activation between dense layers (cnn convolutions always use ReLU)."""
+    channels: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [32, 64, 64], min_length=1)
+    """cnn: output channels of each convolution (Nature DQN: [32, 64, 64])."""
+    kernel_sizes: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [8, 4, 3], min_length=1)
+    """cnn: square kernel side of each convolution, one per `channels` entry (Nature DQN: [8, 4, 3])."""
+    strides: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [4, 2, 1], min_length=1)
+    """cnn: stride of each convolution, one per `channels` entry (Nature DQN: [4, 2, 1]). Small images (MiniGrid
+    views) need small kernels and strides: `rljob validate` says when an image is too small for them."""
     hidden_size: int = Field(default=64, ge=8)
     """tiny-qwen2: model width."""
     num_layers: int = Field(default=2, ge=1)

@@ -222,7 +222,7 @@ def gym_loaded_problems(job: RLJob, warn: Warn = _stderr) -> list[Problem]:
 
     assert job.spec.task.gym is not None
     try:
-        check_task(job.spec.task.gym)
+        check_task(job.spec.task.gym, job.spec.model.builtin if job.spec.model.source == "builtin" else None)
     except GymConfigError as exc:
         return [Problem("", str(exc))]
     except Exception as exc:  # not a configuration error (see make_env): the env role tries again, and is retried

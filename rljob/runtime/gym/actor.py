@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from rljob.runtime.gym.envs import space_from_wire
-from rljob.runtime.gym.models import UnsupportedSpaceError, build_mlp_actor_critic
+from rljob.runtime.gym.models import UnsupportedSpaceError, build_actor_critic
 from rljob.runtime.gym.ppo import BATCH_FIELDS, GymBatch, PPOLearner
 from rljob.runtime.optim.divergence import Diverged, diverged_exit
 from rljob.runtime.process.log_limit import LimitedLog, reason_of
@@ -409,7 +409,7 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
     action_space = space_from_wire(spaces["action_space"])
     torch.manual_seed(spec.trainer.seed)
     try:
-        model = build_mlp_actor_critic(spec.model.builtin, observation_space, action_space).to(device)
+        model = build_actor_critic(spec.model.builtin, observation_space, action_space).to(device)
     except UnsupportedSpaceError as exc:
         raise FatalConfigError(str(exc)) from None
     learner = PPOLearner(

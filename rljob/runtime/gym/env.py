@@ -50,7 +50,7 @@ def run_env(context: RoleContext) -> int:
     identity = context.identity
     start, count = env_share(task.num_envs, identity.replicas, identity.replica)
     try:
-        envs = VectorGymEnv(task, count)
+        envs = VectorGymEnv(task, count, context.job.spec.model.builtin)
     except GymConfigError as exc:
         raise FatalConfigError(str(exc)) from None
     tag = process_tag()

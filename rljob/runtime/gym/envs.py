@@ -17,7 +17,8 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
-from rljob.api.spec import GymTask
+from rljob.api.spec import BuiltinNetwork, GymTask
+from rljob.runtime.gym.images import ARCHITECTURE_FIELD, ImageSpaceError, check_conv_fits, image_layout, is_pixel_space
 from rljob.runtime.gym.wrappers import WrapperConfigError, apply_wrappers
 
 
@@ -92,27 +93,44 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def check_spaces(env_id: str, observation_space: spaces.Space, action_space: spaces.Space) -> None:
-    """The spaces the builtin MLP handles: vector (1-D Box) observations, Discrete (from 0) or 1-D Box actions."""
-    if not (isinstance(observation_space, spaces.Box) and len(observation_space.shape) == 1):
+def check_spaces(
+    env_id: str, observation_space: spaces.Space, action_space: spaces.Space, network: BuiltinNetwork | None = None
+) -> None:
+    """The spaces the builtin network handles: vector observations (a Box, flattened) for the mlp, images the
+    convolutions fit for the cnn; Discrete (from 0) or 1-D Box actions for both."""
+    architecture = (network.architecture if network else None) or "mlp"
+    if architecture == "cnn":
+        assert network is not None
+        try:
+            check_conv_fits(image_layout(observation_space), network.kernel_sizes, network.strides)
+        except ImageSpaceError as exc:
+            raise GymConfigError(f"spec.task.gym.envId {env_id!r}: {exc}") from None
+    elif is_pixel_space(observation_space):
+        raise GymConfigError(
+            f"spec.task.gym.envId {env_id!r} has observation space {observation_space}: images, which the builtin "
+            f"mlp does not read; set {ARCHITECTURE_FIELD}: cnn"
+        )
+    elif not isinstance(observation_space, spaces.Box):
         raise GymConfigError(
             f"spec.task.gym.envId {env_id!r} has observation space {observation_space}; the builtin mlp needs "
-            "vector observations (a 1-D Box): choose another envId or register a wrapped env that flattens them"
+            "vector observations (a Box, flattened; frame-stack stacks them): choose another envId or register a "
+            "wrapped env that flattens them"
         )
     discrete = isinstance(action_space, spaces.Discrete) and int(action_space.start) == 0
     box = isinstance(action_space, spaces.Box) and len(action_space.shape) == 1
     if not (discrete or box):
         raise GymConfigError(
-            f"spec.task.gym.envId {env_id!r} has action space {action_space}; the builtin mlp acts in Discrete "
-            "(starting at 0) or 1-D Box action spaces: choose another envId or register a wrapped env"
+            f"spec.task.gym.envId {env_id!r} has action space {action_space}; the builtin {architecture} acts in "
+            "Discrete (starting at 0) or 1-D Box action spaces: choose another envId or register a wrapped env"
         )
 
 
-def check_task(task: GymTask) -> tuple[spaces.Space, spaces.Space]:
-    """Create one environment, check its spaces, close it: `GymConfigError` names what to fix."""
+def check_task(task: GymTask, network: BuiltinNetwork | None = None) -> tuple[spaces.Space, spaces.Space]:
+    """Create one environment, check its spaces against `network` (`spec.model.builtin`; mlp when None), close it:
+    `GymConfigError` names what to fix."""
     env = make_env(task)
     try:
-        check_spaces(task.env_id, env.observation_space, env.action_space)
+        check_spaces(task.env_id, env.observation_space, env.action_space, network)
         return env.observation_space, env.action_space
     finally:
         env.close()
@@ -181,10 +199,10 @@ class StepResult:
 class VectorGymEnv:
     """`count` copies of one gymnasium env, stepped together with same-step autoreset."""
 
-    def __init__(self, task: GymTask, count: int) -> None:
+    def __init__(self, task: GymTask, count: int, network: BuiltinNetwork | None = None) -> None:
         if count < 1:
             raise ValueError("an env replica needs at least one environment (task.gym.numEnvs >= roles.env.replicas)")
-        check_task(task)  # fail early, naming the field to fix
+        check_task(task, network)  # fail early, naming the field to fix
         makers = [lambda: make_env(task) for _ in range(count)]
         if task.vectorization == "async":
             # spawn: the env process already runs threads (heartbeat, transport), which fork would copy mid-state.

@@ -22,8 +22,8 @@ import torch
 
 from rljob.runtime.gym.collector import TrajectoryCollector
 from rljob.runtime.gym.envs import space_from_wire
-from rljob.runtime.gym.models import MLPActorCritic, UnsupportedSpaceError, build_mlp_actor_critic
-from rljob.runtime.gym.numpy_policy import NumpyPolicy
+from rljob.runtime.gym.models import ActorCritic, UnsupportedSpaceError, build_actor_critic
+from rljob.runtime.gym.torch_policy import rollout_policy
 from rljob.runtime.weights.sync import StagedWeights, WeightSubscriber
 from rljob.runtime.wire.context import FatalConfigError, RoleContext
 from rljob.runtime.wire.transport import Payload, RequestServer, process_tag
@@ -56,11 +56,11 @@ class RolloutEngine:
         observation_space = space_from_wire(self.collector.spaces["observation_space"])
         action_space = space_from_wire(self.collector.spaces["action_space"])
         try:
-            self.policy: MLPActorCritic = build_mlp_actor_critic(spec.model.builtin, observation_space, action_space)
+            self.policy: ActorCritic = build_actor_critic(spec.model.builtin, observation_space, action_space)
         except UnsupportedSpaceError as exc:
             raise FatalConfigError(str(exc)) from None
         self.policy.eval()
-        self.fast_policy = NumpyPolicy(self.policy, seed=spec.trainer.seed * 1000 + 17 + identity.replica)
+        self.fast_policy = rollout_policy(self.policy, seed=spec.trainer.seed * 1000 + 17 + identity.replica)
         self.lock = threading.Condition()
         self.weights = StagedWeights(
             WeightSubscriber(identity.master_addr, identity.sync_port, spec.rollout.weight_sync.bucket_size_mb),
