@@ -1,5 +1,6 @@
-"""`rljob run` on pixel tasks: MiniGrid from RGB views learns with the builtin cnn; Atari Pong with the atari and
-frame-stack wrappers runs end to end; a network that cannot read the observations is refused before any process."""
+"""`rljob run` on pixel tasks: MiniGrid from RGB views learns with the builtin cnn; a network that cannot read the
+observations is refused before any process. (Atari's wrappers and the Nature cnn acting on Pong's stacked frames:
+tests/runtime/gym/test_pixel_wrappers.py; the whole pixel path through the roles is the MiniGrid run's.)"""
 
 from __future__ import annotations
 
@@ -29,18 +30,6 @@ def test_minigrid_from_pixels_reaches_the_goal_faster_after_training(start_run):
     # A random walk finds the goal late (return 1 - 0.9 * steps / 100); the trained policy walks straight to it.
     assert last > 0.85 and last >= first + 0.3, (first, last)
     assert records[-1]["length_mean"] < records[0]["length_mean"]
-    assert not run.roles()
-
-
-def test_atari_pong_with_frame_stacking_runs_end_to_end(start_run):
-    run = start_run(
-        EXAMPLES / "atari-pong-ppo.yaml",
-        *("--set", "spec.trainer.steps=2", "--set", "spec.trainer.batchSize=64", "--set", "spec.task.gym.numEnvs=2"),
-        *("--set", "spec.task.gym.vectorization=sync", "--set", "spec.checkpoint.interval=2"),
-    )
-    output = run.finish()
-    assert run.process.returncode == 0, output
-    assert_every_step_once(run.metrics(), 2, batch=64)
     assert not run.roles()
 
 

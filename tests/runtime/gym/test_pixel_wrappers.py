@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from rljob.api.spec import BuiltinNetwork, GymTask
 from rljob.runtime.gym.envs import GymConfigError, VectorGymEnv, check_task, space_from_wire, space_to_wire
+from rljob.runtime.gym.models import build_actor_critic
 
 pytest.importorskip("minigrid", reason="the pixels extra is not installed: pip install 'rljob[pixels]'")
 pytest.importorskip("ale_py", reason="the pixels extra is not installed: pip install 'rljob[pixels]'")
@@ -43,10 +45,16 @@ def test_atari_preprocessing_and_frame_stack_give_stacked_84x84_frames():
         {"builtin": "frame-stack", "args": {"size": 4}},
         envKwargs={"frameskip": 1},
     )
-    envs = VectorGymEnv(task, 1, BuiltinNetwork(architecture="cnn"))
+    nature = BuiltinNetwork(architecture="cnn", hidden_sizes=[512])
+    envs = VectorGymEnv(task, 2, nature)
     assert envs.observation_space.shape == (4, 84, 84) and envs.observation_space.dtype == np.uint8
-    assert envs.reset(seed=0).shape == (1, 4, 84, 84)
-    assert envs.step(np.array([0])).obs.shape == (1, 4, 84, 84)
+    obs = envs.reset(seed=0)
+    assert obs.shape == (2, 4, 84, 84)
+    # The Nature DQN cnn the Pong example trains acts on the stacked frames as the rollout gives them.
+    policy = build_actor_critic(nature, envs.observation_space, envs.action_space)
+    actions, logprobs, values = policy.act(torch.as_tensor(obs))
+    assert actions.shape == (2,) and torch.isfinite(logprobs).all() and torch.isfinite(values).all()
+    assert envs.step(actions.numpy()).obs.shape == (2, 4, 84, 84)
     envs.close()
 
 
