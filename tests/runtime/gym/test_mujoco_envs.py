@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -65,3 +67,20 @@ def test_gaussian_samples_beyond_the_bounds_reach_mujoco_clipped():
         np.testing.assert_array_equal(a.rewards, b.rewards)  # the control cost is of the clipped action
     far.close()
     edge.close()
+
+
+def test_a_mujoco_task_without_the_mujoco_wheel_names_the_field_and_the_package():
+    # In a fresh process: gymnasium imports its MuJoCo module once, and this one may have done so already.
+    code = (
+        "import sys; sys.modules['mujoco'] = None\n"
+        "from rljob.api.spec import GymTask\n"
+        "from rljob.runtime.gym.envs import GymConfigError, check_task\n"
+        "try:\n"
+        "    check_task(GymTask.model_validate({'envId': 'Hopper-v5'}))\n"
+        "except GymConfigError as exc:\n"
+        "    print(exc)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "spec.task.gym.envId 'Hopper-v5' needs a package that is not installed" in result.stdout
+    assert "mujoco" in result.stdout.lower()
