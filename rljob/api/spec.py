@@ -67,6 +67,12 @@ def _check_class_ref(value: str) -> str:
     return value
 
 
+ClassRef = Annotated[
+    str, AfterValidator(_check_class_ref), WithJsonSchema({"type": "string", "pattern": _FUNCTION_REF.pattern})
+]
+"""`path/to/file.py:ClassName` or `package.module:ClassName`."""
+
+
 # --- task ---------------------------------------------------------------------------------------
 
 
@@ -87,14 +93,7 @@ class GymWrapper(SpecModel):
     reset, `terminal_on_life_loss` false; needs `envKwargs: {frameskip: 1}` on ALE v5 ids),
     `minigrid-rgb` (MiniGrid's image of the agent's view, or of the whole grid with `partial: false`, as the only
     observation; args `tile_size` in pixels, default 8)."""
-    module: (
-        Annotated[
-            str,
-            AfterValidator(_check_class_ref),
-            WithJsonSchema({"type": "string", "pattern": _FUNCTION_REF.pattern}),
-        ]
-        | None
-    ) = None
+    module: ClassRef | None = None
     """`package.module:ClassName` or `path/to/file.py:ClassName`: a `gymnasium.Wrapper` called as
     `ClassName(env, **args)`, importable in the env role's image."""
     args: FreeForm = Field(default_factory=dict)
@@ -170,14 +169,7 @@ class TextEnvSpec(SpecModel):
 
     builtin: Literal["calculator"] | None = None
     """`calculator`: the model may write `calc(EXPR)` (arithmetic only) and reads `= VALUE` back."""
-    module: (
-        Annotated[
-            str,
-            AfterValidator(_check_class_ref),
-            WithJsonSchema({"type": "string", "pattern": _FUNCTION_REF.pattern}),
-        ]
-        | None
-    ) = None
+    module: ClassRef | None = None
     """`path/to/file.py:ClassName` or `package.module:ClassName`: a `rljob.runtime.llm.textenv.TextEnv`."""
     args: FreeForm = Field(default_factory=dict)
     """Keyword arguments passed to the environment's constructor."""
