@@ -145,24 +145,56 @@ def space_from_wire(wire: dict[str, Any]) -> spaces.Space:
 
 
 SUCCESS_KEYS = ("success", "is_success")
-"""Where simulators report a solved episode in `info` (ManiSkill and MetaWorld: `success`; SB3 and robosuite
-wrappers: `is_success`); read at the step an episode ends."""
+"""Where simulators report a solved task in `info` (ManiSkill and MetaWorld: `success`; SB3 and robosuite
+wrappers: `is_success`)."""
 
 
-def episode_successes(info: dict[str, Any], ended: np.ndarray) -> np.ndarray:
-    """[n] 1.0 where an episode ended solved, 0.0 where it ended unsolved, NaN where none ended or the env does not
-    say. With same-step autoreset the ended episode's info is `info["final_info"]`."""
+def step_successes(info: dict[str, Any], ended: np.ndarray) -> np.ndarray:
+    """[n] each environment's success flag at this step (1.0 / 0.0), NaN where the env does not say. Where an
+    episode ended, the flag of its last step: same-step autoreset moves that step's info to `info["final_info"]`
+    and leaves the new episode's reset info in `info`."""
     result = np.full(ended.shape, np.nan, dtype=np.float32)
-    if not ended.any():
-        return result
-    final = info.get("final_info", info)
-    for key in SUCCESS_KEYS:
-        if key in final:
-            values = np.asarray(final[key], dtype=np.float32).reshape(ended.shape[0], -1)[:, -1]
-            known = np.asarray(final.get(f"_{key}", np.ones_like(ended)), dtype=bool) & ended
-            result[known] = values[known]
-            break
+    for source, rows in ((info, ~ended), (info.get("final_info", info), ended)):
+        if not rows.any():
+            continue
+        for key in SUCCESS_KEYS:
+            if key in source:
+                values = np.asarray(source[key], dtype=np.float32).reshape(ended.shape[0], -1)[:, -1]
+                known = np.asarray(source.get(f"_{key}", np.ones_like(ended)), dtype=bool) & rows
+                result[known] = values[known]
+                break
     return result
+
+
+class EpisodeSuccess:
+    """Whether each environment's current episode succeeded at ANY step so far, reported when it ends.
+
+    "Success once" is how MetaWorld's and ManiSkill's evaluations count a solved episode: in a fixed-length episode
+    (MetaWorld truncates at its step limit and never terminates on success while training) an arm that reached
+    the goal and drifted off afterwards still solved the task. For envs that terminate on success (ManiSkill's
+    default) it equals the last step's flag.
+    """
+
+    def __init__(self, count: int) -> None:
+        self.solved = np.zeros(count, dtype=bool)
+        self.reported = np.zeros(count, dtype=bool)
+
+    def reset(self) -> None:
+        self.solved[:] = False
+        self.reported[:] = False
+
+    def update(self, flags: np.ndarray, ended: np.ndarray) -> np.ndarray:
+        """[n] 1.0 / 0.0 where an episode ended solved at some step / never solved; NaN where none ended or the
+        env never said."""
+        known = ~np.isnan(flags)
+        self.reported |= known
+        self.solved |= known & (np.nan_to_num(flags) > 0.5)
+        result = np.full(ended.shape, np.nan, dtype=np.float32)
+        done = ended & self.reported
+        result[done] = self.solved[done]
+        self.solved[ended] = False
+        self.reported[ended] = False
+        return result
 
 
 @dataclass
@@ -175,7 +207,8 @@ class StepResult:
     final_obs: np.ndarray
     """[n, *obs_shape] last observation of the episode that ended at this step; equals `obs` elsewhere."""
     successes: np.ndarray
-    """[n] 1.0 / 0.0 where an episode ended solved / unsolved by the env's `info["success"]`; NaN elsewhere."""
+    """[n] 1.0 / 0.0 where an episode ended that the env's `info["success"]` marked solved at some step / at no
+    step (`EpisodeSuccess`); NaN elsewhere."""
 
 
 class VectorGymEnv:
@@ -197,10 +230,12 @@ class VectorGymEnv:
         self.observation_space = self.vector.single_observation_space
         self.action_space = self.vector.single_action_space
         self._ready = False
+        self._success = EpisodeSuccess(count)
 
     def reset(self, seed: int | None) -> np.ndarray:
         seeds = None if seed is None else [seed + i for i in range(self.count)]
         obs, _ = self.vector.reset(seed=seeds)
+        self._success.reset()
         self._ready = True
         return obs
 
@@ -217,13 +252,14 @@ class VectorGymEnv:
             for i in np.flatnonzero(mask):
                 final_obs[i] = info["final_obs"][i]
         terminated, truncated = np.asarray(terminated, dtype=bool), np.asarray(truncated, dtype=bool)
+        ended = terminated | truncated
         return StepResult(
             obs=obs,
             rewards=np.asarray(rewards, dtype=np.float32),
             terminated=terminated,
             truncated=truncated,
             final_obs=final_obs,
-            successes=episode_successes(info, terminated | truncated),
+            successes=self._success.update(step_successes(info, ended), ended),
         )
 
     def close(self) -> None:
