@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 CONSTRAINTS := constraints/cpu.txt
 # bench: TRL, the peer the tests check the DPO loss and gradients against (and the GRPO benchmark measures).
-EXTRAS := operator,train,rollout,env,ray,trackers,dev,bench
+EXTRAS := operator,train,rollout,env,sims,ray,trackers,dev,bench
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
@@ -52,7 +52,7 @@ image-tools:
 WHEELHOUSE := build/wheelhouse
 $(WHEELHOUSE)/.done: $(STAMP) pyproject.toml $(CONSTRAINTS)
 	rm -rf $(WHEELHOUSE)
-	$(PIP) wheel --quiet -c $(CONSTRAINTS) -w $(WHEELHOUSE) ".[operator,train,rollout,env,trackers]" "setuptools>=77" wheel
+	$(PIP) wheel --quiet -c $(CONSTRAINTS) -w $(WHEELHOUSE) ".[operator,train,rollout,env,sims,trackers]" "setuptools>=77" wheel
 	rm -f $(WHEELHOUSE)/rljob-*.whl
 	touch $@
 
