@@ -9,6 +9,7 @@ Terminated and truncated stay separate all the way to GAE.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,21 +50,24 @@ else (OSError and ConnectionError from an env that downloads assets or connects 
 policy starts it again, within spec.failurePolicy.maxReplacements."""
 
 
-def make_env(task: GymTask) -> gymnasium.Env:
-    """One environment as `spec.task.gym` describes it.
-
-    Configuration mistakes raise `GymConfigError` (fatal, naming the field); other failures propagate as they are.
-    """
+def _create(task: GymTask, create: Callable[..., Any]) -> Any:
+    """`create(envId, **envKwargs)` with configuration mistakes turned into `GymConfigError` naming the field."""
     kwargs: dict[str, Any] = dict(task.env_kwargs)
     if task.max_episode_steps is not None:
         kwargs["max_episode_steps"] = task.max_episode_steps
     try:
-        env = gymnasium.make(task.env_id, **kwargs)
+        return create(task.env_id, **kwargs)
     except gymnasium.error.DependencyNotInstalled as exc:
         raise GymConfigError(
             f"spec.task.gym.envId {task.env_id!r} needs a package that is not installed here: {exc}"
         ) from None
     except gymnasium.error.Error as exc:
+        if "vector entry point" in str(exc):
+            raise GymConfigError(
+                f"spec.task.gym.vectorization: native needs an env that batches its own copies (registered with a "
+                f"vector_entry_point, as ManiSkill's are); {task.env_id!r} has none: set vectorization to sync or "
+                "async"
+            ) from None
         raise UnknownEnvironment(
             f"spec.task.gym.envId {task.env_id!r}: {exc} Use a registered gymnasium id such as CartPole-v1 "
             "(python -c 'import gymnasium; gymnasium.pprint_registry()' lists them)."
@@ -80,11 +84,50 @@ def make_env(task: GymTask) -> gymnasium.Env:
             f"{where}: creating {task.env_id!r} with {kwargs!r} failed: {type(exc).__name__}: {_first_line(exc)}. "
             "Fix spec.task.gym.envId / spec.task.gym.envKwargs so that gymnasium.make accepts them."
         ) from None
+
+
+def make_env(task: GymTask) -> gymnasium.Env:
+    """One environment as `spec.task.gym` describes it.
+
+    Configuration mistakes raise `GymConfigError` (fatal, naming the field); other failures propagate as they are.
+    """
+    env = _create(task, gymnasium.make)
     try:
         return apply_wrappers(env, task.wrappers)
     except WrapperConfigError as exc:
         env.close()
         raise GymConfigError(str(exc)) from None
+
+
+def make_native_vector(task: GymTask, count: int) -> gymnasium.vector.VectorEnv:
+    """`count` environments the simulator batches itself (`vectorization: native`): its registered vector entry
+    point, e.g. ManiSkill's GPU scenes, all stepped by one `step` call."""
+    if task.wrappers:
+        raise GymConfigError(
+            "spec.task.gym.wrappers wrap single environments; with spec.task.gym.vectorization: native the "
+            "simulator batches them itself: remove the wrappers (or pass the simulator's own options in envKwargs)"
+        )
+
+    def create(env_id: str, **kwargs: Any) -> gymnasium.vector.VectorEnv:
+        return gymnasium.make_vec(env_id, num_envs=count, vectorization_mode="vector_entry_point", **kwargs)
+
+    vector = _create(task, create)
+    mode = vector.metadata.get("autoreset_mode")
+    if mode != AutoresetMode.SAME_STEP:
+        vector.close()
+        raise GymConfigError(
+            f"spec.task.gym.vectorization: native: {task.env_id!r} batches its copies but resets a finished one "
+            f"with autoreset mode {getattr(mode, 'value', mode)}; the env role needs same-step autoreset (the last "
+            "observation of an episode next to the first of the next): set vectorization to sync or async"
+        )
+    return vector
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    """Simulators that batch on a GPU (ManiSkill) answer with torch tensors: copied to host memory."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -110,6 +153,13 @@ def check_spaces(env_id: str, observation_space: spaces.Space, action_space: spa
 
 def check_task(task: GymTask) -> tuple[spaces.Space, spaces.Space]:
     """Create one environment, check its spaces, close it: `GymConfigError` names what to fix."""
+    if task.vectorization == "native":
+        vector = make_native_vector(task, 1)
+        try:
+            check_spaces(task.env_id, vector.single_observation_space, vector.single_action_space)
+            return vector.single_observation_space, vector.single_action_space
+        finally:
+            vector.close()
     env = make_env(task)
     try:
         check_spaces(task.env_id, env.observation_space, env.action_space)
@@ -159,8 +209,8 @@ def step_successes(info: dict[str, Any], ended: np.ndarray) -> np.ndarray:
             continue
         for key in SUCCESS_KEYS:
             if key in source:
-                values = np.asarray(source[key], dtype=np.float32).reshape(ended.shape[0], -1)[:, -1]
-                known = np.asarray(source.get(f"_{key}", np.ones_like(ended)), dtype=bool) & rows
+                values = to_numpy(source[key]).astype(np.float32).reshape(ended.shape[0], -1)[:, -1]
+                known = to_numpy(source.get(f"_{key}", np.ones_like(ended))).astype(bool) & rows
                 result[known] = values[known]
                 break
     return result
@@ -219,11 +269,12 @@ class VectorGymEnv:
             raise ValueError("an env replica needs at least one environment (task.gym.numEnvs >= roles.env.replicas)")
         check_task(task)  # fail early, naming the field to fix
         makers = [lambda: make_env(task) for _ in range(count)]
-        if task.vectorization == "async":
+        self.vector: gymnasium.vector.VectorEnv
+        if task.vectorization == "native":
+            self.vector = make_native_vector(task, count)
+        elif task.vectorization == "async":
             # spawn: the env process already runs threads (heartbeat, transport), which fork would copy mid-state.
-            self.vector: gymnasium.vector.VectorEnv = AsyncVectorEnv(
-                makers, autoreset_mode=AutoresetMode.SAME_STEP, context="spawn"
-            )
+            self.vector = AsyncVectorEnv(makers, autoreset_mode=AutoresetMode.SAME_STEP, context="spawn")
         else:
             self.vector = SyncVectorEnv(makers, autoreset_mode=AutoresetMode.SAME_STEP)
         self.count = count
@@ -237,7 +288,7 @@ class VectorGymEnv:
         obs, _ = self.vector.reset(seed=seeds)
         self._success.reset()
         self._ready = True
-        return obs
+        return to_numpy(obs)
 
     def step(self, actions: np.ndarray) -> StepResult:
         if not self._ready:
@@ -245,17 +296,25 @@ class VectorGymEnv:
         if isinstance(self.action_space, spaces.Box):
             actions = np.clip(actions, self.action_space.low, self.action_space.high)
         obs, rewards, terminated, truncated, info = self.vector.step(actions)
+        obs = to_numpy(obs)
         final_obs = obs
-        mask = info.get("_final_obs")
-        if mask is not None and mask.any():
+        # gymnasium's vectors: "final_obs" (one entry per env); ManiSkill's: "final_observation" (a batch)
+        for key in ("final_obs", "final_observation"):
+            if key not in info:
+                continue
+            mask = to_numpy(info[f"_{key}"]).astype(bool)
             final_obs = obs.copy()
-            for i in np.flatnonzero(mask):
-                final_obs[i] = info["final_obs"][i]
-        terminated, truncated = np.asarray(terminated, dtype=bool), np.asarray(truncated, dtype=bool)
+            if isinstance(info[key], np.ndarray) and info[key].dtype == object:
+                for i in np.flatnonzero(mask):
+                    final_obs[i] = info[key][i]
+            else:
+                final_obs[mask] = to_numpy(info[key])[mask]
+            break
+        terminated, truncated = to_numpy(terminated).astype(bool), to_numpy(truncated).astype(bool)
         ended = terminated | truncated
         return StepResult(
             obs=obs,
-            rewards=np.asarray(rewards, dtype=np.float32),
+            rewards=to_numpy(rewards).astype(np.float32),
             terminated=terminated,
             truncated=truncated,
             final_obs=final_obs,
