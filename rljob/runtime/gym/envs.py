@@ -9,6 +9,7 @@ Terminated and truncated stay separate all the way to GAE.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 from gymnasium import spaces
+from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
 from rljob.api.spec import GymTask
@@ -99,6 +101,25 @@ def make_env(task: GymTask) -> gymnasium.Env:
         raise GymConfigError(str(exc)) from None
 
 
+def _from_vector_entry_point(env_id: str, count: int, kwargs: dict[str, Any]) -> gymnasium.vector.VectorEnv:
+    """What `gymnasium.make_vec(..., vectorization_mode="vector_entry_point")` does, without its refusal of envs
+    registered with `additional_wrappers`: ManiSkill registers every env with one (its own vector entry point
+    applies it through `gymnasium.make`), so make_vec refuses all of them under gymnasium 1.x."""
+    module, _, name = env_id.rpartition(":")
+    if module:
+        importlib.import_module(module)  # `pkg.module:EnvId`: the module registers the env
+    spec = gymnasium.spec(name)
+    if spec.vector_entry_point is None:
+        raise gymnasium.error.Error(f"{env_id} has no vector entry point")
+    create = spec.vector_entry_point
+    if not callable(create):
+        create = load_env_creator(create)
+    arguments = {**spec.kwargs, **kwargs}
+    if spec.max_episode_steps is not None:
+        arguments.setdefault("max_episode_steps", spec.max_episode_steps)
+    return create(num_envs=count, **arguments)
+
+
 def make_native_vector(task: GymTask, count: int) -> gymnasium.vector.VectorEnv:
     """`count` environments the simulator batches itself (`vectorization: native`): its registered vector entry
     point, e.g. ManiSkill's GPU scenes, all stepped by one `step` call."""
@@ -108,10 +129,7 @@ def make_native_vector(task: GymTask, count: int) -> gymnasium.vector.VectorEnv:
             "simulator batches them itself: remove the wrappers (or pass the simulator's own options in envKwargs)"
         )
 
-    def create(env_id: str, **kwargs: Any) -> gymnasium.vector.VectorEnv:
-        return gymnasium.make_vec(env_id, num_envs=count, vectorization_mode="vector_entry_point", **kwargs)
-
-    vector = _create(task, create)
+    vector = _create(task, lambda env_id, **kwargs: _from_vector_entry_point(env_id, count, kwargs))
     mode = vector.metadata.get("autoreset_mode")
     if mode != AutoresetMode.SAME_STEP:
         vector.close()
