@@ -55,3 +55,10 @@ def test_a_metaworld_task_that_does_not_exist_names_the_field():
     )
     with pytest.raises(GymConfigError, match=r"spec\.task\.gym\.envKwargs"):
         make_env(task)
+
+
+def test_a_simulator_that_is_not_installed_names_the_env_id_whatever_the_kwargs():
+    task = GymTask.model_validate({"envId": "no_such_simulator:Reach-v0", "envKwargs": {"env_name": "reach-v3"}})
+    expected = r"spec\.task\.gym\.envId .* not installed here \(No module named 'no_such_simulator'\)"
+    with pytest.raises(GymConfigError, match=expected):
+        make_env(task)

@@ -74,6 +74,12 @@ def _create(task: GymTask, create: Callable[..., Any]) -> Any:
             f"spec.task.gym.envId {task.env_id!r}: {exc} Use a registered gymnasium id such as CartPole-v1 "
             "(python -c 'import gymnasium; gymnasium.pprint_registry()' lists them)."
         ) from None
+    except ModuleNotFoundError as exc:  # before ImportError: whatever envKwargs say, a package is missing
+        raise GymConfigError(
+            f"spec.task.gym.envId {task.env_id!r} needs a module that is not installed here "
+            f"({_first_line(exc).split('. Environment registration')[0]}): install it in the env role's image "
+            "(MetaWorld: pip install 'rljob[sims]'), or fix the module part of envId"
+        ) from None
     except TypeError as exc:
         raise GymConfigError(
             f"spec.task.gym.envKwargs {dict(task.env_kwargs)!r} do not fit {task.env_id!r}: "
