@@ -37,6 +37,7 @@ EXAMPLES = {
     "cartpole-ppo": ("examples/cartpole-ppo.yaml", [1, 2, 3]),
     "grpo-tiny-calculator": ("examples/grpo-tiny-calculator.yaml", [0]),
     "grpo-vlm-tiny-shapes": ("examples/grpo-vlm-tiny-shapes.yaml", [0]),
+    "metaworld-reach-ppo": ("examples/metaworld-reach-ppo.yaml", [1, 2]),
 }
 """Example name -> (manifest, default seeds). cartpole-ppo ships with seed 1, the others with seed 0."""
 HEALTH_CONDITIONS = ("EntropyCollapsed", "MismatchHigh", "Stalled")
@@ -54,6 +55,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     held_out = [r["eval_accuracy"] for r in records if r.get("eval_accuracy") is not None]
     returns = [x for r in records for x in r.get("episode_returns") or []]
     entropy = [r["entropy"] for r in records if r.get("entropy") is not None]
+    success = [r["success_rate"] for r in records if r.get("success_rate") is not None]
     return {
         "steps": records[-1]["step"] if records else 0,
         "training_s": round(records[-1]["wall_time"], 1) if records else None,
@@ -63,6 +65,8 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         "held_out_last": held_out[-1] if held_out else None,
         "return_last_20": mean(returns[-20:]),
         "entropy_min": min(entropy) if entropy else None,
+        "success_first": mean(success[:WINDOW]),
+        "success_last": mean(success[-WINDOW:]),
     }
 
 
@@ -143,6 +147,11 @@ def render_figure(key: str, results: dict[str, Any]) -> str:
             f", shared (load average {example['load_average']})" if example["load_average"] > example["cpus"] else ""
         )
         return f"{_span([r['training_s'] for r in runs], 0)} s of training on {example['cpus']} CPU cores{shared}"
+    if what == "success":
+        return (
+            f"success rate {_span([r['success_first'] for r in runs], 2)} → "
+            f"{_span([r['success_last'] for r in runs], 2)} ({_seeds(runs)})"
+        )
     if what == "return":
         return f"{_span([r['return_last_20'] for r in runs], 1)} ({_seeds(runs)})"
     raise KeyError(f"no figure {what!r} (in {key!r})")
