@@ -38,6 +38,7 @@ EXAMPLES = {
     "grpo-tiny-calculator": ("examples/grpo-tiny-calculator.yaml", [0]),
     "grpo-vlm-tiny-shapes": ("examples/grpo-vlm-tiny-shapes.yaml", [0]),
     "minigrid-pixels-ppo": ("examples/minigrid-pixels-ppo.yaml", [1, 2, 3]),
+    "metaworld-reach-ppo": ("examples/metaworld-reach-ppo.yaml", [1, 2]),
 }
 """Example name -> (manifest, default seeds). cartpole-ppo and minigrid-pixels-ppo ship with seed 1, the others with
 seed 0."""
@@ -56,6 +57,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     held_out = [r["eval_accuracy"] for r in records if r.get("eval_accuracy") is not None]
     returns = [x for r in records for x in r.get("episode_returns") or []]
     entropy = [r["entropy"] for r in records if r.get("entropy") is not None]
+    success = [r["success_rate"] for r in records if r.get("success_rate") is not None]
     return {
         "steps": records[-1]["step"] if records else 0,
         "training_s": round(records[-1]["wall_time"], 1) if records else None,
@@ -66,6 +68,8 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         "return_first_20": mean(returns[:20]),
         "return_last_20": mean(returns[-20:]),
         "entropy_min": min(entropy) if entropy else None,
+        "success_first": mean(success[:WINDOW]),
+        "success_last": mean(success[-WINDOW:]),
     }
 
 
@@ -150,6 +154,11 @@ def render_figure(key: str, results: dict[str, Any]) -> str:
         return (
             f"{_span([r['return_first_20'] for r in runs], 2)} → {_span([r['return_last_20'] for r in runs], 2)} "
             f"({_seeds(runs)})"
+        )
+    if what == "success":
+        return (
+            f"success rate {_span([r['success_first'] for r in runs], 2)} → "
+            f"{_span([r['success_last'] for r in runs], 2)} ({_seeds(runs)})"
         )
     if what == "return":
         return f"{_span([r['return_last_20'] for r in runs], 1)} ({_seeds(runs)})"

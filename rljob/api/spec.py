@@ -113,9 +113,11 @@ class GymTask(SpecModel):
     """Keyword arguments passed to `gymnasium.make`."""
     wrappers: list[GymWrapper] = Field(default_factory=list)
     """Wrappers applied in order around each environment (the first wraps the env itself)."""
-    vectorization: Literal["sync", "async"] = "sync"
+    vectorization: Literal["sync", "async", "native"] = "sync"
     """How an env replica steps its environments: `sync`, one after another in the env process; `async`, each in
-    a subprocess of its own (gymnasium's AsyncVectorEnv), for simulators that step on one thread."""
+    a subprocess of its own (gymnasium's AsyncVectorEnv), for simulators that step on one thread; `native`, the
+    simulator batches the replica's share itself (its registered vector entry point: ManiSkill's GPU backend,
+    `envKwargs: {sim_backend: physx_cuda}`, steps thousands in one call). `wrappers` do not apply to `native`."""
 
 
 class DatasetSpec(SpecModel):
