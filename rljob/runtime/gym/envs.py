@@ -93,11 +93,13 @@ def _first_line(exc: BaseException) -> str:
 
 
 def check_spaces(env_id: str, observation_space: spaces.Space, action_space: spaces.Space) -> None:
-    """The spaces the builtin MLP handles: vector (1-D Box) observations, Discrete (from 0) or 1-D Box actions."""
-    if not (isinstance(observation_space, spaces.Box) and len(observation_space.shape) == 1):
+    """The spaces the gym policies handle: vector (1-D Box, the mlp) or image (3-D Box, a VLA) observations,
+    Discrete (from 0) or 1-D Box actions. Which policy takes which, the policy says when it is built."""
+    if not (isinstance(observation_space, spaces.Box) and len(observation_space.shape) in (1, 3)):
         raise GymConfigError(
             f"spec.task.gym.envId {env_id!r} has observation space {observation_space}; the builtin mlp needs "
-            "vector observations (a 1-D Box): choose another envId or register a wrapped env that flattens them"
+            "vector observations (a 1-D Box), a VLA (model.vla) images (a [height, width, 3] Box): choose another "
+            "envId or register a wrapped env that flattens them"
         )
     discrete = isinstance(action_space, spaces.Discrete) and int(action_space.start) == 0
     box = isinstance(action_space, spaces.Box) and len(action_space.shape) == 1

@@ -8,7 +8,8 @@ uniform initial policy), the value head gain 1.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -18,7 +19,7 @@ from torch.distributions import Categorical, Distribution, Normal
 if TYPE_CHECKING:
     import gymnasium
 
-    from rljob.api.spec import BuiltinNetwork
+    from rljob.api.spec import BuiltinNetwork, RLJobSpec
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -145,3 +146,16 @@ def build_mlp_actor_critic(
         hidden_sizes=builtin.hidden_sizes,
         activation=builtin.activation,
     )
+
+
+PolicyBuilder = Callable[["RLJobSpec", "gymnasium.spaces.Space", "gymnasium.spaces.Space"], Any]
+"""(spec, observation space, action space) -> the actor-critic module the actor trains and the rollouts act with
+(`act`, `evaluate`, `value`, `discrete`, `action_shape`); raises `UnsupportedSpaceError` for spaces it cannot take.
+The role programs pass one to the gym actor and rollout: the mlp's below, or a VLA's (`rljob.runtime.vla`)."""
+
+
+def build_mlp_policy(
+    spec: RLJobSpec, observation_space: gymnasium.spaces.Space, action_space: gymnasium.spaces.Space
+) -> MLPActorCritic:
+    """The default `PolicyBuilder`: the builtin mlp."""
+    return build_mlp_actor_critic(spec.model.builtin, observation_space, action_space)

@@ -65,7 +65,7 @@ class _Evaluate(nn.Module):
         self.entropy_grad = entropy_grad
 
     def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        if not self.model.discrete:
+        if not self.model.discrete or not isinstance(self.model, MLPActorCritic):
             return self.model.evaluate(obs, actions)
         log_probs = torch.log_softmax(self.model.actor(obs), dim=-1)
         logprobs = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
