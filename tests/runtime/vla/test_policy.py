@@ -118,3 +118,23 @@ def test_the_rollout_copy_acts_like_the_trainer_after_a_weight_sync(setup):
     assert np.array_equal(actions, expected[0].numpy())
     assert np.allclose(logprobs, expected[1].numpy(), atol=1e-5) and np.allclose(values, expected[2].numpy(), atol=1e-5)
     assert np.allclose(fast.value(obs.reshape(4, -1).numpy()), values, atol=1e-5)
+
+
+def test_a_saved_vision_language_checkpoint_loads_as_a_vla_over_the_last_tokens_of_its_vocabulary(setup, tmp_path):
+    """`model.source: local` (or hub): the path a real Qwen2-VL style checkpoint takes, here the tiny one saved."""
+    from rljob.runtime.llm.models.policy import export_hf
+    from rljob.runtime.vla.policy import _builtin
+
+    job, env, _ = setup
+    backbone, tokenizer, _ = _builtin(job.spec.model, "pick up the red square", 2, 1, seed=0)
+    export_hf(backbone, tokenizer, tmp_path / "vlm")
+    raw = job.model_dump(by_alias=True, exclude_none=True)
+    raw["spec"]["model"] = {"source": "local", "path": str(tmp_path / "vlm"), "vla": raw["spec"]["model"]["vla"]}
+    local = resolve_defaults(RLJob.model_validate(raw))
+    policy = build_gym_policy(local.spec, env.observation_space, env.action_space)
+    assert isinstance(policy, VLAActorCritic)
+    bins = policy.actions.bins
+    assert policy.action_ids.tolist() == list(range(tokenizer.vocab_size - bins, tokenizer.vocab_size))
+    obs = frames(env, 4)
+    actions, logprobs, _ = policy.act(obs)
+    assert torch.allclose(policy.evaluate(obs, actions)[0], logprobs, atol=1e-5)
