@@ -279,7 +279,12 @@ class VLASpec(SpecModel):
     instruction and emits every action dimension as one of `actionBins` action tokens (OpenVLA's scheme)."""
 
     instruction: str = Field(min_length=1)
-    """The task in words, the same for every episode of the job, e.g. `pick the red square`."""
+    """The task in words, the same for every episode of the job, e.g. `pick up the red square`."""
+    prompt_template: str = Field(
+        default="In: What action should the robot take to {instruction}?\nOut:", pattern=r"\{instruction\}"
+    )
+    """The text after the image; `{instruction}` is replaced by `instruction`. The default is OpenVLA's prompt; a
+    model trained from scratch learns faster from a short one (the tiny example's `{instruction}:`)."""
     action_bins: int = Field(default=256, ge=2)
     """Box actions: bins per action dimension, evenly spaced from the space's low to its high bound (each bin one
     reserved token). Discrete(n) actions use n tokens and ignore this."""

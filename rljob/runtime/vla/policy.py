@@ -23,8 +23,6 @@ from rljob.api.spec import ModelSpec, RLJobSpec
 from rljob.runtime.vla.images import Patcher, check_image_space
 from rljob.runtime.vla.tokens import ActionTokenizer
 
-PROMPT_TEMPLATE = "In: What action should the robot take to {instruction}?\nOut:"
-"""OpenVLA's prompt around the instruction."""
 ACTION_TOKEN = "<act_{}>"
 """The builtin tokenizer's reserved action tokens (a checkpoint's are the last `bins` of its base vocabulary)."""
 
@@ -132,7 +130,8 @@ def _checkpoint(spec_model: ModelSpec, bins: int, base_dir: Path | None) -> tupl
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=remote)
         tokenizer.image_processor = AutoImageProcessor.from_pretrained(source, trust_remote_code=remote)
-        model = AutoModelForImageTextToText.from_pretrained(source, trust_remote_code=remote)
+        # float32, as every gym policy trains (trainer.precision is an llm setting)
+        model = AutoModelForImageTextToText.from_pretrained(source, dtype=torch.float32, trust_remote_code=remote)
     except (OSError, ValueError) as exc:
         raise ModelSourceError(f"{field}: cannot load {source!r} as a vision-language model ({exc})") from None
     base = int(tokenizer.vocab_size)
@@ -147,7 +146,7 @@ def build_vla_actor_critic(
     assert vla is not None
     actions = ActionTokenizer.for_space(action_space, vla.action_bins)
     check_image_space(observation_space)  # before a checkpoint loads, which may take minutes
-    prompt = PROMPT_TEMPLATE.format(instruction=vla.instruction)
+    prompt = vla.prompt_template.replace("{instruction}", vla.instruction)
     if spec.model.source == "builtin":
         backbone, tokenizer, action_ids = _builtin(spec.model, prompt, actions.bins, actions.dims, spec.trainer.seed)
     else:
