@@ -4,7 +4,8 @@ Each example runs under `rljob run` as a user runs it (`--quiet`, one seed per r
 `--set spec.trainer.seed=N`), one after another on this machine. Per run: what `rljob run` prints as its result
 (stdout), the health lines it printed (stderr: a healthy example must not be flagged), and from metrics.jsonl the
 training accuracy of the first and last 10 steps, the held-out accuracy at the first and last evaluation, the
-mean return of the last 20 episodes, the lowest policy entropy and the seconds of training (`wall_time` of the
+mean return of the last 20 episodes, the episodes' success rate of the first and last 10 steps (tasks whose env
+says), the lowest policy entropy and the seconds of training (`wall_time` of the
 last step: from actor 0's first step, without start-up). The machine's cores and load average go beside them:
 the seconds move with the load.
 
@@ -37,8 +38,9 @@ EXAMPLES = {
     "cartpole-ppo": ("examples/cartpole-ppo.yaml", [1, 2, 3]),
     "grpo-tiny-calculator": ("examples/grpo-tiny-calculator.yaml", [0]),
     "grpo-vlm-tiny-shapes": ("examples/grpo-vlm-tiny-shapes.yaml", [0]),
+    "vla-tiny": ("examples/vla-tiny.yaml", [1, 2, 3]),
 }
-"""Example name -> (manifest, default seeds). cartpole-ppo ships with seed 1, the others with seed 0."""
+"""Example name -> (manifest, default seeds). cartpole-ppo and vla-tiny ship with seed 1, the others with seed 0."""
 HEALTH_CONDITIONS = ("EntropyCollapsed", "MismatchHigh", "Stalled")
 WINDOW = 10
 MARKED = re.compile(r"<!-- figure: (?P<key>[\w.-]+) -->(?P<body>.*?)<!-- /figure -->", re.DOTALL)
@@ -54,6 +56,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     held_out = [r["eval_accuracy"] for r in records if r.get("eval_accuracy") is not None]
     returns = [x for r in records for x in r.get("episode_returns") or []]
     entropy = [r["entropy"] for r in records if r.get("entropy") is not None]
+    success = [r["success_rate"] for r in records if r.get("success_rate") is not None]
     return {
         "steps": records[-1]["step"] if records else 0,
         "training_s": round(records[-1]["wall_time"], 1) if records else None,
@@ -63,6 +66,8 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         "held_out_last": held_out[-1] if held_out else None,
         "return_last_20": mean(returns[-20:]),
         "entropy_min": min(entropy) if entropy else None,
+        "success_first": mean(success[:WINDOW]),
+        "success_last": mean(success[-WINDOW:]),
     }
 
 
@@ -143,6 +148,11 @@ def render_figure(key: str, results: dict[str, Any]) -> str:
             f", shared (load average {example['load_average']})" if example["load_average"] > example["cpus"] else ""
         )
         return f"{_span([r['training_s'] for r in runs], 0)} s of training on {example['cpus']} CPU cores{shared}"
+    if what == "success":
+        return (
+            f"success rate {_span([r['success_first'] for r in runs], 2)} → "
+            f"{_span([r['success_last'] for r in runs], 2)} ({_seeds(runs)})"
+        )
     if what == "return":
         return f"{_span([r['return_last_20'] for r in runs], 1)} ({_seeds(runs)})"
     raise KeyError(f"no figure {what!r} (in {key!r})")
