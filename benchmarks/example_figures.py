@@ -4,8 +4,8 @@ Each example runs under `rljob run` as a user runs it (`--quiet`, one seed per r
 `--set spec.trainer.seed=N`), one after another on this machine. Per run: what `rljob run` prints as its result
 (stdout), the health lines it printed (stderr: a healthy example must not be flagged), and from metrics.jsonl the
 training accuracy of the first and last 10 steps, the held-out accuracy at the first and last evaluation, the
-mean return of the last 20 episodes, the episodes' success rate of the first and last 10 steps (tasks whose env
-says), the lowest policy entropy and the seconds of training (`wall_time` of the
+mean return of the first and last 20 episodes, the episodes' success rate of the first and last 10 steps (tasks
+whose env says), the lowest policy entropy and the seconds of training (`wall_time` of the
 last step: from actor 0's first step, without start-up). The machine's cores and load average go beside them:
 the seconds move with the load.
 
@@ -38,9 +38,12 @@ EXAMPLES = {
     "cartpole-ppo": ("examples/cartpole-ppo.yaml", [1, 2, 3]),
     "grpo-tiny-calculator": ("examples/grpo-tiny-calculator.yaml", [0]),
     "grpo-vlm-tiny-shapes": ("examples/grpo-vlm-tiny-shapes.yaml", [0]),
+    "minigrid-pixels-ppo": ("examples/minigrid-pixels-ppo.yaml", [1, 2, 3]),
+    "metaworld-reach-ppo": ("examples/metaworld-reach-ppo.yaml", [1, 2]),
     "vla-tiny": ("examples/vla-tiny.yaml", [1, 2, 3]),
 }
-"""Example name -> (manifest, default seeds). cartpole-ppo and vla-tiny ship with seed 1, the others with seed 0."""
+"""Example name -> (manifest, default seeds). cartpole-ppo, minigrid-pixels-ppo and vla-tiny ship with seed 1, the
+others with seed 0."""
 HEALTH_CONDITIONS = ("EntropyCollapsed", "MismatchHigh", "Stalled")
 WINDOW = 10
 MARKED = re.compile(r"<!-- figure: (?P<key>[\w.-]+) -->(?P<body>.*?)<!-- /figure -->", re.DOTALL)
@@ -64,6 +67,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         "accuracy_last": mean(accuracy[-WINDOW:]),
         "held_out_first": held_out[0] if held_out else None,
         "held_out_last": held_out[-1] if held_out else None,
+        "return_first_20": mean(returns[:20]),
         "return_last_20": mean(returns[-20:]),
         "entropy_min": min(entropy) if entropy else None,
         "success_first": mean(success[:WINDOW]),
@@ -148,6 +152,11 @@ def render_figure(key: str, results: dict[str, Any]) -> str:
             f", shared (load average {example['load_average']})" if example["load_average"] > example["cpus"] else ""
         )
         return f"{_span([r['training_s'] for r in runs], 0)} s of training on {example['cpus']} CPU cores{shared}"
+    if what == "return-rise":  # the mean return of the first 20 episodes -> of the last 20
+        return (
+            f"{_span([r['return_first_20'] for r in runs], 2)} → {_span([r['return_last_20'] for r in runs], 2)} "
+            f"({_seeds(runs)})"
+        )
     if what == "success":
         return (
             f"success rate {_span([r['success_first'] for r in runs], 2)} → "

@@ -147,6 +147,7 @@ GROUP_ADVANTAGES: dict[str, GroupAdvantageFn] = {
     "cispo": grpo_advantages,  # CISPO changes the clipping (of the IS weight), not the advantage
     "rloo": rloo_advantages,
     "reinforce_pp": reinforce_pp_advantages,
+    "distill": grpo_advantages,  # the rewards' part, weighted by distill.rewardWeight (the teacher's is per token)
 }
 """Group advantage estimator per `spec.algorithm.name`. PPO uses `gae_advantages` instead."""
 

@@ -246,6 +246,7 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "dr_grpo": ppo_policy_loss,
     "dapo": ppo_policy_loss,  # with clip-higher (clipRatioHigh 0.28) and token-mean aggregation
     "rloo": ppo_policy_loss,
+    "distill": ppo_policy_loss,  # with per-token advantages from the teacher (the learner adds them)
     "reinforce_pp": ppo_policy_loss,
     "gspo": gspo_policy_loss,
     "cispo": cispo_policy_loss,

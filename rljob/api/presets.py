@@ -79,6 +79,11 @@ PRESETS: dict[AlgorithmName, AlgorithmPreset] = {
     "cispo": AlgorithmPreset(
         "token-mean", 0.2, 0.28, 0.0, True, True, True, "MiniMax 2025, MiniMax-M1 / CISPO (arXiv:2506.13585)"
     ),
+    # On-policy distillation: the per-token signal is the teacher's, unnormalised (GKD, arXiv:2306.13649; Thinking
+    # Machines' on-policy distillation, 2025); PPO's clip bounds each update, no KL to the starting policy.
+    "distill": AlgorithmPreset(
+        "token-mean", 0.2, 0.2, 0.0, False, False, False, "Agarwal et al. 2024, GKD (arXiv:2306.13649)"
+    ),
 }
 """The paper defaults of every RL `spec.algorithm.name`."""
 

@@ -13,7 +13,7 @@ from rljob.api.job import MAX_NAME_LENGTH, RLJob
 from rljob.api.kubernetes import Volume
 from rljob.api.presets import PRESET_FIELDS, PRESETS, AlgorithmPreset, departures, preset_of, resolve_algorithm
 from rljob.api.problems import Problem
-from rljob.api.spec import GROUP_ALGORITHMS, OFFLINE_STAGES, ROLE_NAMES, RLJobSpec
+from rljob.api.spec import GROUP_ALGORITHMS, OFFLINE_STAGES, ROLE_NAMES, BuiltinNetwork, RLJobSpec
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DEFAULT_GROUP_SIZE = 8
@@ -392,6 +392,16 @@ def _check_gym_settings(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
         )
 
 
+def _check_cnn_layers(builtin: BuiltinNetwork) -> Iterator[tuple[str, str]]:
+    layers = len(builtin.channels)
+    for field, values in (("kernelSizes", builtin.kernel_sizes), ("strides", builtin.strides)):
+        if len(values) != layers:
+            yield (
+                f"model.builtin.{field}",
+                f"needs one entry per convolution: {layers} like model.builtin.channels (got {len(values)})",
+            )
+
+
 def _check_model(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     model = spec.model
     if model.source == "local" and not model.path:
@@ -411,10 +421,15 @@ def _check_model(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     if model.source == "builtin" and arch is not None:
         if gym and model.vla is not None and arch != "tiny-qwen2-vl":
             yield "model.builtin.architecture", f"model.vla builds on tiny-qwen2-vl (got {arch!r})"
-        if gym and model.vla is None and arch != "mlp":
-            yield "model.builtin.architecture", f"gym tasks use mlp, or tiny-qwen2-vl with model.vla (got {arch!r})"
+        if gym and model.vla is None and arch not in ("mlp", "cnn"):
+            yield (
+                "model.builtin.architecture",
+                f"gym tasks use mlp or cnn (got {arch!r}), or tiny-qwen2-vl with model.vla",
+            )
         if not gym and arch not in ("tiny-qwen2", "tiny-qwen2-vl"):
             yield "model.builtin.architecture", f"llm tasks use tiny-qwen2 or tiny-qwen2-vl (got {arch!r})"
+        if arch == "cnn":
+            yield from _check_cnn_layers(model.builtin)
         if arch in ("tiny-qwen2", "tiny-qwen2-vl") and model.builtin.hidden_size % model.builtin.num_heads:
             yield (
                 "model.builtin.numHeads",
@@ -442,6 +457,24 @@ def _check_model(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
 
 def _check_algorithm(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     algo = spec.algorithm
+    if algo.name == "distill" and algo.distill is None:
+        yield (
+            "algorithm.distill",
+            "distill needs its teacher: set algorithm.distill.teacher, e.g. {source: local, path: /models/teacher}",
+        )
+    teacher = algo.distill.teacher if algo.distill is not None else None
+    if teacher is not None and teacher.source == "local" and not teacher.path:
+        yield "algorithm.distill.teacher.path", "teacher.source local needs teacher.path: the teacher's model directory"
+    if teacher is not None and teacher.source == "hub" and not teacher.hub_id:
+        yield "algorithm.distill.teacher.hubId", "teacher.source hub needs teacher.hubId, e.g. Qwen/Qwen2.5-7B-Instruct"
+    if algo.distill is not None and algo.name != "distill":
+        yield "algorithm.distill", f"goes with algorithm.name distill, not {algo.name}: remove it or set name distill"
+    if algo.distill is not None and algo.distill.reward_weight > 0 and (algo.group_size or 1) < 2:
+        yield (
+            "algorithm.distill.rewardWeight",
+            "weighs the rewards' group advantage, which compares groupSize samples of a prompt: set "
+            f"algorithm.groupSize >= 2 (got {algo.group_size}) or rewardWeight 0",
+        )
     if algo.name in GROUP_ALGORITHMS and algo.group_size is not None and algo.group_size < 2:
         yield (
             "algorithm.groupSize",

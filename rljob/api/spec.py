@@ -26,7 +26,7 @@ from rljob.api.kubernetes import (
 )
 
 AlgorithmName = Literal[
-    "ppo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo", "sft", "dpo", "reward_model"
+    "ppo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo", "distill", "sft", "dpo", "reward_model"
 ]
 GROUP_ALGORITHMS: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo")
 """Algorithms whose advantage compares several samples of the same prompt."""
@@ -67,10 +67,16 @@ def _check_class_ref(value: str) -> str:
     return value
 
 
+ClassRef = Annotated[
+    str, AfterValidator(_check_class_ref), WithJsonSchema({"type": "string", "pattern": _FUNCTION_REF.pattern})
+]
+"""`path/to/file.py:ClassName` or `package.module:ClassName`."""
+
+
 # --- task ---------------------------------------------------------------------------------------
 
 
-GymWrapperName = Literal["normalize-observation", "normalize-reward", "frame-stack"]
+GymWrapperName = Literal["normalize-observation", "normalize-reward", "frame-stack", "atari", "minigrid-rgb"]
 """Wrappers rljob knows by name (`rljob.runtime.gym.wrappers.BUILTIN_WRAPPERS`)."""
 
 
@@ -82,15 +88,12 @@ class GymWrapper(SpecModel):
     builtin: GymWrapperName | None = None
     """A wrapper rljob ships: `normalize-observation` (running mean and variance, per environment),
     `normalize-reward` (scales rewards by the running std of the discounted return; args `gamma`),
-    `frame-stack` (the last `size` observations stacked on a new first axis; args `size`, default 4)."""
-    module: (
-        Annotated[
-            str,
-            AfterValidator(_check_class_ref),
-            WithJsonSchema({"type": "string", "pattern": _FUNCTION_REF.pattern}),
-        ]
-        | None
-    ) = None
+    `frame-stack` (the last `size` observations stacked on a new first axis; args `size`, default 4),
+    `atari` (gymnasium's AtariPreprocessing: 84x84 grayscale, `frame_skip` 4, up to `noop_max` 30 no-op steps at
+    reset, `terminal_on_life_loss` false; needs `envKwargs: {frameskip: 1}` on ALE v5 ids),
+    `minigrid-rgb` (MiniGrid's image of the agent's view, or of the whole grid with `partial: false`, as the only
+    observation; args `tile_size` in pixels, default 8)."""
+    module: ClassRef | None = None
     """`package.module:ClassName` or `path/to/file.py:ClassName`: a `gymnasium.Wrapper` called as
     `ClassName(env, **args)`, importable in the env role's image."""
     args: FreeForm = Field(default_factory=dict)
@@ -110,9 +113,11 @@ class GymTask(SpecModel):
     """Keyword arguments passed to `gymnasium.make`."""
     wrappers: list[GymWrapper] = Field(default_factory=list)
     """Wrappers applied in order around each environment (the first wraps the env itself)."""
-    vectorization: Literal["sync", "async"] = "sync"
+    vectorization: Literal["sync", "async", "native"] = "sync"
     """How an env replica steps its environments: `sync`, one after another in the env process; `async`, each in
-    a subprocess of its own (gymnasium's AsyncVectorEnv), for simulators that step on one thread."""
+    a subprocess of its own (gymnasium's AsyncVectorEnv), for simulators that step on one thread; `native`, the
+    simulator batches the replica's share itself (its registered vector entry point: ManiSkill's GPU backend,
+    `envKwargs: {sim_backend: physx_cuda}`, steps thousands in one call). `wrappers` do not apply to `native`."""
 
 
 class DatasetSpec(SpecModel):
@@ -166,14 +171,7 @@ class TextEnvSpec(SpecModel):
 
     builtin: Literal["calculator"] | None = None
     """`calculator`: the model may write `calc(EXPR)` (arithmetic only) and reads `= VALUE` back."""
-    module: (
-        Annotated[
-            str,
-            AfterValidator(_check_class_ref),
-            WithJsonSchema({"type": "string", "pattern": _FUNCTION_REF.pattern}),
-        ]
-        | None
-    ) = None
+    module: ClassRef | None = None
     """`path/to/file.py:ClassName` or `package.module:ClassName`: a `rljob.runtime.llm.textenv.TextEnv`."""
     args: FreeForm = Field(default_factory=dict)
     """Keyword arguments passed to the environment's constructor."""
@@ -221,14 +219,23 @@ class TaskSpec(SpecModel):
 class BuiltinNetwork(SpecModel):
     """A small network rljob builds itself (no download)."""
 
-    architecture: Literal["mlp", "tiny-qwen2", "tiny-qwen2-vl"] | None = None
-    """`mlp` (gym default) for vector observations; `tiny-qwen2` (llm default) is a small random
+    architecture: Literal["mlp", "cnn", "tiny-qwen2", "tiny-qwen2-vl"] | None = None
+    """`mlp` (gym default) for vector observations; `cnn` for image observations (gym: convolutions, then
+    `hiddenSizes` dense layers shared by the policy and value heads); `tiny-qwen2` (llm default) is a small random
     LM with a tokenizer trained locally; `tiny-qwen2-vl` is the same language model behind a small Qwen2-VL
     vision tower, for image prompts."""
     hidden_sizes: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [64, 64], min_length=1)
-    """mlp: widths of the hidden layers of the policy and value networks."""
+    """mlp: widths of the hidden layers of the policy and value networks; cnn: of the dense layers after the
+    convolutions (Nature DQN: [512])."""
     activation: Literal["tanh", "relu", "gelu"] = "tanh"
-    """mlp: activation between layers."""
+    """mlp and cnn: activation between dense layers (cnn convolutions always use ReLU)."""
+    channels: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [32, 64, 64], min_length=1)
+    """cnn: output channels of each convolution (Nature DQN: [32, 64, 64])."""
+    kernel_sizes: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [8, 4, 3], min_length=1)
+    """cnn: square kernel side of each convolution, one per `channels` entry (Nature DQN: [8, 4, 3])."""
+    strides: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [4, 2, 1], min_length=1)
+    """cnn: stride of each convolution, one per `channels` entry (Nature DQN: [4, 2, 1]). Small images (MiniGrid
+    views) need small kernels and strides: `rljob validate` says when an image is too small for them."""
     hidden_size: int = Field(default=64, ge=8)
     """tiny-qwen2: model width."""
     num_layers: int = Field(default=2, ge=1)
@@ -374,13 +381,49 @@ class DPOSpec(SpecModel):
     """Assumed share of preference labels that are wrong (sigmoid and robust; not used by ipo)."""
 
 
+class TeacherModel(SpecModel):
+    """The teacher of an on-policy distillation: a Hugging Face causal LM with the student's tokenizer."""
+
+    model_config = cel(
+        ("self.source != 'local' || has(self.path)", "teacher.source local needs teacher.path"),
+        ("self.source != 'hub' || has(self.hubId)", "teacher.source hub needs teacher.hubId"),
+    )
+
+    source: Literal["local", "hub"] = "local"
+    """`local`: a model directory (`path`, e.g. another job's exported `model/` on a shared volume); `hub`: a model id
+    resolved through the Hugging Face cache (`hubId`)."""
+    path: str | None = None
+    """Directory of the teacher (source local)."""
+    hub_id: str | None = None
+    """Model id of the teacher on a hub (source hub)."""
+
+
+class DistillSpec(SpecModel):
+    """On-policy distillation (`algorithm.name: distill`): the student samples responses, the teacher scores every
+    sampled token, and each token's advantage is coef x (log teacher - log student), the negative of the per-token
+    reverse KL (as GKD with lambda 1 and NeMo RL's on-policy distillation). Minimising it moves the student towards
+    the teacher where the student itself goes."""
+
+    teacher: TeacherModel
+    coef: float = Field(default=1.0, gt=0.0)
+    """Weight of the teacher's per-token signal in the advantage."""
+    reward_weight: float = Field(default=0.0, ge=0.0)
+    """Weight of the reward functions' group advantage (GRPO's, over groupSize samples) added to every token's;
+    0: the rewards are only reported (reward_mean, accuracy)."""
+
+
 class AlgorithmSpec(SpecModel):
     """The RL algorithm (or offline post-training stage) and its knobs."""
 
     model_config = cel(
         (
-            "self.name in ['ppo', 'sft', 'dpo', 'reward_model'] || !has(self.groupSize) || self.groupSize >= 2",
+            "self.name in ['ppo', 'distill', 'sft', 'dpo', 'reward_model'] || !has(self.groupSize)"
+            " || self.groupSize >= 2",
             "group algorithms compare samples of one prompt: algorithm.groupSize must be >= 2",
+        ),
+        (
+            "(self.name == 'distill') == has(self.distill)",
+            "algorithm.distill (the teacher) goes with algorithm.name distill, and only with it",
         ),
         (
             "self.name != 'ppo' || !has(self.dynamicSampling) || !self.dynamicSampling",
@@ -444,6 +487,8 @@ class AlgorithmSpec(SpecModel):
     """DAPO overlong reward shaping (llm). Default: the algorithm's preset (on for dapo and cispo, else off)."""
     dpo: DPOSpec = Field(default_factory=DPOSpec)
     """The dpo stage's loss and its knobs."""
+    distill: DistillSpec | None = None
+    """The teacher and weights of `distill` (required with it, refused with any other algorithm)."""
 
 
 # --- trainer ------------------------------------------------------------------------------------

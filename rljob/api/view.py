@@ -8,6 +8,7 @@ from rljob.api.job import RLJob
 
 _BUILTIN_FIELDS_READ = {
     "mlp": ("architecture", "hiddenSizes", "activation"),
+    "cnn": ("architecture", "hiddenSizes", "activation", "channels", "kernelSizes", "strides"),
     "tiny-qwen2": ("architecture", "hiddenSize", "numLayers", "numHeads"),
     "tiny-qwen2-vl": (
         "architecture",

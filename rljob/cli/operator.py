@@ -31,6 +31,13 @@ def operator(
             "of one Deployment differ (kopf pauses all peers that share the highest priority)."
         ),
     ] = None,
+    peering_lifetime: Annotated[
+        int,
+        typer.Option(
+            help="Seconds a peering record lives without renewal: a standby takes over at most this long after the "
+            "active operator dies."
+        ),
+    ] = 15,
     liveness_port: Annotated[int, typer.Option(help="Port of kopf's liveness probe `/healthz`.")] = 8080,
     metrics_port: Annotated[int, typer.Option(help="Port of the Prometheus `/metrics` endpoint.")] = 9090,
     resync_seconds: Annotated[float, typer.Option(help="Reconcile every job at least this often.")] = 30.0,
@@ -59,6 +66,10 @@ def operator(
     if log_level not in LOG_LEVELS:
         typer.secho(f"--log-level must be one of {', '.join(LOG_LEVELS)} (got {log_level!r})", fg="red", err=True)
         raise typer.Exit(2)
+    if peering_lifetime < 12:
+        # kopf renews 5-10 s before the record runs out: a shorter lifetime would let a healthy operator lapse.
+        typer.secho(f"--peering-lifetime must be at least 12 seconds (got {peering_lifetime})", fg="red", err=True)
+        raise typer.Exit(2)
     for name, value in (("--resync-seconds", resync_seconds), ("--progress-seconds", progress_seconds)):
         if value <= 0:
             typer.secho(f"{name} must be positive (got {value})", fg="red", err=True)
@@ -79,6 +90,7 @@ def operator(
         liveness_port=liveness_port,
         peering=peering,
         priority=priority if priority is not None else secrets.randbelow(2**31 - 1) + 1,
+        peering_lifetime=peering_lifetime,
         controller=ControllerConfig(resync_seconds=resync_seconds, progress_seconds=progress_seconds),
         settings=settings,
     )

@@ -38,6 +38,10 @@ class OperatorOptions:
     priority: int = 0
     """Peering priority: the live operator with the highest one works, the others stand by. kopf pauses
     every operator when live peers share the highest priority, so replicas must differ."""
+    peering_lifetime: int = 15
+    """Seconds an operator's peering record stays live without a renewal: a standby takes over this long after
+    the active operator died at the latest (kopf renews 5-10 s before it runs out). 15: controller-runtime's
+    leader-election lease; kopf's own default is 60."""
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     settings: OperatorSettings = field(default_factory=OperatorSettings)
 
@@ -66,6 +70,7 @@ def kopf_settings(options: OperatorOptions) -> kopf.OperatorSettings:
     if options.peering is not None:
         settings.peering.name = options.peering
         settings.peering.priority = options.priority
+        settings.peering.lifetime = options.peering_lifetime
         settings.peering.clusterwide = options.all_namespaces
     return settings
 

@@ -43,6 +43,7 @@ from rljob.operator.naming import (
     isolation_policy_name,
     reward_egress_policy_name,
 )
+from rljob.operator.packed import PackedChildren
 from rljob.operator.peering import PeeringGate
 from rljob.operator.podstate import PodState, observe_pod
 from rljob.operator.progress import ProgressReader
@@ -84,8 +85,9 @@ class ControllerConfig:
     event_burst: int = 25
     """Events one RLJob may post at once; then one per `event_refill_seconds` (eventlimit.py)."""
     event_refill_seconds: float = 10.0
-    peering_poll_seconds: float = 5.0
-    """With peering: how often the peering objects are read to know whether this operator stands by."""
+    peering_poll_seconds: float = 2.0
+    """With peering: how often the peering objects are read to know whether this operator stands by (2 s:
+    controller-runtime's leader-election retry period)."""
 
 
 def utcnow() -> datetime.datetime:
@@ -226,7 +228,7 @@ class JobWorker:
         self.storage_problem: str | None = None
         """Why the job's checkpoint claim will not bind, as the last children sync found (None: it will, or the job
         has none)."""
-        self.last_valid: tuple[RLJob | None, InvalidRLJob | None, dict[str, Raw], list[Raw]] | None = None
+        self.last_valid: tuple[RLJob, PackedChildren] | None = None
         """The job and children of the last spec that passed validation: a started job runs on with it when an
         edit passes the CRD but not rljob's validation."""
 
@@ -356,8 +358,9 @@ class JobWorker:
             # An edit the CRD accepted and rljob refuses: a started job keeps its last valid spec.
             fallback = self.last_valid or await self.applied_spec()
             if fallback is not None:
-                refused = invalid
-                job, invalid, desired_pods, others = fallback
+                refused, invalid = invalid, None
+                job, packed = fallback
+                desired_pods, others = packed.unpack()
         # Only pods this job controls: a look-alike label on someone else's pod, or a pod of a deleted
         # namesake the garbage collector has not removed yet, is never touched.
         indexed = ctl.pods_of(namespace, name)
@@ -488,8 +491,18 @@ class JobWorker:
         meta = self.body["metadata"]
         restarts = int((self.body.get("status") or {}).get("restarts") or 0)
         key = (meta.get("uid"), meta.get("generation"), restarts)
-        if self.built is not None and self.built[0] == key:
-            return self.built[1]
+        if self.built is None or self.built[0] != key:
+            self.built = (key, self.build())
+            job, _, packed = self.built[1]
+            if job is not None:
+                self.last_valid = (job, packed)
+        job, invalid, packed = self.built[1]
+        desired_pods, others = packed.unpack()
+        return job, invalid, desired_pods, others
+
+    def build(self) -> tuple[RLJob | None, InvalidRLJob | None, PackedChildren]:
+        """The job validated and its children built, packed (see `desired`)."""
+        restarts = int((self.body.get("status") or {}).get("restarts") or 0)
         job, invalid = parse_job(self.body)
         if job is not None and restarts:
             job.status = RLJobStatus(restarts=restarts)
@@ -500,10 +513,7 @@ class JobWorker:
                 desired_pods, others = self.children_of(job)
             except InvalidRLJob as exc:
                 job, invalid, desired_pods, others = None, exc, {}, []
-        self.built = (key, (job, invalid, desired_pods, others))
-        if job is not None:
-            self.last_valid = self.built[1]
-        return self.built[1]
+        return job, invalid, PackedChildren(desired_pods, others)
 
     def children_of(self, job: RLJob) -> tuple[dict[str, Raw], list[Raw]]:
         """The pods (by name) and the other children the builders make for `job`."""
@@ -517,7 +527,7 @@ class JobWorker:
                 others.append(child)
         return desired_pods, others
 
-    async def applied_spec(self) -> tuple[RLJob | None, InvalidRLJob | None, dict[str, Raw], list[Raw]] | None:
+    async def applied_spec(self) -> tuple[RLJob, PackedChildren] | None:
         """The last valid spec as the job's ConfigMap holds it (after an operator restart, say); None for a job
         that never had one (created invalid: it fails as InvalidSpec)."""
         namespace, name = self.key
@@ -540,7 +550,7 @@ class JobWorker:
             desired_pods, others = self.children_of(job)
         except InvalidRLJob:
             return None
-        self.last_valid = (job, None, desired_pods, others)
+        self.last_valid = (job, PackedChildren(desired_pods, others))
         return self.last_valid
 
     async def sync_children(self, job: RLJob, others: list[Raw]) -> ConfigSync:

@@ -222,7 +222,10 @@ def gym_loaded_problems(job: RLJob, warn: Warn = _stderr) -> list[Problem]:
 
     assert job.spec.task.gym is not None
     try:
-        observation_space, action_space = check_task(job.spec.task.gym)
+        model = job.spec.model
+        observation_space, action_space = check_task(
+            job.spec.task.gym, model.builtin if model.source == "builtin" else None, vla=model.vla is not None
+        )
     except GymConfigError as exc:
         return [Problem("", str(exc))]
     except Exception as exc:  # not a configuration error (see make_env): the env role tries again, and is retried

@@ -119,7 +119,7 @@ def test_reinforce_pp_normalises_over_the_whole_batch():
 def test_group_registry_covers_every_group_algorithm_and_explains_ppo():
     from rljob.api.spec import GROUP_ALGORITHMS
 
-    assert set(GROUP_ADVANTAGES) == set(GROUP_ALGORITHMS)
+    assert set(GROUP_ADVANTAGES) == {*GROUP_ALGORITHMS, "distill"}  # distill: the rewards' part of its advantage
     with pytest.raises(ValueError, match="gae_advantages"):
         group_advantages("ppo", GROUPS)
     with pytest.raises(ValueError, match=r"group_size >= 2"):

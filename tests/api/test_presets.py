@@ -30,6 +30,7 @@ PAPER_DEFAULTS: dict[str, tuple[str, float, float, float, bool, bool, bool]] = {
     "reinforce_pp": ("token-mean", 0.2, 0.2, 0.0, True, False, False),
     "gspo": ("seq-mean-token-mean", 3e-4, 4e-4, 0.0, True, False, False),
     "cispo": ("token-mean", 0.2, 0.28, 0.0, True, True, True),
+    "distill": ("token-mean", 0.2, 0.2, 0.0, False, False, False),
 }
 
 
@@ -37,6 +38,8 @@ def llm_manifest(name: str, **algorithm: Any) -> dict[str, Any]:
     """The tiny arithmetic example with only `name` (and `algorithm`) in its algorithm section, 1000 tokens long."""
     manifest = yaml.safe_load((REPO / "examples" / "grpo-tiny-arithmetic.yaml").read_text())
     manifest["spec"]["algorithm"] = {"name": name, "groupSize": 8, **algorithm}
+    if name == "distill":
+        manifest["spec"]["algorithm"].setdefault("distill", {"teacher": {"path": "/models/teacher"}})
     manifest["spec"]["task"]["llm"]["maxResponseLength"] = 1000
     return manifest
 

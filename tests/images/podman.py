@@ -20,4 +20,33 @@ def missing(images: list[str]) -> str | None:
     if shutil.which("podman") is None or shutil.which("runc") is None:
         return "podman and runc are not installed (make image-tools)"
     absent = [image for image in images if podman("image", "exists", image, check=False).returncode != 0]
-    return f"not built: {', '.join(absent)} (make images)" if absent else None
+    if absent:
+        return f"not built: {', '.join(absent)} (make images)"
+    stale = [image for image in images if not built_from_these_sources(image)]
+    return f"built from older sources: {', '.join(stale)} (make images)" if stale else None
+
+
+IMAGE_SOURCES = (
+    "rljob",
+    "pyproject.toml",
+    "constraints",
+    "images",
+    "operator",
+    "trainer_image",
+    "rollout_image",
+    "env_image",
+)
+"""What an image is built from: when any of it changed since the image's revision, the image runs old code."""
+
+
+def built_from_these_sources(image: str) -> bool:
+    """Whether the image's `org.opencontainers.image.revision` has the checkout's image sources (committed or not)."""
+    revision = podman("image", "inspect", image, "--format", '{{index .Labels "org.opencontainers.image.revision"}}')
+    ref = revision.stdout.strip()
+    known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{ref}^{{commit}}"], capture_output=True)
+    if not ref or known.returncode != 0:
+        return False
+    changed = subprocess.run(
+        ["git", "-C", str(ROOT), "diff", "--quiet", ref, "--", *IMAGE_SOURCES], capture_output=True
+    )
+    return changed.returncode == 0

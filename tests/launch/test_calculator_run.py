@@ -93,6 +93,7 @@ def test_a_user_environment_from_a_file_gets_two_turns_whose_replies_are_not_tra
     tools.write_text(ALWAYS_ANSWERS)
     run = start_run(
         job_with(repo, tmp_path, module=f"{tools}:AlwaysAnswers", maxTurns=2),
+        "--set=spec.sft.steps=1",  # the environment answers whatever the model writes: no warm-up needed
         "--set=spec.trainer.steps=2",
         "--set=spec.evaluation.interval=0",
         "--set=spec.evaluation.size=0",

@@ -139,6 +139,7 @@ def test_default_values_validate_against_the_values_schema():
     [
         ({"replicas": 2}, "is greater than the maximum of 1"),
         ({"replicas": 2, "peering": {"enabled": True, "name": "Bad Name"}}, "does not match"),
+        ({"peering": {"enabled": True, "name": "rljob", "lifetimeSeconds": 5}}, "less than the minimum of 12"),
         ({"watchNamespaces": ["Research"]}, "does not match"),
         ({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, "is not one of"),
         ({"jobDefaults": {"runAsUser": 0}}, "less than the minimum of 1"),

@@ -375,3 +375,9 @@ def test_dashboard_has_the_panels_variables_and_only_queries_of_exported_metrics
                     assert matchers.items() >= {"role": "actor", "replica": "0"}.items(), (panel["title"], name)
     positions = [(p["gridPos"]["x"], p["gridPos"]["y"]) for p in dashboard["panels"]]
     assert len(set(positions)) == len(positions), "panels overlap"
+
+
+def test_a_hot_standby_pair_runs_with_the_peering_lifetime_from_values(helm):
+    args = only(render(helm, "replicas=2", "peering.enabled=true", "peering.lifetimeSeconds=20"), "Deployment")
+    container = args["spec"]["template"]["spec"]["containers"][0]
+    assert "--peering=rljob-operator" in container["args"] and "--peering-lifetime=20" in container["args"]

@@ -19,7 +19,7 @@ IMAGES = {
     "operator": ("operator", ["operator"]),
     "trainer_image": ("trainer", ["train", "rollout", "trackers"]),  # actor 0 logs to the trackers
     "rollout_image": ("rollout", ["train", "rollout", "vllm", "trackers"]),  # collocated vLLM jobs: the actor too
-    "env_image": ("env", ["env"]),
+    "env_image": ("env", ["env", "sims"]),
 }
 
 

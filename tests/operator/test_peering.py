@@ -12,6 +12,8 @@ def test_peering_name_and_priority_reach_kopf():
     settings = kopf_settings(OperatorOptions(all_namespaces=True, peering="rljob-operator", priority=7))
     assert settings.peering.name == "rljob-operator" and settings.peering.priority == 7
     assert settings.peering.clusterwide is True and settings.peering.standalone is False
+    # A killed replica's record lives 15 s (controller-runtime's lease), not kopf's 60 s: the failover bound.
+    assert settings.peering.lifetime == 15
 
 
 def test_without_peering_the_operator_runs_standalone():

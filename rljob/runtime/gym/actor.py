@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from rljob.runtime.gym.envs import space_from_wire
-from rljob.runtime.gym.models import PolicyBuilder, UnsupportedSpaceError, build_mlp_policy
+from rljob.runtime.gym.models import PolicyBuilder, UnsupportedSpaceError, build_builtin_policy
 from rljob.runtime.gym.ppo import BATCH_FIELDS, GymBatch, PPOLearner
 from rljob.runtime.optim.divergence import Diverged, diverged_exit
 from rljob.runtime.process.log_limit import LimitedLog, reason_of
@@ -327,7 +327,7 @@ def restore_learner(learner: PPOLearner, state: dict[str, Any], path: str | Path
         ) from None
 
 
-def run_actor(context: RoleContext, build_policy: PolicyBuilder = build_mlp_policy) -> int:
+def run_actor(context: RoleContext, build_policy: PolicyBuilder = build_builtin_policy) -> int:
     spec = context.job.spec
     identity = context.identity
     gym = spec.task.gym

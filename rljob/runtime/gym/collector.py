@@ -14,10 +14,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rljob.runtime.gym.numpy_policy import NumpyPolicy
+from rljob.runtime.gym.torch_policy import TorchPolicy
 from rljob.runtime.process.retry import retry
 from rljob.runtime.wire.transport import RemoteError, RequestClient, RequestTimeout, TransportError
 
 log = logging.getLogger("rljob.rollout")
+
+Policy = NumpyPolicy | TorchPolicy
 
 STEP_TIMEOUT_S = 2.0
 RECOVER_TIMEOUT_S = 120.0
@@ -53,6 +56,11 @@ class TrajectoryCollector:
         for replica in self.replicas:
             replica.count = int(self._wait_for(replica, "spaces", {})["count"])
         self.num_envs = sum(r.count for r in self.replicas)
+        # Pixels (uint8 images) stay bytes in the batch buffers, 4x less memory than float32: the cnn scales them
+        # itself. Everything else is stored as float32, the mlp's dtype.
+        wire = self.spaces["observation_space"]
+        pixels = wire.get("dtype") == np.dtype(np.uint8).str and len(wire.get("shape", ())) >= 2
+        self.obs_dtype = np.dtype(np.uint8) if pixels else np.dtype(np.float32)
         self.env_restarts = 0
 
     def _wait_for(self, replica: EnvReplica, method: str, payload: dict) -> dict:
@@ -76,7 +84,7 @@ class TrajectoryCollector:
         replica.running_return = np.zeros(replica.count)
         replica.running_length = np.zeros(replica.count, dtype=np.int64)
 
-    def collect(self, steps: int, policy: NumpyPolicy, version: int) -> dict[str, np.ndarray | int | float]:
+    def collect(self, steps: int, policy: Policy, version: int) -> dict[str, np.ndarray | int | float]:
         """`steps` transitions of every environment, all with policy `version`; retried from scratch when an
         env replica fails midway (its partial batch is dropped, never trained on)."""
         while True:
@@ -92,12 +100,12 @@ class TrajectoryCollector:
                 for replica in self.replicas:
                     replica.obs = None
 
-    def _collect_once(self, steps: int, policy: NumpyPolicy, version: int) -> dict[str, np.ndarray | int | float]:
+    def _collect_once(self, steps: int, policy: Policy, version: int) -> dict[str, np.ndarray | int | float]:
         started = time.perf_counter()
         obs = np.concatenate([r.obs for r in self.replicas])  # type: ignore[misc]
         n = obs.shape[0]
-        obs_buf = np.zeros((steps + 1, *obs.shape), dtype=np.float32)  # float32: the policy's dtype
-        next_obs = np.zeros((steps, *obs.shape), dtype=np.float32)
+        obs_buf = np.zeros((steps + 1, *obs.shape), dtype=self.obs_dtype)
+        next_obs = np.zeros((steps, *obs.shape), dtype=self.obs_dtype)
         actions_buf: np.ndarray | None = None
         logprobs = np.zeros((steps, n), dtype=np.float32)
         values = np.zeros((steps, n), dtype=np.float32)
@@ -123,7 +131,8 @@ class TrajectoryCollector:
             terminated[t] = np.concatenate([r["terminated"] for r in replies])
             truncated[t] = np.concatenate([r["truncated"] for r in replies])
             successes = np.concatenate([r["successes"] for r in replies])
-            running_return += rewards[t]
+            # Returns in the task's units: the rewards before a wrapper (normalize-reward) rescaled them.
+            running_return += np.concatenate([r.get("raw_rewards", r["rewards"]) for r in replies])
             running_length += 1
             for i in np.flatnonzero(terminated[t] | truncated[t]):
                 episode_returns.append(float(running_return[i]))
@@ -133,7 +142,7 @@ class TrajectoryCollector:
                 running_return[i] = 0.0
                 running_length[i] = 0
         # V(s_{t+1}) for every step in one pass; where an episode ended, s_{t+1} is its final observation.
-        next_values = policy.value(next_obs.reshape(steps * n, -1)).reshape(steps, n)
+        next_values = policy.value(next_obs.reshape(steps * n, *obs.shape[1:])).reshape(steps, n)
         for i, replica in enumerate(self.replicas):
             replica.obs = obs_buf[steps, bounds[i] : bounds[i + 1]].copy()
             replica.running_return = running_return[bounds[i] : bounds[i + 1]].copy()

@@ -1,8 +1,8 @@
 """The env role: serves its share of `task.gym.numEnvs` gymnasium environments over the transport.
 
 Methods: `spaces` (observation/action space), `reset` (seeded), `step` (actions for this replica's
-environments -> observations, rewards, terminated, truncated, final observations, successes). A restarted env
-process answers `step` with `EnvNotReset` until the rollout resets it.
+environments -> observations, rewards, terminated, truncated, final observations, successes, and the rewards
+before any wrapper). A restarted env process answers `step` with `EnvNotReset` until the rollout resets it.
 
 `/metrics` has `rljob_env_steps_total` and `rljob_env_replica_steps_per_second`: environment steps this replica
 served per second over the last RATE_WINDOW_S, the simulator's throughput as the rollout drives it.
@@ -50,7 +50,8 @@ def run_env(context: RoleContext) -> int:
     identity = context.identity
     start, count = env_share(task.num_envs, identity.replicas, identity.replica)
     try:
-        envs = VectorGymEnv(task, count)
+        model = context.job.spec.model
+        envs = VectorGymEnv(task, count, model.builtin, vla=model.vla is not None)
     except GymConfigError as exc:
         raise FatalConfigError(str(exc)) from None
     tag = process_tag()
@@ -84,6 +85,7 @@ def run_env(context: RoleContext) -> int:
             "truncated": result.truncated,
             "final_obs": result.final_obs,
             "successes": result.successes,
+            "raw_rewards": result.raw_rewards,
             "tag": tag,
         }
 

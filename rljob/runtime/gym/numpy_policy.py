@@ -68,9 +68,10 @@ class NumpyPolicy:
             self.log_std = model.log_std.detach().numpy().astype(np.float32).copy()
 
     def value(self, obs: np.ndarray) -> np.ndarray:
-        return _forward(self.critic, obs)[:, 0]
+        return _forward(self.critic, obs.reshape(len(obs), -1))[:, 0]
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        obs = obs.reshape(len(obs), -1)  # stacked vectors (frame-stack) are read as one
         out = _forward(self.actor, obs)
         if self.discrete:
             shifted = out - out.max(axis=1, keepdims=True)

@@ -26,7 +26,7 @@ from rljob.algorithms.losses import (
 )
 from rljob.api.presets import resolve_algorithm
 from rljob.api.spec import AlgorithmSpec, TrainerSpec
-from rljob.runtime.gym.models import MLPActorCritic
+from rljob.runtime.gym.models import ActorCritic
 from rljob.runtime.optim.divergence import check_update
 from rljob.runtime.optim.optimizer import build_optimizer, learning_rate_at, set_learning_rate
 
@@ -54,25 +54,26 @@ class BatchShapeError(ValueError):
 class _Evaluate(nn.Module):
     """DDP synchronises gradients of what runs through `forward`: route `evaluate` through it.
 
-    For discrete actions it computes what `MLPActorCritic.evaluate` computes (log-probabilities,
+    For discrete actions it computes what `ActorCritic.evaluate` computes (log-probabilities,
     entropies, values) straight from log-softmax: a `Categorical` object costs more than the small
     network itself, 20 times per PPO update.
     """
 
-    def __init__(self, model: MLPActorCritic, entropy_grad: bool) -> None:
+    def __init__(self, model: ActorCritic, entropy_grad: bool) -> None:
         super().__init__()
         self.model = model
         self.entropy_grad = entropy_grad
 
     def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        if not self.model.discrete or not isinstance(self.model, MLPActorCritic):
+        if not self.model.discrete:
             return self.model.evaluate(obs, actions)
-        log_probs = torch.log_softmax(self.model.actor(obs), dim=-1)
+        logits, values = self.model.policy_and_value(obs)
+        log_probs = torch.log_softmax(logits, dim=-1)
         logprobs = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
         # Without an entropy bonus the entropy is a statistic only: keep it out of the backward pass.
         source = log_probs if self.entropy_grad else log_probs.detach()
         entropy = -(source.exp() * source).sum(-1)
-        return logprobs, entropy, self.model.value(obs)
+        return logprobs, entropy, values
 
 
 class PPOLearner:
@@ -80,7 +81,7 @@ class PPOLearner:
 
     def __init__(
         self,
-        model: MLPActorCritic,
+        model: ActorCritic,
         algorithm: AlgorithmSpec,
         trainer: TrainerSpec,
         rank: int = 0,
@@ -133,7 +134,7 @@ class PPOLearner:
                 batch.rewards, batch.values, batch.next_values, batch.terminated, ended, algo.gamma, algo.gae_lambda
             )
         n = batch.rewards.numel()
-        obs = batch.obs.reshape(n, -1)
+        obs = batch.obs.reshape(n, *self.model.input_shape)  # images stay uint8: the cnn scales them
         actions = batch.actions.reshape(n, *batch.actions.shape[2:])
         old_logprobs, old_values = batch.logprobs.reshape(n), batch.values.reshape(n)
         advantages, returns = advantages.reshape(n), returns.reshape(n)

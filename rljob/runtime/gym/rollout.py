@@ -22,9 +22,8 @@ import torch
 
 from rljob.runtime.gym.collector import TrajectoryCollector
 from rljob.runtime.gym.envs import space_from_wire
-from rljob.runtime.gym.models import MLPActorCritic, PolicyBuilder, UnsupportedSpaceError, build_mlp_policy
-from rljob.runtime.gym.numpy_policy import NumpyPolicy
-from rljob.runtime.gym.torch_policy import TorchPolicy
+from rljob.runtime.gym.models import PolicyBuilder, UnsupportedSpaceError, build_builtin_policy
+from rljob.runtime.gym.torch_policy import rollout_policy
 from rljob.runtime.weights.sync import StagedWeights, WeightSubscriber
 from rljob.runtime.wire.context import FatalConfigError, RoleContext
 from rljob.runtime.wire.transport import Payload, RequestServer, process_tag
@@ -45,7 +44,7 @@ class WeightsMissing(RuntimeError):
 class RolloutEngine:
     """Weights, versions and the batch queue shared by the request thread and the producer thread."""
 
-    def __init__(self, context: RoleContext, build_policy: PolicyBuilder = build_mlp_policy) -> None:
+    def __init__(self, context: RoleContext, build_policy: PolicyBuilder = build_builtin_policy) -> None:
         spec = context.job.spec
         identity = context.identity
         self.context = context
@@ -61,11 +60,7 @@ class RolloutEngine:
         except UnsupportedSpaceError as exc:
             raise FatalConfigError(str(exc)) from None
         self.policy.eval()
-        seed = spec.trainer.seed * 1000 + 17 + identity.replica
-        # The mlp acts faster in numpy; any other policy (a VLA) acts with its torch module.
-        self.fast_policy: NumpyPolicy | TorchPolicy = (
-            NumpyPolicy(self.policy, seed=seed) if isinstance(self.policy, MLPActorCritic) else TorchPolicy(self.policy)
-        )
+        self.fast_policy = rollout_policy(self.policy, seed=spec.trainer.seed * 1000 + 17 + identity.replica)
         self.lock = threading.Condition()
         self.weights = StagedWeights(
             WeightSubscriber(identity.master_addr, identity.sync_port, spec.rollout.weight_sync.bucket_size_mb),
@@ -176,7 +171,7 @@ class RolloutEngine:
                     self.lock.notify_all()
 
 
-def run_rollout(context: RoleContext, build_policy: PolicyBuilder = build_mlp_policy) -> int:
+def run_rollout(context: RoleContext, build_policy: PolicyBuilder = build_builtin_policy) -> int:
     if context.job.spec.task.gym is None:
         context.log.error("this runtime's rollout role serves gym tasks; task.type is %s", context.job.spec.task.type)
         return 1

@@ -38,10 +38,42 @@ def _frame_stack(env: gymnasium.Env, args: Mapping[str, Any]) -> gymnasium.Env:
     return gymnasium.wrappers.FrameStackObservation(env, stack_size=size, **options)
 
 
+def _atari(env: gymnasium.Env, args: Mapping[str, Any]) -> gymnasium.Env:
+    # The ALE's own frame skipping would compound AtariPreprocessing's: v5 ids skip 4 frames unless told not to.
+    skip = getattr(env.unwrapped, "_frameskip", 1)
+    if skip != 1:
+        raise WrapperConfigError(
+            f"{FIELD}: atari skips frames itself (frame_skip, default 4) but {env.spec.id if env.spec else 'the env'} "
+            f"already skips {skip}: set spec.task.gym.envKwargs.frameskip: 1 (or use a NoFrameskip-v4 id)"
+        )
+    options = {"noop_max": 30, "frame_skip": 4, "screen_size": 84, "terminal_on_life_loss": False, **args}
+    return gymnasium.wrappers.AtariPreprocessing(env, **options)
+
+
+def _minigrid_rgb(env: gymnasium.Env, args: Mapping[str, Any]) -> gymnasium.Env:
+    try:
+        from minigrid.wrappers import ImgObsWrapper, RGBImgObsWrapper, RGBImgPartialObsWrapper
+    except ImportError:
+        raise WrapperConfigError(
+            f"{FIELD}: minigrid-rgb needs the minigrid package (pip install 'rljob[pixels]')"
+        ) from None
+    options = dict(args)
+    partial = bool(options.pop("partial", True))
+    tile_size = int(options.pop("tile_size", 8))
+    if options:
+        raise WrapperConfigError(
+            f"{FIELD}: minigrid-rgb takes args tile_size and partial, not {', '.join(sorted(options))}"
+        )
+    view = RGBImgPartialObsWrapper if partial else RGBImgObsWrapper
+    return ImgObsWrapper(view(env, tile_size=tile_size))
+
+
 BUILTIN_WRAPPERS: dict[str, Callable[[gymnasium.Env, Mapping[str, Any]], gymnasium.Env]] = {
     "normalize-observation": _normalize_observation,
     "normalize-reward": _normalize_reward,
     "frame-stack": _frame_stack,
+    "atari": _atari,
+    "minigrid-rgb": _minigrid_rgb,
 }
 
 

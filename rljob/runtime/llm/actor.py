@@ -354,13 +354,18 @@ def trained_tokens(completion: dict[str, Any]) -> int:
 
 def build_samples(groups: list[Group], algorithm: AlgorithmSpec, group_size: int) -> list[Sample]:
     rewards = torch.tensor(np.stack([g.rewards for g in groups]), dtype=torch.float32)
-    if group_size > 1:
+    distill = algorithm.distill if algorithm.name == "distill" else None
+    if distill is not None and (distill.reward_weight == 0 or group_size < 2):
+        advantages = torch.zeros_like(rewards)  # the teacher's per-token signal is the whole advantage
+    elif group_size > 1:
         token_counts = torch.tensor([[trained_tokens(c) for c in g.completions] for g in groups])
         advantages = group_advantages(
             algorithm.name, rewards, scale_by_std=algorithm.normalize_advantages, token_counts=token_counts
         )
     else:
         advantages = rewards - rewards.mean()
+    if distill is not None:
+        advantages = advantages * distill.reward_weight
     # One conversion to Python floats (the same values) instead of a tensor index per sample.
     advantage_rows, reward_rows = advantages.tolist(), rewards.tolist()
     samples = []
@@ -381,6 +386,28 @@ def build_samples(groups: list[Group], algorithm: AlgorithmSpec, group_size: int
             if g.vision is not None:
                 samples[-1]["vision"] = g.vision
     return samples
+
+
+def load_teacher(spec: Any, task: Any, rows: list[Row], device: torch.device, tokenizer: Any) -> torch.nn.Module:
+    """The frozen teacher of `algorithm.distill`, checked to read the student's token ids as the student does."""
+    source = spec.algorithm.distill.teacher
+    field = "spec.algorithm.distill.teacher"
+    update = {"source": source.source, "path": source.path, "hub_id": source.hub_id, "lora": None}
+    try:
+        teacher, teacher_tokenizer = load_policy(
+            spec.model.model_copy(update=update), task, rows, spec.trainer.seed, device, spec.trainer.precision
+        )
+    except ModelSourceError as exc:
+        raise FatalConfigError(str(exc).replace("spec.model.", f"{field}.")) from None
+    mine, theirs = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+    if mine != theirs:
+        differing = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda item: item[1])[:3]
+        raise FatalConfigError(
+            f"{field}: the teacher's tokenizer differs from the student's ({len(theirs)} tokens against "
+            f"{len(mine)}; e.g. {differing}): distillation compares both models' log-probabilities of the same "
+            "token ids, so the teacher must share the student's tokenizer (the same model family)"
+        )
+    return teacher.eval().requires_grad_(False)
 
 
 def accuracy_term(spec: Any) -> str | None:
@@ -504,6 +531,10 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
                 except ModelSourceError as exc:
                     raise FatalConfigError(str(exc).replace("spec.model.", "spec.model.reference.")) from None
         reference.eval().requires_grad_(False)
+    teacher = None
+    if spec.algorithm.distill is not None:
+        with fits_beside_rollout(collocated, spec.rollout.engine, device):
+            teacher = load_teacher(spec, task, all_rows, device, tokenizer)
     learner = LLMLearner(
         model,
         spec.algorithm,
@@ -513,6 +544,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         max_response_tokens=response_budget(spec) or task.max_response_length,  # Dr. GRPO: an episode's budget
         reference=reference,
         reference_is_base=reference_is_base,
+        teacher=teacher,
         merge_on_export=lora is None or lora.merge_on_export,
         rank=rank,
         world_size=world,
@@ -836,6 +868,8 @@ def _record(
     }
     if controller.spec.algorithm.dynamic_sampling:
         record["dynamic_sampling_filled"] = filled
+    if controller.spec.algorithm.name == "distill":
+        record["distill_kl"] = stats["distill_kl"]
     if controller.text_env:
         record.update(episode_metrics([c for g in groups for c in g.completions]))
     for name in groups[0].terms or {}:

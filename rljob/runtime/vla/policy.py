@@ -54,6 +54,8 @@ class VLAActorCritic(nn.Module):
         self.register_buffer("input_ids", torch.tensor(ids, dtype=torch.long), persistent=False)
         self.register_buffer("action_ids", torch.tensor(inputs.action_ids, dtype=torch.long), persistent=False)
         self.prompt_length = len(inputs.prompt_ids)
+        self.input_shape = (patcher.height, patcher.width, patcher.channels)
+        """One observation as the policy takes it (PPO reshapes batches to [n, *input_shape])."""
         self.image_token_id = inputs.image_token_id
 
     def heads(self, obs: Tensor) -> tuple[Tensor, Tensor]:
@@ -80,6 +82,12 @@ class VLAActorCritic(nn.Module):
 
     def value(self, obs: Tensor) -> Tensor:
         return self.heads(obs)[1]
+
+    def policy_and_value(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """(action-token logits, values): [B, bins] logits for Discrete actions (what PPO's fast path reads), else
+        [B, dims, bins]."""
+        logits, values = self.heads(obs)
+        return (logits[:, 0] if self.discrete else logits), values
 
     @torch.no_grad()
     def act(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:

@@ -148,3 +148,26 @@ async def test_a_peer_in_any_served_namespace_puts_the_gate_on_standby(kube: Kub
         assert gate.paused and "active-replica" in (gate.reason or "")
     finally:
         await client.close()
+
+
+async def test_a_standby_takes_over_when_the_dead_active_replicas_record_runs_out(
+    kube: KubernetesApiEmulator, cluster: Cluster
+) -> None:
+    """The active replica was killed (no clean exit): its record stays until lastseen + lifetime. The standby
+    must leave a job posted meanwhile alone until then, and create its pods as soon as the record runs out,
+    without any other change to the peering object (kopf wakes itself at the deadline)."""
+    kube.create_object(
+        PEERINGS, NS, {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "rljob"}}
+    )
+    async with operator_running(kube, peering="rljob", priority=10) as op:
+        await eventually(lambda: (kube.read_object(PEERINGS, NS, "rljob") or {}).get("status"), what="own record")
+        lifetime = 6
+        killed_at = time.time()  # the active replica's last renewal, right before it was killed
+        kube.patch_object(PEERINGS, NS, "rljob", {"status": {"killed-replica": peer(100, lifetime=lifetime)}})
+        await eventually(lambda: sample(op.metrics, "rljob_operator_standby") == 1, what="standing by")
+        cluster.create_job(cartpole_job())
+        await eventually(lambda: time.time() > killed_at + lifetime - 1, timeout=lifetime + 1, what="near the end")
+        assert not cluster.pods("cp"), "the standby acted while the dead replica's record was live"
+        await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS, what="pods, by the new active replica")
+        assert time.time() >= killed_at + lifetime
+        assert sample(op.metrics, "rljob_operator_standby") == 0

@@ -98,7 +98,7 @@ def test_env_kwargs_the_env_does_not_take_name_the_field():
     ("observation_space", "action_space", "problem"),
     [
         (gymnasium.spaces.Tuple([gymnasium.spaces.Discrete(3)]), gymnasium.spaces.Discrete(2), "observation space"),
-        (gymnasium.spaces.Box(0, 1, (4, 4)), gymnasium.spaces.Discrete(2), "observation space"),
+        (gymnasium.spaces.Box(0, 255, (4, 4), dtype=np.uint8), gymnasium.spaces.Discrete(2), "observation space"),
         (gymnasium.spaces.Box(0, 1, (4,)), gymnasium.spaces.MultiDiscrete([2, 2]), "action space"),
         (gymnasium.spaces.Box(0, 1, (4,)), gymnasium.spaces.Discrete(2, start=1), "action space"),
         (gymnasium.spaces.Box(0, 1, (4,)), gymnasium.spaces.Box(0, 1, (2, 2)), "action space"),

@@ -10,7 +10,7 @@ import pytest
 
 from rljob.api.spec import GymTask, GymWrapperName
 from rljob.runtime.gym.env import StepRate
-from rljob.runtime.gym.envs import GymConfigError, VectorGymEnv, episode_successes, make_env
+from rljob.runtime.gym.envs import GymConfigError, VectorGymEnv, make_env, step_successes
 from rljob.runtime.gym.wrappers import BUILTIN_WRAPPERS
 
 SOLVED_WHEN_RIGHT = "EpisodeSolvedWhenPushedRight-v0"
@@ -107,7 +107,7 @@ def test_episode_successes_are_read_where_episodes_end():
 
 def test_an_env_that_says_nothing_about_success_gives_no_rate():
     info = {"final_info": {"x": np.ones(2)}, "_final_info": np.array([True, False])}
-    assert np.isnan(episode_successes(info, np.array([True, False]))).all()
+    assert np.isnan(step_successes(info, np.array([True, False]))).all()
 
 
 def test_step_rate_counts_steps_over_its_window():

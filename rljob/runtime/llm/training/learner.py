@@ -111,6 +111,7 @@ class LLMLearner:
         max_response_tokens: int,
         reference: nn.Module | None = None,
         reference_is_base: bool = False,
+        teacher: nn.Module | None = None,
         merge_on_export: bool = True,
         rank: int = 0,
         world_size: int = 1,
@@ -136,6 +137,10 @@ class LLMLearner:
         self.temperature = temperature
         self.max_response_tokens = max_response_tokens
         self.reference = reference
+        if (algorithm.name == "distill") != (teacher is not None):
+            raise ValueError("algorithm.name distill trains against a teacher model, and only distill does")
+        self.teacher = teacher
+        """distill: the frozen teacher whose log-probs of the student's tokens give each token's advantage."""
         self.rank, self.world_size = rank, world_size
         self.device = next(model.parameters()).device
         # An offline stage (sft, dpo) brings its own loss (`rljob.runtime.llm.stage`) and never calls `update`.
@@ -154,8 +159,9 @@ class LLMLearner:
         """ddp with bf16 on CUDA: the dtype forward passes compute in, the weights and optimizer staying fp32."""
         if self.sharded:
             self.wire_dtype = shard_policy(model, self.device, trainer.precision)
-            if reference is not None:  # the frozen reference is sharded too: it is as large as the policy
-                shard_policy(reference, self.device, trainer.precision)
+            for frozen in (reference, teacher):  # sharded too: each is at least as large as the policy
+                if frozen is not None:
+                    shard_policy(frozen, self.device, trainer.precision)
         elif mixed_precision(self.device, trainer.precision, self.wire_dtype):
             # As fsdp2's MixedPrecisionPolicy: fp32 master weights, bf16 compute. Stepping bf16 weights would
             # round away every update below 1/256 of a weight (most updates at RL learning rates).
@@ -168,7 +174,7 @@ class LLMLearner:
             trainer.shared_prompts
             and shares_prompts(model)
             and not has_dropout(model)
-            and (reference is None or shares_prompts(reference))
+            and all(frozen is None or shares_prompts(frozen) for frozen in (reference, teacher))
         )
         """Whether micro-batches run each distinct prompt's prefix once (`batch.collate_shared`)."""
         self.optimizer = build_optimizer(self.params, trainer)
@@ -242,8 +248,9 @@ class LLMLearner:
         micro = [self._micro(shard) for shard in shards]
         old_pass = self.old_logprobs_pass
         old: list[list[Tensor | None]] = []
-        sums = torch.zeros(8, dtype=torch.float64)
-        # [tokens, mismatch k3 sum, mismatch max gap, entropy sum, kl sum, clip sum, loss sum, corrected sum]
+        sums = torch.zeros(9, dtype=torch.float64)
+        # [tokens, mismatch k3 sum, mismatch max gap, entropy sum, kl sum, clip sum, loss sum, corrected sum,
+        #  distill: student-teacher log-ratio sum]
         self.model.train()
         chunk = self.trainer.logprob_chunk_tokens
         if old_pass:
@@ -258,6 +265,7 @@ class LLMLearner:
         else:  # the training forward below is the data's own policy: it adds these statistics itself
             old = [[None] * len(batches) for batches in micro]
         refs = self._reference_logprobs(micro) if algo.kl_coef > 0 else None
+        teachers = self._teacher_logprobs(micro) if self.teacher is not None else None
         for _ in range(algo.epochs):
             for m, batches in enumerate(micro):
                 local = sum(loss_normalizer(mb.response_mask, algo.loss_aggregation) for mb in batches)
@@ -267,7 +275,9 @@ class LLMLearner:
                 self.optimizer.zero_grad(set_to_none=True)
                 loss = 0.0
                 for j, mb in enumerate(batches):
-                    stats = self._backward(mb, old[m][j], None if refs is None else refs[m][j], normalizer, sums)
+                    ref = None if refs is None else refs[m][j]
+                    teacher = None if teachers is None else teachers[m][j]
+                    stats = self._backward(mb, old[m][j], ref, teacher, normalizer, sums)
                     for k, v in stats.items():
                         sums[k] += v
                     loss += stats[6]
@@ -289,6 +299,8 @@ class LLMLearner:
             "mismatch_kl": float(totals[1]) / tokens,
             "mismatch_max_gap": float(totals[2]),
             "corrected_fraction": float(totals[7]) / (tokens * passes),
+            # k1 estimate of KL(student || teacher) per token, on the student's own samples (distill).
+            "distill_kl": float(totals[8]) / (tokens * passes) if self.teacher is not None else 0.0,
             "grad_norm": grad_norm,
             "learning_rate": lr,
             "response_tokens": tokens,
@@ -304,7 +316,13 @@ class LLMLearner:
                 torch.cuda.empty_cache()
 
     def _backward(
-        self, mb: MicroBatch, old: Tensor | None, ref: Tensor | None, normalizer: float, sums: Tensor
+        self,
+        mb: MicroBatch,
+        old: Tensor | None,
+        ref: Tensor | None,
+        teacher: Tensor | None,
+        normalizer: float,
+        sums: Tensor,
     ) -> dict[int, float]:
         algo = self.algorithm
         mask = mb.response_mask
@@ -334,10 +352,18 @@ class LLMLearner:
         common = {"mask": mask, "aggregation": algo.loss_aggregation, "normalizer": normalizer}
         norm_length = self.max_response_tokens if algo.loss_aggregation == "seq-mean-token-sum-norm" else None
         assert self.policy_loss is not None, "an offline stage's learner runs no RL update"
+        advantages = mb.advantages
+        distill_sum = 0.0
+        if teacher is not None:
+            assert algo.distill is not None
+            # Each sampled token's advantage: coef x (log teacher - log student), the negative per-token reverse KL.
+            log_ratio = (old_logprobs - teacher).detach() * mask
+            advantages = advantages - algo.distill.coef * log_ratio
+            distill_sum = float(log_ratio.sum())
         loss, stats = self.policy_loss(
             logprobs,
             old_logprobs,
-            mb.advantages,
+            advantages,
             algo.clip_ratio_low,
             algo.clip_ratio_high,
             dual_clip=algo.dual_clip,
@@ -354,7 +380,13 @@ class LLMLearner:
             loss = loss - algo.entropy_coef * entropy_bonus(entropy, norm_length=norm_length, **common)
         loss.backward()
         tokens = float(mask.sum())
-        return {4: kl_sum, 5: float(stats["clip_fraction"]) * tokens, 6: float(loss.detach()), 7: corrected}
+        return {
+            4: kl_sum,
+            5: float(stats["clip_fraction"]) * tokens,
+            6: float(loss.detach()),
+            7: corrected,
+            8: distill_sum,
+        }
 
     @torch.no_grad()
     def _reference_logprobs(self, micro: list[list[MicroBatch]]) -> list[list[Tensor]]:
@@ -364,6 +396,12 @@ class LLMLearner:
         assert self.reference is not None
         self.reference.eval()
         return self._logprobs_of(self.reference, micro)
+
+    @torch.no_grad()
+    def _teacher_logprobs(self, micro: list[list[MicroBatch]]) -> list[list[Tensor]]:
+        assert self.teacher is not None
+        self.teacher.eval()
+        return self._logprobs_of(self.teacher, micro)
 
     def _logprobs_of(self, model: nn.Module, micro: list[list[MicroBatch]]) -> list[list[Tensor]]:
         chunk = self.trainer.logprob_chunk_tokens
