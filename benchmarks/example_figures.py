@@ -4,7 +4,8 @@ Each example runs under `rljob run` as a user runs it (`--quiet`, one seed per r
 `--set spec.trainer.seed=N`), one after another on this machine. Per run: what `rljob run` prints as its result
 (stdout), the health lines it printed (stderr: a healthy example must not be flagged), and from metrics.jsonl the
 training accuracy of the first and last 10 steps, the held-out accuracy at the first and last evaluation, the
-mean return of the first and last 20 episodes, the lowest policy entropy and the seconds of training (`wall_time` of the
+mean return of the first and last 20 episodes, the episodes' success rate of the first and last 10 steps (tasks
+whose env says), the lowest policy entropy and the seconds of training (`wall_time` of the
 last step: from actor 0's first step, without start-up). The machine's cores and load average go beside them:
 the seconds move with the load.
 
@@ -39,9 +40,10 @@ EXAMPLES = {
     "grpo-vlm-tiny-shapes": ("examples/grpo-vlm-tiny-shapes.yaml", [0]),
     "minigrid-pixels-ppo": ("examples/minigrid-pixels-ppo.yaml", [1, 2, 3]),
     "metaworld-reach-ppo": ("examples/metaworld-reach-ppo.yaml", [1, 2]),
+    "vla-tiny": ("examples/vla-tiny.yaml", [1, 2, 3]),
 }
-"""Example name -> (manifest, default seeds). cartpole-ppo and minigrid-pixels-ppo ship with seed 1, the others with
-seed 0."""
+"""Example name -> (manifest, default seeds). cartpole-ppo, minigrid-pixels-ppo and vla-tiny ship with seed 1, the
+others with seed 0."""
 HEALTH_CONDITIONS = ("EntropyCollapsed", "MismatchHigh", "Stalled")
 WINDOW = 10
 MARKED = re.compile(r"<!-- figure: (?P<key>[\w.-]+) -->(?P<body>.*?)<!-- /figure -->", re.DOTALL)

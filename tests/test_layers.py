@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("rljob.runtime.wire",),
     ("rljob.runtime.sandbox", "rljob.runtime.weights", "rljob.runtime.optim"),
     ("rljob.runtime.gym", "rljob.runtime.llm"),
+    ("rljob.runtime.vla",),
     ("rljob.runtime.roles", "rljob.runtime.preflight"),
     ("rljob.launch",),
     ("rljob.operator",),

@@ -53,7 +53,7 @@ def resolve_defaults(job: RLJob) -> RLJob:
     if spec.rollout.max_tokens is None and spec.task.llm is not None:
         spec.rollout.max_tokens = spec.task.llm.max_response_length
     if spec.model.source == "builtin" and spec.model.builtin.architecture is None:
-        spec.model.builtin.architecture = "mlp" if gym else "tiny-qwen2"
+        spec.model.builtin.architecture = ("tiny-qwen2-vl" if spec.model.vla else "mlp") if gym else "tiny-qwen2"
     if spec.roles.env.replicas is None:
         text_env = spec.task.llm is not None and spec.task.llm.env is not None
         spec.roles.env.replicas = 1 if (gym or text_env) and not offline else 0
@@ -409,12 +409,23 @@ def _check_model(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     if model.source == "hub" and not model.hub_id:
         yield "model.hubId", "model.source hub needs model.hubId, e.g. Qwen/Qwen2.5-0.5B"
     gym = spec.task.type == "gym"
-    if gym and model.source != "builtin":
-        yield "model.source", "gym tasks train the builtin mlp policy: set model.source to builtin"
+    if gym and model.source != "builtin" and model.vla is None:
+        yield (
+            "model.source",
+            "gym tasks train the builtin mlp policy: set model.source to builtin (or set model.vla to train a "
+            "vision-language-action checkpoint)",
+        )
+    if model.vla is not None and not gym:
+        yield "model.vla", "vision-language-action policies act in gym environments: remove model.vla for llm tasks"
     arch = model.builtin.architecture
     if model.source == "builtin" and arch is not None:
-        if gym and arch not in ("mlp", "cnn"):
-            yield "model.builtin.architecture", f"gym tasks use mlp or cnn (got {arch!r})"
+        if gym and model.vla is not None and arch != "tiny-qwen2-vl":
+            yield "model.builtin.architecture", f"model.vla builds on tiny-qwen2-vl (got {arch!r})"
+        if gym and model.vla is None and arch not in ("mlp", "cnn"):
+            yield (
+                "model.builtin.architecture",
+                f"gym tasks use mlp or cnn (got {arch!r}), or tiny-qwen2-vl with model.vla",
+            )
         if not gym and arch not in ("tiny-qwen2", "tiny-qwen2-vl"):
             yield "model.builtin.architecture", f"llm tasks use tiny-qwen2 or tiny-qwen2-vl (got {arch!r})"
         if arch == "cnn":

@@ -281,6 +281,22 @@ class LoraSpec(SpecModel):
     `adapter_model.safetensors`)."""
 
 
+class VLASpec(SpecModel):
+    """A vision-language-action policy (gym tasks): the vision-language model reads each camera image and the
+    instruction and emits every action dimension as one of `actionBins` action tokens (OpenVLA's scheme)."""
+
+    instruction: str = Field(min_length=1)
+    """The task in words, the same for every episode of the job, e.g. `pick up the red square`."""
+    prompt_template: str = Field(
+        default="In: What action should the robot take to {instruction}?\nOut:", pattern=r"\{instruction\}"
+    )
+    """The text after the image; `{instruction}` is replaced by `instruction`. The default is OpenVLA's prompt; a
+    model trained from scratch learns faster from a short one (the tiny example's `{instruction}:`)."""
+    action_bins: int = Field(default=256, ge=2)
+    """Box actions: bins per action dimension, evenly spaced from the space's low to its high bound (each bin one
+    reserved token). Discrete(n) actions use n tokens and ignore this."""
+
+
 class ModelSpec(SpecModel):
     """The policy being trained."""
 
@@ -297,6 +313,9 @@ class ModelSpec(SpecModel):
     hub_id: str | None = None
     """Model id on a hub, e.g. `Qwen/Qwen2.5-Math-1.5B` (source hub)."""
     builtin: BuiltinNetwork = Field(default_factory=BuiltinNetwork)
+    vla: VLASpec | None = None
+    """Gym tasks with camera images: train a vision-language-action policy (`builtin` tiny-qwen2-vl, or a
+    Qwen2-VL style checkpoint as `local` or `hub`) instead of the mlp."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """dtype the policy is loaded in; `auto`: bf16/fp16 on GPU as trainer.precision says, float32 on CPU."""
     gradient_checkpointing: bool = False

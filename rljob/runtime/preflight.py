@@ -222,7 +222,10 @@ def gym_loaded_problems(job: RLJob, warn: Warn = _stderr) -> list[Problem]:
 
     assert job.spec.task.gym is not None
     try:
-        check_task(job.spec.task.gym, job.spec.model.builtin if job.spec.model.source == "builtin" else None)
+        model = job.spec.model
+        observation_space, action_space = check_task(
+            job.spec.task.gym, model.builtin if model.source == "builtin" else None, vla=model.vla is not None
+        )
     except GymConfigError as exc:
         return [Problem("", str(exc))]
     except Exception as exc:  # not a configuration error (see make_env): the env role tries again, and is retried
@@ -230,6 +233,25 @@ def gym_loaded_problems(job: RLJob, warn: Warn = _stderr) -> list[Problem]:
             f"warning: could not create {job.spec.task.gym.env_id!r} to check it before starting "
             f"({type(exc).__name__}: {exc}); the env role will try again"
         )
+        return []
+    return policy_space_problems(job, observation_space, action_space)
+
+
+def policy_space_problems(job: RLJob, observation_space: object, action_space: object) -> list[Problem]:
+    """Whether a VLA policy (`model.vla`) takes the env's spaces (images; Discrete or bounded Box actions), said
+    before any role starts, in the words the roles would use."""
+    vla = job.spec.model.vla
+    if vla is None:
+        return []
+    from rljob.runtime.gym.models import UnsupportedSpaceError
+    from rljob.runtime.vla.images import check_image_space
+    from rljob.runtime.vla.tokens import ActionTokenizer
+
+    try:
+        ActionTokenizer.for_space(action_space, vla.action_bins)
+        check_image_space(observation_space)
+    except UnsupportedSpaceError as exc:
+        return [Problem("", str(exc))]
     return []
 
 

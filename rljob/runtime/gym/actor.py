@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from rljob.runtime.gym.envs import space_from_wire
-from rljob.runtime.gym.models import UnsupportedSpaceError, build_actor_critic
+from rljob.runtime.gym.models import PolicyBuilder, UnsupportedSpaceError, build_builtin_policy
 from rljob.runtime.gym.ppo import BATCH_FIELDS, GymBatch, PPOLearner
 from rljob.runtime.optim.divergence import Diverged, diverged_exit
 from rljob.runtime.process.log_limit import LimitedLog, reason_of
@@ -327,7 +327,7 @@ def restore_learner(learner: PPOLearner, state: dict[str, Any], path: str | Path
         ) from None
 
 
-def run_actor(context: RoleContext) -> int:
+def run_actor(context: RoleContext, build_policy: PolicyBuilder = build_builtin_policy) -> int:
     spec = context.job.spec
     identity = context.identity
     gym = spec.task.gym
@@ -354,7 +354,7 @@ def run_actor(context: RoleContext) -> int:
                 identity.ranks_per_replica,
                 device,
             )
-        return _train(context, health, device, rank, world)
+        return _train(context, health, device, rank, world, build_policy)
     except InterruptedError:
         context.log.info("stopped before the first step: nothing to checkpoint")
         return EXIT_PREEMPTED
@@ -376,7 +376,9 @@ def run_actor(context: RoleContext) -> int:
             dist.destroy_process_group()
 
 
-def _train(context: RoleContext, health: Any, device: torch.device, rank: int, world: int) -> int:
+def _train(
+    context: RoleContext, health: Any, device: torch.device, rank: int, world: int, build_policy: PolicyBuilder
+) -> int:
     spec = context.job.spec
     identity = context.identity
     gym = spec.task.gym
@@ -409,7 +411,7 @@ def _train(context: RoleContext, health: Any, device: torch.device, rank: int, w
     action_space = space_from_wire(spaces["action_space"])
     torch.manual_seed(spec.trainer.seed)
     try:
-        model = build_actor_critic(spec.model.builtin, observation_space, action_space).to(device)
+        model = build_policy(spec, observation_space, action_space).to(device)
     except UnsupportedSpaceError as exc:
         raise FatalConfigError(str(exc)) from None
     learner = PPOLearner(

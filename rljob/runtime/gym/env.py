@@ -50,7 +50,8 @@ def run_env(context: RoleContext) -> int:
     identity = context.identity
     start, count = env_share(task.num_envs, identity.replicas, identity.replica)
     try:
-        envs = VectorGymEnv(task, count, context.job.spec.model.builtin)
+        model = context.job.spec.model
+        envs = VectorGymEnv(task, count, model.builtin, vla=model.vla is not None)
     except GymConfigError as exc:
         raise FatalConfigError(str(exc)) from None
     tag = process_tag()

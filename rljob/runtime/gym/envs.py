@@ -188,10 +188,17 @@ def _first_line(exc: BaseException) -> str:
 
 
 def check_spaces(
-    env_id: str, observation_space: spaces.Space, action_space: spaces.Space, network: BuiltinNetwork | None = None
+    env_id: str,
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    network: BuiltinNetwork | None = None,
+    vla: bool = False,
 ) -> None:
     """The spaces the builtin network handles: vector observations (a Box, flattened) for the mlp, images the
-    convolutions fit for the cnn; Discrete (from 0) or 1-D Box actions for both."""
+    convolutions fit for the cnn; Discrete (from 0) or 1-D Box actions for both. A VLA (`model.vla`) checks its
+    own spaces when it is built (`rljob.runtime.vla`)."""
+    if vla:
+        return
     architecture = (network.architecture if network else None) or "mlp"
     if architecture == "cnn":
         assert network is not None
@@ -219,19 +226,21 @@ def check_spaces(
         )
 
 
-def check_task(task: GymTask, network: BuiltinNetwork | None = None) -> tuple[spaces.Space, spaces.Space]:
+def check_task(
+    task: GymTask, network: BuiltinNetwork | None = None, vla: bool = False
+) -> tuple[spaces.Space, spaces.Space]:
     """Create one environment, check its spaces against `network` (`spec.model.builtin`; mlp when None), close it:
     `GymConfigError` names what to fix."""
     if task.vectorization == "native":
         vector = make_native_vector(task, 1)
         try:
-            check_spaces(task.env_id, vector.single_observation_space, vector.single_action_space, network)
+            check_spaces(task.env_id, vector.single_observation_space, vector.single_action_space, network, vla)
             return vector.single_observation_space, vector.single_action_space
         finally:
             vector.close()
     env = make_env(task)
     try:
-        check_spaces(task.env_id, env.observation_space, env.action_space, network)
+        check_spaces(task.env_id, env.observation_space, env.action_space, network, vla)
         return env.observation_space, env.action_space
     finally:
         env.close()
@@ -335,10 +344,10 @@ class StepResult:
 class VectorGymEnv:
     """`count` copies of one gymnasium env, stepped together with same-step autoreset."""
 
-    def __init__(self, task: GymTask, count: int, network: BuiltinNetwork | None = None) -> None:
+    def __init__(self, task: GymTask, count: int, network: BuiltinNetwork | None = None, vla: bool = False) -> None:
         if count < 1:
             raise ValueError("an env replica needs at least one environment (task.gym.numEnvs >= roles.env.replicas)")
-        check_task(task, network)  # fail early, naming the field to fix
+        check_task(task, network, vla)  # fail early, naming the field to fix
         makers = [lambda: make_env(task) for _ in range(count)]
         self.vector: gymnasium.vector.VectorEnv
         if task.vectorization == "native":

@@ -7,7 +7,8 @@ layers gain sqrt(2), the policy head gain 0.01 (a nearly uniform initial policy)
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -19,7 +20,7 @@ from rljob.runtime.gym.images import ImageLayout, ImageSpaceError, check_conv_fi
 if TYPE_CHECKING:
     import gymnasium
 
-    from rljob.api.spec import BuiltinNetwork
+    from rljob.api.spec import BuiltinNetwork, RLJobSpec
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -264,3 +265,17 @@ def build_actor_critic(
             "spec.model.builtin.architecture: cnn"
         )
     return build_mlp_actor_critic(builtin, observation_space, action_space)
+
+
+PolicyBuilder = Callable[["RLJobSpec", "gymnasium.spaces.Space", "gymnasium.spaces.Space"], Any]
+"""(spec, observation space, action space) -> the actor-critic the actor trains and the rollouts act with (`act`,
+`evaluate`, `value`, `policy_and_value`, `discrete`, `action_shape`, `input_shape`); raises `UnsupportedSpaceError`
+for spaces it cannot take. The role programs pass one to the gym actor and rollout: the builtin networks' below, or
+a VLA's (`rljob.runtime.vla`)."""
+
+
+def build_builtin_policy(
+    spec: RLJobSpec, observation_space: gymnasium.spaces.Space, action_space: gymnasium.spaces.Space
+) -> ActorCritic:
+    """The default `PolicyBuilder`: the builtin network `spec.model.builtin` names."""
+    return build_actor_critic(spec.model.builtin, observation_space, action_space)

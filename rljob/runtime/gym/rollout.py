@@ -22,7 +22,7 @@ import torch
 
 from rljob.runtime.gym.collector import TrajectoryCollector
 from rljob.runtime.gym.envs import space_from_wire
-from rljob.runtime.gym.models import ActorCritic, UnsupportedSpaceError, build_actor_critic
+from rljob.runtime.gym.models import PolicyBuilder, UnsupportedSpaceError, build_builtin_policy
 from rljob.runtime.gym.torch_policy import rollout_policy
 from rljob.runtime.weights.sync import StagedWeights, WeightSubscriber
 from rljob.runtime.wire.context import FatalConfigError, RoleContext
@@ -44,7 +44,7 @@ class WeightsMissing(RuntimeError):
 class RolloutEngine:
     """Weights, versions and the batch queue shared by the request thread and the producer thread."""
 
-    def __init__(self, context: RoleContext) -> None:
+    def __init__(self, context: RoleContext, build_policy: PolicyBuilder = build_builtin_policy) -> None:
         spec = context.job.spec
         identity = context.identity
         self.context = context
@@ -56,7 +56,7 @@ class RolloutEngine:
         observation_space = space_from_wire(self.collector.spaces["observation_space"])
         action_space = space_from_wire(self.collector.spaces["action_space"])
         try:
-            self.policy: ActorCritic = build_actor_critic(spec.model.builtin, observation_space, action_space)
+            self.policy = build_policy(spec, observation_space, action_space)
         except UnsupportedSpaceError as exc:
             raise FatalConfigError(str(exc)) from None
         self.policy.eval()
@@ -171,7 +171,7 @@ class RolloutEngine:
                     self.lock.notify_all()
 
 
-def run_rollout(context: RoleContext) -> int:
+def run_rollout(context: RoleContext, build_policy: PolicyBuilder = build_builtin_policy) -> int:
     if context.job.spec.task.gym is None:
         context.log.error("this runtime's rollout role serves gym tasks; task.type is %s", context.job.spec.task.type)
         return 1
@@ -182,7 +182,7 @@ def run_rollout(context: RoleContext) -> int:
 
     identity = context.identity
     health = RoleHealth(context, counters={})
-    engine = RolloutEngine(context)
+    engine = RolloutEngine(context, build_policy)
     health.counters.update(
         {
             "rollout_batches_total": lambda: engine.batches,

@@ -39,6 +39,9 @@ class TorchPolicy:
 
     @torch.no_grad()
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if not isinstance(self.model, ActorCritic):  # a policy of its own kind (a VLA's action tokens) samples itself
+            actions, logprobs, values = self.model.act(torch.from_numpy(obs))
+            return actions.numpy(), logprobs.numpy().astype(np.float32), values.numpy().astype(np.float32)
         out, values = self.model.policy_and_value(torch.from_numpy(obs))
         if self.model.discrete:
             log_probs = torch.log_softmax(out, dim=-1)

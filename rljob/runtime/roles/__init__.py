@@ -15,8 +15,8 @@ from rljob.runtime.wire.context import RoleContext
 RoleMain = Callable[[RoleContext], int]
 
 ROLE_PROGRAMS: dict[tuple[str, str], str] = {
-    ("gym", "actor"): "rljob.runtime.gym.actor:run_actor",
-    ("gym", "rollout"): "rljob.runtime.gym.rollout:run_rollout",
+    ("gym", "actor"): "rljob.runtime.roles.gym_policy:run_gym_actor",
+    ("gym", "rollout"): "rljob.runtime.roles.gym_policy:run_gym_rollout",
     ("gym", "env"): "rljob.runtime.gym.env:run_env",
     ("llm", "actor"): "rljob.runtime.llm.actor:run_actor",
     ("llm", "rollout"): "rljob.runtime.llm.rollout:run_rollout",
