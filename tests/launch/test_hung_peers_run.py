@@ -11,6 +11,8 @@ import urllib.request
 
 import pytest
 
+from rljob.runtime.weights.nccl_env import GROUP_TIMEOUT_S
+
 GRPO = "examples/grpo-tiny-arithmetic.yaml"
 BATCH = 8
 SETTINGS = (
@@ -110,7 +112,9 @@ def test_a_frozen_gym_rollout_is_named_while_the_step_waits_for_its_environments
     frozen.suspend()
     try:
         # Its environments live in it: nothing can take its share of the batch, so the step waits and names it.
-        log = wait_for_log(run, "rollout-0 has not answered for")
+        # A freeze that lands during a weight push holds the actor in that broadcast until it times out first
+        # (GROUP_TIMEOUT_S); the fetch after it names the replica.
+        log = wait_for_log(run, "rollout-0 has not answered for", timeout=GROUP_TIMEOUT_S + 60)
         assert "no other replica can take its work: waiting" in log
         late = progress(run)
         assert [entry["replica"] for entry in late["lateReplicas"]] == ["rollout-0"], late

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from rljob.api import ROLE_NAMES, InvalidRLJob, validate_job
+from rljob.api.spec import OFFLINE_STAGES
 from rljob.operator.manifests import build_children, replica_counts
 from rljob.operator.settings import OperatorSettings
 
@@ -110,6 +111,17 @@ def valid_jobs(draw: st.DrawFn, bases: dict[str, dict[str, Any]]) -> dict[str, A
     roles = spec.setdefault("roles", {})
     for role in ROLE_NAMES:
         roles[role] = draw(role_patch(role, base))
+    # Replica counts the validation rules allow for the base's kind of job, so that most drawn jobs are valid.
+    if spec["task"]["type"] == "gym":  # the environments give the reward; a rollout drives at least one env replica
+        roles["reward"]["replicas"] = 0
+        roles["rollout"]["replicas"] = draw(st.integers(1, roles["env"]["replicas"]))
+    else:
+        if not spec["task"]["llm"].get("env"):
+            roles["env"]["replicas"] = 0
+        else:  # a text environment is served by the env role
+            roles["env"]["replicas"] = draw(st.integers(1, 2))
+        if spec["algorithm"]["name"] in OFFLINE_STAGES:  # the actor alone
+            roles["rollout"]["replicas"] = roles["reward"]["replicas"] = 0
     if spec["task"]["type"] == "gym":
         spec["task"]["gym"]["numEnvs"] = 8
     gang = draw(st.sampled_from(["none", "volcano", "scheduler-plugins", "kueue"]))
