@@ -408,6 +408,8 @@ def _check_model(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
         yield "model.path", "model.source local needs model.path: a directory with a Hugging Face model"
     if model.source == "hub" and not model.hub_id:
         yield "model.hubId", "model.source hub needs model.hubId, e.g. Qwen/Qwen2.5-0.5B"
+    if model.source == "job" and not model.job:
+        yield "model.job", "model.source job needs model.job: the name of the RLJob whose exported model to start from"
     gym = spec.task.type == "gym"
     if gym and model.source != "builtin" and model.vla is None:
         yield (
@@ -440,6 +442,8 @@ def _check_model(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
         yield "model.reference.path", "reference source local needs model.reference.path"
     if ref is not None and ref.source == "hub" and not ref.hub_id:
         yield "model.reference.hubId", "reference source hub needs model.reference.hubId"
+    if ref is not None and ref.source == "job" and not ref.job:
+        yield "model.reference.job", "reference source job needs model.reference.job: the RLJob whose model to use"
     if model.lora is not None:
         if gym:
             yield "model.lora", "LoRA adapts language models: gym tasks train the whole mlp policy; remove model.lora"
@@ -467,6 +471,8 @@ def _check_algorithm(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
         yield "algorithm.distill.teacher.path", "teacher.source local needs teacher.path: the teacher's model directory"
     if teacher is not None and teacher.source == "hub" and not teacher.hub_id:
         yield "algorithm.distill.teacher.hubId", "teacher.source hub needs teacher.hubId, e.g. Qwen/Qwen2.5-7B-Instruct"
+    if teacher is not None and teacher.source == "job" and not teacher.job:
+        yield "algorithm.distill.teacher.job", "teacher.source job needs teacher.job: the RLJob that exported it"
     if algo.distill is not None and algo.name != "distill":
         yield "algorithm.distill", f"goes with algorithm.name distill, not {algo.name}: remove it or set name distill"
     if algo.distill is not None and algo.distill.reward_weight > 0 and (algo.group_size or 1) < 2:
@@ -566,6 +572,11 @@ def _check_reward(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     for i, fn in enumerate(functions):
         if [fn.builtin, fn.module, fn.model].count(None) != 2:
             yield f"reward.functions[{i}]", "set exactly one of builtin, module or model"
+        if fn.model is not None and (fn.model.path is None) == (fn.model.job is None):
+            yield (
+                f"reward.functions[{i}].model",
+                "set exactly one of path (the model's directory) or job (the reward_model RLJob that exported it)",
+            )
     if spec.task.type == "llm" and not functions and spec.algorithm.name not in OFFLINE_STAGES:
         yield "reward.functions", "llm tasks need at least one reward function, e.g. {builtin: exact_match}"
     if spec.task.type == "gym" and functions:

@@ -8,7 +8,7 @@ same wording.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema
 from pydantic_core import PydanticCustomError
@@ -250,15 +250,26 @@ class BuiltinNetwork(SpecModel):
     """tiny-qwen2-vl: image patch side in pixels; 2 x 2 patches make one image token."""
 
 
+JobName = Annotated[
+    str,
+    Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"),
+]
+"""The name of another RLJob (a DNS-1123 label)."""
+
+
 class ModelRef(SpecModel):
     """A reference model for the KL penalty."""
 
-    source: Literal["initial", "local", "hub"] = "initial"
-    """`initial`: a frozen copy of the starting policy."""
+    model_config = cel(("self.source != 'job' || has(self.job)", "reference.source job needs reference.job"))
+
+    source: Literal["initial", "local", "hub", "job"] = "initial"
+    """`initial`: a frozen copy of the starting policy; `job`: another RLJob's exported model."""
     path: str | None = None
     """Directory of the reference model (source local)."""
     hub_id: str | None = None
     """Model id of the reference model on a hub (source hub)."""
+    job: JobName | None = None
+    """Name of the RLJob whose exported model is the reference (source job)."""
 
 
 class LoraSpec(SpecModel):
@@ -303,15 +314,22 @@ class ModelSpec(SpecModel):
     model_config = cel(
         ("self.source != 'local' || has(self.path)", "model.source local needs model.path"),
         ("self.source != 'hub' || has(self.hubId)", "model.source hub needs model.hubId"),
+        ("self.source != 'job' || has(self.job)", "model.source job needs model.job"),
     )
 
-    source: Literal["builtin", "local", "hub"] = "builtin"
+    source: Literal["builtin", "local", "hub", "job"] = "builtin"
     """`builtin`: a small network rljob builds (see `builtin`); `local`: a Hugging Face model directory (`path`);
-    `hub`: a model id resolved through the Hugging Face cache (`hubId`)."""
+    `hub`: a model id resolved through the Hugging Face cache (`hubId`); `job`: the model another RLJob exported
+    (`job`), e.g. the `sft` stage before this one."""
     path: str | None = None
     """Directory of a Hugging Face-format model (source local)."""
     hub_id: str | None = None
     """Model id on a hub, e.g. `Qwen/Qwen2.5-Math-1.5B` (source hub)."""
+    job: JobName | None = None
+    """Name of an RLJob in the same namespace whose exported model this job starts from (source job). The
+    operator waits until that job has succeeded and mounts its checkpoint volume read-only in the pods that load
+    the model; `rljob run` takes the newest `<job>-<timestamp>/model` (or `<job>/model`) beside its run
+    directory."""
     builtin: BuiltinNetwork = Field(default_factory=BuiltinNetwork)
     vla: VLASpec | None = None
     """Gym tasks with camera images: train a vision-language-action policy (`builtin` tiny-qwen2-vl, or a
@@ -387,15 +405,18 @@ class TeacherModel(SpecModel):
     model_config = cel(
         ("self.source != 'local' || has(self.path)", "teacher.source local needs teacher.path"),
         ("self.source != 'hub' || has(self.hubId)", "teacher.source hub needs teacher.hubId"),
+        ("self.source != 'job' || has(self.job)", "teacher.source job needs teacher.job"),
     )
 
-    source: Literal["local", "hub"] = "local"
+    source: Literal["local", "hub", "job"] = "local"
     """`local`: a model directory (`path`, e.g. another job's exported `model/` on a shared volume); `hub`: a model id
-    resolved through the Hugging Face cache (`hubId`)."""
+    resolved through the Hugging Face cache (`hubId`); `job`: the model another RLJob of the namespace exported."""
     path: str | None = None
     """Directory of the teacher (source local)."""
     hub_id: str | None = None
     """Model id of the teacher on a hub (source hub)."""
+    job: JobName | None = None
+    """Name of the RLJob whose exported model is the teacher (source job), e.g. an `sft` job; as `model.job`."""
 
 
 class DistillSpec(SpecModel):
@@ -605,9 +626,14 @@ class RolloutSpec(SpecModel):
 class RewardModelRef(SpecModel):
     """A sequence-classification reward model (one output), e.g. the `model/` export of a `reward_model` job."""
 
-    path: str = Field(min_length=1)
+    model_config = cel(("[has(self.path), has(self.job)].filter(x, x).size() == 1", "set exactly one of path or job"))
+
+    path: str | None = Field(default=None, min_length=1)
     """Directory of the Hugging Face model and its tokenizer (a relative path resolves against the reward role's
     working directory)."""
+    job: JobName | None = None
+    """Name of a `reward_model` RLJob in the same namespace whose exported model scores (instead of `path`); as
+    `model.job`, mounted in the reward pods."""
     batch_size: int = Field(default=32, ge=1)
     """(prompt, response) pairs scored per forward pass."""
 
@@ -735,6 +761,10 @@ class CheckpointStorage(SpecModel):
     retain: bool = False
     """Keep the claim when the RLJob is deleted (it gets no owner reference): the job applied again under the same
     name resumes from its checkpoints. Delete it by hand (`kubectl delete pvc <job>-checkpoints`) when done."""
+    access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] | None = None
+    """The claim's access mode. Default: ReadWriteMany when several pods of the job mount it (several actor pods,
+    rollouts reading weight files), else ReadWriteOnce. Set ReadWriteMany (with a StorageClass that provides it)
+    when the exported model feeds a later job whose pods on several nodes load it (`source: job`)."""
 
 
 class CheckpointSpec(SpecModel):
@@ -928,12 +958,19 @@ class AutoscaleSpec(SpecModel):
     """Seconds after any scaling before a rollout is removed."""
 
 
+def _no_server_default(schema: dict[str, Any]) -> None:
+    """No `default` in the CRD: the API server would write it into every stored job, and rljob could no longer tell
+    a value the user set from one it fills in by task (rljob.api.rules.resolve_defaults)."""
+    schema.pop("default", None)
+
+
 class RolloutRoleSpec(PeerRoleSpec):
     """The rollout role's pods: generation servers."""
 
-    replicas: int = Field(default=1, ge=0)  # type: ignore[assignment]
+    replicas: int = Field(default=1, ge=0, json_schema_extra=_no_server_default)  # type: ignore[assignment]
     """Generation servers; scalable with `kubectl scale rljob/NAME --replicas=N` (1, unscalable, when `collocated`).
-    With `autoscale` set, the count the job starts with, then the autoscaler's."""
+    With `autoscale` set, the count the job starts with, then the autoscaler's. Default 1; 0 for the offline stages
+    (sft, dpo, reward_model), which refuse a rollout set by hand."""
     collocated: bool = False
     """Run the rollout beside the actor on the same GPUs (llm jobs, one actor and one rollout replica): the two take
     turns, the rollout frees its GPU memory (sleep) while the actor trains and takes it back (wake) before it

@@ -24,6 +24,7 @@ from rljob.cli.advice import print_advisories, print_cluster_notes, print_tracke
 from rljob.cli.operator import operator
 from rljob.cli.run import SetOption
 from rljob.launch.overrides import overrides_edit
+from rljob.launch.upstream import resolve_local_upstream
 from rljob.operator.manifests import build_children
 from rljob.operator.manifests.checks import build_problems
 from rljob.operator.settings import OperatorSettings, SettingsError
@@ -103,7 +104,10 @@ def validate(
                 # names, mounts), as the operator will; with --load, what `rljob run` reads and loads too.
                 problems = build_problems(job)
                 if load and not problems:
-                    problems = preflight(job, load=True)
+                    try:  # what `rljob run` with its default --out would load
+                        problems = preflight(resolve_local_upstream(job, Path("runs").resolve()), load=True)
+                    except InvalidRLJob as exc:
+                        problems = exc.problems
                 if problems:
                     failed = True
                     for problem in problems:

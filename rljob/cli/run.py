@@ -141,6 +141,19 @@ def print_results(result, run_dir: Path) -> None:
     out.print(f"logs:    {escape(str(run_dir / 'logs'))}")
 
 
+def _resolve_upstream(job, runs_root: Path, file: Path):
+    """Models named by another RLJob (`source: job`) come from that job's newest finished run beside this one."""
+    from rljob.api import InvalidRLJob
+    from rljob.launch.upstream import resolve_local_upstream
+
+    try:
+        return resolve_local_upstream(job, runs_root)
+    except InvalidRLJob as exc:
+        for problem in exc.problems:
+            typer.secho(problem.render(str(file)), fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+
+
 def run(
     file: Annotated[Path, typer.Argument(help="RLJob manifest (YAML).", dir_okay=False)],
     out: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/<job>-<timestamp>).")] = None,
@@ -184,6 +197,7 @@ def run(
 
     job = _load(file, set_ or [])
     run_dir = out or Path("runs") / f"{job.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    job = _resolve_upstream(job, run_dir.resolve().parent, file)
     console = Console(stderr=True)
     colours = {"actor": "cyan", "rollout": "magenta", "env": "green", "reward": "yellow", "launcher": "bold red"}
 

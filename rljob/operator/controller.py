@@ -35,6 +35,7 @@ from rljob.operator.manifests.config import restart_relevant
 from rljob.operator.manifests.members import build_rollout_members
 from rljob.operator.manifests.network import NETWORK_POLICY_API
 from rljob.operator.manifests.secret import build_job_secret
+from rljob.operator.manifests.upstream import default_upstream_claim, mount_upstream
 from rljob.operator.metrics import OperatorMetrics
 from rljob.operator.naming import (
     CONFIG_KEY,
@@ -50,6 +51,7 @@ from rljob.operator.progress import ProgressReader
 from rljob.operator.reconcile import Observation, Plan, plan
 from rljob.operator.settings import OperatorSettings
 from rljob.operator.trace import PassTrace
+from rljob.operator.upstream import UPSTREAM_RETRY_SECONDS, Upstream, first_fields, upstream_claim, upstream_wait
 
 logger = logging.getLogger(__name__)
 
@@ -229,6 +231,10 @@ class JobWorker:
         """Why the job's checkpoint claim will not bind, as the last children sync found (None: it will, or the job
         has none)."""
         self.last_valid: tuple[RLJob, PackedChildren] | None = None
+        self.upstream_fields: dict[str, str] = {}
+        self.upstream_claims: dict[str, str | None] = {}
+        """The RLJobs whose exported models this job loads (`source: job`): the field naming each, and the claim
+        each was mounted from when the children were built (rebuilt when one changes)."""
         """The job and children of the last spec that passed validation: a started job runs on with it when an
         edit passes the CRD but not rljob's validation."""
 
@@ -402,9 +408,13 @@ class JobWorker:
         if result.create and job is not None:
             # All of the pods this pass creates fit the namespace's quotas, or none is created (a partial gang
             # would hold its nodes while it waits for the rest).
-            obs.admission, obs.admission_retry_seconds = await self.check_admission(
-                [desired_pods[n] for n in result.create]
-            )
+            waiting = self.waiting_for_upstream()
+            if waiting is not None:
+                obs.admission, obs.admission_retry_seconds = waiting, UPSTREAM_RETRY_SECONDS
+            else:
+                obs.admission, obs.admission_retry_seconds = await self.check_admission(
+                    [desired_pods[n] for n in result.create]
+                )
             if obs.admission is not None:
                 result = plan(obs)
         self.mark("planned")
@@ -491,7 +501,10 @@ class JobWorker:
         meta = self.body["metadata"]
         restarts = int((self.body.get("status") or {}).get("restarts") or 0)
         key = (meta.get("uid"), meta.get("generation"), restarts)
-        if self.built is None or self.built[0] != key:
+        moved = self.upstream_fields and self.controller.upstream_claims(self.key[0], self.upstream_fields) != (
+            self.upstream_claims
+        )
+        if self.built is None or self.built[0] != key or moved:
             self.built = (key, self.build())
             job, _, packed = self.built[1]
             if job is not None:
@@ -506,6 +519,8 @@ class JobWorker:
         job, invalid = parse_job(self.body)
         if job is not None and restarts:
             job.status = RLJobStatus(restarts=restarts)
+        if job is not None:
+            job = self.mount_upstream(job)
         desired_pods: dict[str, Raw] = {}
         others: list[Raw] = []
         if job is not None:
@@ -514,6 +529,29 @@ class JobWorker:
             except InvalidRLJob as exc:
                 job, invalid, desired_pods, others = None, exc, {}, []
         return job, invalid, PackedChildren(desired_pods, others)
+
+    def mount_upstream(self, job: RLJob) -> RLJob:
+        """`job` reading the models of the RLJobs it names (`source: job`) from their claims, mounted read-only."""
+        ctl = self.controller
+        self.upstream_fields = first_fields(job)
+        if not self.upstream_fields:
+            return job
+        self.upstream_claims = ctl.upstream_claims(self.key[0], self.upstream_fields)
+        for name in self.upstream_fields:
+            ctl.dependents.setdefault((self.key[0], name), set()).add(self.key)
+        claims = {name: claim or default_upstream_claim(name) for name, claim in self.upstream_claims.items()}
+        return mount_upstream(job, claims)
+
+    def waiting_for_upstream(self) -> tuple[str, str] | None:
+        """Why the pods may not start yet (an upstream RLJob has not succeeded), or None."""
+        if not self.upstream_fields:
+            return None
+        namespace = self.key[0]
+        ups = [
+            Upstream(name, field, self.controller.upstream_phase(namespace, name), self.upstream_claims.get(name))
+            for name, field in self.upstream_fields.items()
+        ]
+        return upstream_wait(namespace, ups)
 
     def children_of(self, job: RLJob) -> tuple[dict[str, Raw], list[Raw]]:
         """The pods (by name) and the other children the builders make for `job`."""
@@ -912,6 +950,8 @@ class Controller:
         self.slots = FairSlots(self.config.max_concurrent_reconciles)
         metrics.reconcile_queue.set_function(self.slots.queued)
         self.workers: dict[Key, JobWorker] = {}
+        self.dependents: dict[Key, set[Key]] = {}
+        """Jobs that load an RLJob's exported model (`source: job`), by that RLJob: woken by its events."""
         self.pod_index: Any = None
         self.peering: PeeringGate | None = None
         """With kopf peering: says when this operator stands by (see rljob/operator/peering.py)."""
@@ -955,6 +995,28 @@ class Controller:
         if _newer(worker.body, body):
             worker.body = body  # an event older than what a status write answered tells nothing new
         worker.nudge()
+        self.wake_dependents(key)
+
+    def wake_dependents(self, key: Key) -> None:
+        """An RLJob changed (it may have succeeded): the jobs waiting for its exported model look again."""
+        for dependent in self.dependents.get(key, ()):
+            waiting = self.workers.get(dependent)
+            if waiting is not None:
+                waiting.nudge()
+
+    def upstream_claims(self, namespace: str, names: Iterable[str]) -> dict[str, str | None]:
+        """The checkpoint claim each named RLJob exports its model to, as its last valid spec says."""
+        claims = {}
+        for name in names:
+            worker = self.workers.get((namespace, name))
+            upstream = worker.last_valid[0] if worker is not None and worker.last_valid is not None else None
+            claims[name] = upstream_claim(upstream, name)
+        return claims
+
+    def upstream_phase(self, namespace: str, name: str) -> str | None:
+        """The phase of RLJob `name` as this operator sees it; None: there is none."""
+        worker = self.workers.get((namespace, name))
+        return worker.phase if worker is not None else None
 
     def quota_changed(self, namespace: str) -> None:
         """A ResourceQuota of the namespace changed (raised, or its usage moved as pods came and went): the

@@ -43,9 +43,10 @@ def test_render_only_job_or_only_children():
 def test_render_shows_both_policies_of_a_code_exec_job():
     children = list(yaml.safe_load_all(render("--only", "children", str(EXAMPLES / "grpo-tiny-code.yaml")).stdout))
     kinds = [c["kind"] for c in children]
-    assert kinds == ["ConfigMap", "Service", "NetworkPolicy", "NetworkPolicy"] + ["Pod"] * 3
-    assert children[2]["metadata"]["name"] == "grpo-tiny-code-isolation"
-    assert children[3]["metadata"]["name"] == "grpo-tiny-code-reward-egress"
+    assert kinds == ["ConfigMap", "Service", "PersistentVolumeClaim", "NetworkPolicy", "NetworkPolicy"] + ["Pod"] * 3
+    assert children[2]["metadata"]["name"] == "grpo-tiny-code-checkpoints"  # its model is exported there
+    assert children[3]["metadata"]["name"] == "grpo-tiny-code-isolation"
+    assert children[4]["metadata"]["name"] == "grpo-tiny-code-reward-egress"
 
 
 def test_render_uses_the_operator_image_settings(monkeypatch):

@@ -6,6 +6,7 @@ import statistics
 
 import pytest
 import torch
+import yaml
 
 QUIET = ("--set=spec.logging.tensorboard=false", "--quiet")
 
@@ -20,13 +21,12 @@ def test_a_student_distilled_from_an_sft_teacher_moves_towards_it_and_a_teacher_
         "--set=spec.evaluation.interval=0",
         "--set=spec.checkpoint.interval=0",
         *QUIET,
-        name="teacher",
+        name="sft-tiny",  # the job's name: the student's `teacher: {source: job, job: sft-tiny}` finds this run
     )
     output = teacher.finish()
     assert teacher.process.returncode == 0, output
 
     settings = (
-        f"--set=spec.algorithm.distill.teacher.path={teacher.out / 'model'}",
         "--set=spec.trainer.steps=40",
         "--set=spec.trainer.learningRate=0.002",
         "--set=spec.evaluation.interval=0",
@@ -35,6 +35,9 @@ def test_a_student_distilled_from_an_sft_teacher_moves_towards_it_and_a_teacher_
     run = start_run(repo / "examples/distill-tiny.yaml", *settings, *QUIET, name="student")
     output = run.finish()
     assert run.process.returncode == 0, output
+    # `teacher: {source: job, job: sft-tiny}` became the export of the finished run of that name beside this one.
+    teacher_spec = yaml.safe_load((run.out / "job.yaml").read_text())["spec"]["algorithm"]["distill"]["teacher"]
+    assert teacher_spec["source"] == "local" and teacher_spec["path"] == str((teacher.out / "model").resolve())
     steps = [r for r in run.metrics() if "distill_kl" in r]
     assert [r["step"] for r in steps] == list(range(1, 41))
     kl = [r["distill_kl"] for r in steps]
@@ -52,7 +55,7 @@ def test_a_student_distilled_from_an_sft_teacher_moves_towards_it_and_a_teacher_
     from rljob.runtime.wire.context import FatalConfigError
 
     spec = load_job_file(repo / "examples/distill-tiny.yaml").spec
-    spec.algorithm.distill.teacher.path = str(teacher.out / "model")
+    spec.algorithm.distill.teacher.source, spec.algorithm.distill.teacher.path = "local", str(teacher.out / "model")
     task = spec.task.llm
     task.system_prompt = "Sum"
     rows = load_rows(task, seed=0, base_dir=repo)

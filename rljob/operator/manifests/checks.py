@@ -63,14 +63,15 @@ def weights_through_files(job: RLJob) -> bool:
 def operator_checkpoint_claim(job: RLJob) -> str | None:
     """The PersistentVolumeClaim the operator makes for the job's checkpoints (rljob/operator/manifests/storage.py),
     or None: the job names its own (`checkpoint.volumeClaim`), mounts a volume of its own at the checkpoint
-    directory in actor pods, asks for an emptyDir (`checkpoint.storage.persistent: false`), or writes no
-    checkpoints and passes no weight files."""
+    directory in actor pods, asks for an emptyDir (`checkpoint.storage.persistent: false`), or (gym tasks) writes
+    no checkpoints and passes no weight files. An llm job always gets one: its trained model is exported there
+    (`<checkpoint.dir>/model`), where the next job of a pipeline finds it (`source: job`)."""
     checkpoint = job.spec.checkpoint
     if checkpoint.volume_claim or not checkpoint.storage.persistent:
         return None
     if _mounted_at_or_above(checkpoint_dir_in_pod(job), [m.mount_path for m in job.spec.roles.actor.volume_mounts]):
         return None
-    if checkpoint.interval == 0 and not weights_through_files(job):
+    if checkpoint.interval == 0 and not weights_through_files(job) and job.spec.task.type != "llm":
         return None
     return f"{job.name}-checkpoints"
 

@@ -4,8 +4,10 @@ Made when the job names no claim of its own (`checkpoint.volumeClaim`) and mount
 checkpoint directory in actor pods (`rljob.operator.manifests.checks.operator_checkpoint_claim`). Size and storage
 class come from `spec.checkpoint.storage`, else from the operator's settings (the chart's values), else the
 cluster's default StorageClass. ReadWriteMany when several pods mount it (several actor pods, or rollouts that
-read weight files from it), ReadWriteOnce otherwise. The RLJob owns it (deleting the job deletes it) unless
-`storage.retain`: then it has no owner and the job applied again under the same name mounts it again.
+read weight files from it), ReadWriteOnce otherwise, unless `storage.accessMode` says (a later job's pods on
+several nodes mount the exported model, rljob/operator/manifests/upstream.py). The RLJob owns it (deleting the job
+deletes it) unless `storage.retain`: then it has no owner and the job applied again under the same name mounts it
+again.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from rljob.operator.settings import OperatorSettings
 
 
 def checkpoint_access_mode(job: RLJob) -> str:
+    chosen = job.spec.checkpoint.storage.access_mode
+    if chosen is not None:
+        return chosen
     several = replica_counts(job)["actor"] > 1 or weights_through_files(job)
     return "ReadWriteMany" if several else "ReadWriteOnce"
 

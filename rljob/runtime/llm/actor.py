@@ -65,6 +65,7 @@ from rljob.runtime.records.checkpoint import (
     CheckpointError,
     CheckpointManager,
     capture_rng_state,
+    final_export_dir,
     resolve_resume_across_ranks,
     restore_rng_state,
 )
@@ -780,10 +781,9 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
             learner.step + 1,
         )
         return EXIT_PREEMPTED
-    if identity.run_dir:
-        exported = export_policy(learner, tokenizer, Path(identity.run_dir) / "model", channel)
-        context.log.info("exported the trained policy to %s", exported)
-        trackers.log_model(str(exported))
+    exported = export_policy(learner, tokenizer, final_export_dir(identity.run_dir, checkpoints.directory), channel)
+    context.log.info("exported the trained policy to %s", exported)
+    trackers.log_model(str(exported))
     trackers.close()
     channel.send("end")
     learner.leave_group()

@@ -36,6 +36,7 @@ from rljob.runtime.records.checkpoint import (
     CheckpointError,
     CheckpointManager,
     capture_rng_state,
+    final_export_dir,
     resolve_resume_across_ranks,
     restore_rng_state,
 )
@@ -228,8 +229,8 @@ def train_stage(context: RoleContext, health: Any, rank: int, world: int, device
             "stopped at step %d of %d (asked to stop): checkpoint in %s", learner.step, total, checkpoints.directory
         )
         return EXIT_PREEMPTED
-    if rank == 0 and identity.run_dir:
-        exported = export_policy(learner, tokenizer, Path(identity.run_dir) / "model", channel)
+    if rank == 0:
+        exported = export_policy(learner, tokenizer, final_export_dir(identity.run_dir, checkpoints.directory), channel)
         context.log.info("exported the trained policy to %s", exported)
         if trackers is not None:
             trackers.log_model(str(exported))

@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rljob.api.upstream import EXPORT_DIR_NAME
+
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
@@ -128,6 +130,13 @@ def check_loadable(value: Any, where: str = "state") -> None:
             f"checkpoint {where} is a {type(value).__module__}.{type(value).__name__}; store tensors, numbers, "
             "strings, lists or dicts (e.g. torch.from_numpy(array) or array.tolist())"
         )
+
+
+def final_export_dir(run_dir: str, checkpoint_dir: Path) -> Path:
+    """Where a finished job exports its model: `<run dir>/model` for `rljob run`; in a pod, which has no run
+    directory, `<checkpoint.dir>/model` on the checkpoint volume, so the model outlives the pod and the next job of
+    a pipeline mounts it (`source: job`)."""
+    return Path(run_dir) / EXPORT_DIR_NAME if run_dir else Path(checkpoint_dir) / EXPORT_DIR_NAME
 
 
 class CheckpointManager:

@@ -17,6 +17,8 @@ from rljob.api.spec import RewardModelRef
 
 
 def model_directory(ref: RewardModelRef, base_dir: Path | None) -> Path:
+    if ref.path is None:  # the launchers resolve `job` to a path before any role starts
+        raise ValueError(f"reward model of RLJob {ref.job!r} was not resolved to a directory")
     path = Path(ref.path)
     return path if path.is_absolute() else (base_dir or Path.cwd()) / path
 

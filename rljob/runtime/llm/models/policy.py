@@ -268,6 +268,8 @@ def _source(spec_model: ModelSpec, base_dir: Path | None) -> tuple[str, dict[str
                 f"spec.model.path: {path} {why}; it must be a Hugging Face model directory (save_pretrained output)"
             )
         return str(path), {}
+    if spec_model.source == "job":  # the launchers resolve it before any role starts
+        raise ModelSourceError(f"spec.model.job: RLJob {spec_model.job!r} was not resolved to its exported model")
     assert spec_model.hub_id is not None
     return spec_model.hub_id, {}
 
