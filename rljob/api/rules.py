@@ -448,11 +448,6 @@ def _check_model(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
                 "model.lora",
                 "LoRA trains with trainer.parallelism ddp only for now: set parallelism ddp or remove model.lora",
             )
-        elif spec.algorithm.name == "reward_model":
-            yield (
-                "model.lora",
-                "the reward_model stage does not train adapters yet: remove model.lora (RL algorithms, sft and dpo do)",
-            )
 
 
 def _check_algorithm(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
