@@ -140,6 +140,38 @@ def adapter_state_dict(model: nn.Module) -> dict[str, Tensor]:
     return {k: v for k, v in model.state_dict().items() if is_trained_key(k)}
 
 
+PEFT_PREFIX = "base_model.model."
+"""How PEFT's adapter file names a tensor: under its `PeftModel` wrapper, without the adapter's name."""
+
+
+def adapter_file_name(name: str) -> str:
+    """The policy's name of an adapter tensor as PEFT's `adapter_model.safetensors` (and vLLM) names it."""
+    return PEFT_PREFIX + name.replace(f".lora_A.{ADAPTER}.", ".lora_A.").replace(f".lora_B.{ADAPTER}.", ".lora_B.")
+
+
+def adapter_file_state(model: nn.Module) -> dict[str, Tensor]:
+    """The adapters' A and B under the names of PEFT's adapter file: what `model.lora.sync: adapters` sends a vLLM
+    rollout, which writes them into an adapter directory and serves it on its base model."""
+    return {adapter_file_name(k): v.detach() for k, v in model.state_dict().items() if ".lora_" in k}
+
+
+def adapter_config(spec: LoraSpec) -> dict[str, Any]:
+    """`adapter_config.json` of the adapters `spec` describes on a causal LM (what PEFT writes and vLLM reads)."""
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": spec.rank,
+        "lora_alpha": spec.alpha,
+        "lora_dropout": spec.dropout,
+        "target_modules": list(spec.target_modules),
+        "bias": "none",
+        "use_rslora": False,
+        "use_dora": False,
+        "fan_in_fan_out": False,
+        "modules_to_save": None,
+    }
+
+
 def load_adapter_state(model: nn.Module, state: dict[str, Tensor]) -> None:
     """Load a checkpoint's adapters into the policy; every adapter tensor of the policy must be in it."""
     missing = set(adapter_state_dict(model)) - set(state)

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rljob.runtime.llm.models.lora import as_base_model, has_lora, merged_state_dict
+from rljob.runtime.llm.models.lora import adapter_file_state, as_base_model, has_lora, merged_state_dict
 from rljob.runtime.llm.models.policy import resolve_precision
 from rljob.runtime.records.checkpoint import STATE_FILE, CheckpointError, CheckpointManager
 from rljob.runtime.wire.ranks import agree_to_stop
@@ -259,10 +259,26 @@ class MergedWeights(WireWeights):
         return list(merged_state_dict(self.model))
 
 
-def weight_source(learner: Any, channel: CommandChannel) -> Any:
+class AdapterWeights(WireWeights):
+    """A policy with LoRA adapters whose rollouts serve the adapters on their base (`model.lora.sync: adapters`,
+    vLLM): the adapters' A and B alone, under the names of PEFT's adapter file (`lora.adapter_file_state`)."""
+
+    def placeholders(self) -> list[Tensor]:
+        adapters = adapter_file_state(self.model)
+        self._tensors = list(adapters.values())
+        return [torch.empty(t.shape, dtype=self.wire_dtype, device="meta") for t in self._tensors]
+
+    def names(self) -> list[str]:
+        return list(adapter_file_state(self.model))
+
+
+def weight_source(learner: Any, channel: CommandChannel, adapters_only: bool = False) -> Any:
     """What the weight sync publishes: the module itself, its shards gathered one tensor at a time, its fp32
-    master weights cast to the rollouts' dtype one tensor at a time, or its adapters merged into the base."""
+    master weights cast to the rollouts' dtype one tensor at a time, its adapters merged into the base, or with
+    `adapters_only` its adapters alone."""
     if has_lora(learner.model):
+        if adapters_only:
+            return AdapterWeights(learner.model, learner.wire_dtype)
         return MergedWeights(learner.model, learner.wire_dtype)
     if is_sharded(learner.model):
         return ShardedWeights(learner.model, learner.wire_dtype, channel)

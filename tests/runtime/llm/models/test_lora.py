@@ -119,3 +119,28 @@ def test_a_reward_model_trains_adapters_and_its_whole_head_and_merges_into_a_pla
         torch.testing.assert_close(plain(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=1e-5)
     with pytest.raises(LoraTargetError, match=r"'score' is the reward model's new head"):
         add_lora(reward_model_from(base_model(), 0, seed=0), LoraSpec(target_modules=["score"]), ["score"])
+
+
+def test_adapters_synced_alone_are_what_peft_writes_into_an_adapter_directory(tmp_path):
+    """`model.lora.sync: adapters`: the tensors and names the actor sends, and the config the vLLM rollout writes
+    beside them, are PEFT's own adapter directory (what vLLM loads as a LoRA adapter)."""
+    import json
+
+    from peft import LoraConfig
+    from safetensors.torch import load_file
+
+    from rljob.runtime.llm.models.lora import adapter_config, adapter_file_state
+
+    model = trained_lora_model()
+    model.save_pretrained(tmp_path)  # transformers' PEFT integration: the adapter directory alone
+    written = load_file(tmp_path / "adapter_model.safetensors")
+    sent = adapter_file_state(model)
+    assert sorted(sent) == sorted(written)
+    for name, tensor in written.items():
+        assert torch.equal(sent[name], tensor), name
+    ours, peft = adapter_config(LORA), json.loads((tmp_path / "adapter_config.json").read_text())
+    same = set(ours) - {"target_modules", "task_type"}  # the policy's adapters were put on without a task type
+    assert {k: peft[k] for k in same} == {k: ours[k] for k in same}
+    assert sorted(peft["target_modules"]) == sorted(ours["target_modules"])
+    config = LoraConfig(**{k: v for k, v in ours.items() if k != "peft_type"})
+    assert (config.r, config.lora_alpha) == (LORA.rank, LORA.alpha)
