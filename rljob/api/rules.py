@@ -443,11 +443,6 @@ def _check_model(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     if model.lora is not None:
         if gym:
             yield "model.lora", "LoRA adapts language models: gym tasks train the whole mlp policy; remove model.lora"
-        elif spec.trainer.parallelism == "fsdp2":
-            yield (
-                "model.lora",
-                "LoRA trains with trainer.parallelism ddp only for now: set parallelism ddp or remove model.lora",
-            )
         if not gym and model.lora.sync == "adapters":
             yield from _check_adapter_sync(spec)
 

@@ -332,10 +332,10 @@ class ModelSpec(SpecModel):
     reference: ModelRef | None = None
     """Reference for the KL penalty; the frozen initial policy when unset and klCoef > 0."""
     lora: LoraSpec | None = None
-    """Train low-rank adapters instead of every weight (llm, trainer.parallelism ddp). The KL reference is then
-    the same model with its adapters switched off (no second copy); rollouts receive the merged weights (or, with
-    vLLM, the adapters alone: `sync`); checkpoints hold the adapters. A reward_model job trains its new scalar head
-    in full beside the adapters."""
+    """Train low-rank adapters instead of every weight (llm; ddp or fsdp2). The KL reference is then the same model
+    with its adapters switched off (no second copy); rollouts receive the merged weights (or, with vLLM, the
+    adapters alone: `sync`); checkpoints hold the adapters (fsdp2: the whole sharded model). A reward_model job
+    trains its new scalar head in full beside the adapters."""
 
 
 # --- algorithm ----------------------------------------------------------------------------------

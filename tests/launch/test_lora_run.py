@@ -159,3 +159,28 @@ def test_the_reward_model_stage_trains_adapters_and_its_head_and_exports_a_rewar
     assert "base_model.model.score.weight" in tensors and any("lora_B" in k for k in tensors)
     problem = check_reward_model(RewardModelRef(path=str(again.out / "model")), None)
     assert problem is not None and "model.lora.mergeOnExport: true" in problem
+
+
+@pytest.mark.slow
+def test_two_fsdp2_actor_ranks_train_a_lora_policy_and_the_rollout_samples_from_it(repo, tmp_path, start_run):
+    from transformers import AutoModelForCausalLM
+
+    run = start_run(
+        lora_job(repo, tmp_path, targetModules=["q_proj", "v_proj"]),
+        "--set=spec.trainer.steps=4",
+        "--set=spec.trainer.parallelism=fsdp2",
+        "--set=spec.roles.actor.replicas=2",
+        "--set=spec.checkpoint.interval=2",
+        *SHORT,
+        name="fsdp2-lora",
+    )
+    output = run.finish()
+    assert run.process.returncode == 0, output
+    records = run.metrics()
+    assert_every_step_once(records, 4)
+    assert records[-1]["kl"] > 0.0  # the adapters moved the sharded policy off the base
+    # Each sync gathered the shards and merged the adapters in: the rollout samples from what the ranks train.
+    assert all(r["mismatch_kl"] < 1e-6 for r in records), records
+    assert (run.out / "checkpoints" / "step-00000004" / "sharded" / ".metadata").is_file()
+    exported = AutoModelForCausalLM.from_pretrained(run.out / "model")
+    assert not any("lora" in name for name, _ in exported.named_parameters())

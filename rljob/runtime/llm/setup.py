@@ -82,8 +82,6 @@ def add_job_lora(context: RoleContext, model: Any) -> None:
     lora = context.job.spec.model.lora
     if lora is None:
         return
-    if context.job.spec.trainer.parallelism != "ddp":  # the API refuses it too; a hand-built spec must not get further
-        raise FatalConfigError("spec.model.lora: LoRA trains with trainer.parallelism ddp only for now")
     # A reward model's new scalar head has nothing to adapt: it trains in full beside the adapters.
     whole = head_names(model) if context.job.spec.algorithm.name == "reward_model" else []
     try:

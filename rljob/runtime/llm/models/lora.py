@@ -134,6 +134,22 @@ def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:
     return merged
 
 
+def lora_scalings(model: nn.Module) -> dict[str, float]:
+    """alpha / r of each adapted layer, by the layer's name."""
+    return {name: float(layer.scaling[ADAPTER]) for name, layer in _lora_layers(model)}
+
+
+def merge_state(state: dict[str, Tensor], scalings: dict[str, float]) -> dict[str, Tensor]:
+    """`merged_state_dict` of a policy's whole state dict as gathered from its shards (fsdp2): W + scale B A for
+    each adapted layer (PEFT's delta of a linear layer), every other tensor as it is, under the base names."""
+    merged = {_base_name(k): v for k, v in state.items() if ".lora_" not in k and ".original_module." not in k}
+    for name, scale in scalings.items():
+        key = f"{name}.weight"
+        b, a = state[f"{name}.lora_B.{ADAPTER}.weight"], state[f"{name}.lora_A.{ADAPTER}.weight"]
+        merged[key] = merged[key] + (scale * (b @ a)).to(merged[key].dtype)
+    return merged
+
+
 def adapter_state_dict(model: nn.Module) -> dict[str, Tensor]:
     """The adapters' tensors (and fully trained modules') alone, under the policy's own names (what a checkpoint
     holds)."""
