@@ -6,6 +6,9 @@ models this small a process's RSS is dominated by torch and transformers themsel
 say nothing; these byte counts are what scales with the model. Activations are not counted: LoRA keeps them about
 the same (the base layers still run forward and backward).
 
+Also counted: the bytes one weight sync sends the rollouts: the whole state dict without LoRA; with it, the merged
+weights (`model.lora.sync: merged`, the default) or the adapters alone (`sync: adapters`, vLLM rollouts).
+
 Usage: python benchmarks/lora_memory.py [--hidden 128,512 --layers 2,8 --rank 8]
 Writes benchmarks/results/lora_memory.json.
 """
@@ -30,7 +33,7 @@ def footprint(hidden: int, layers: int, lora: Any) -> dict[str, int]:
     import torch
 
     from rljob.api.spec import AlgorithmSpec, BuiltinNetwork, ModelSpec, TrainerSpec
-    from rljob.runtime.llm.models.lora import add_lora
+    from rljob.runtime.llm.models.lora import adapter_file_state, add_lora, merged_state_dict
     from rljob.runtime.llm.models.policy import build_char_tokenizer, build_tiny_qwen2
     from rljob.runtime.llm.training.learner import LLMLearner
 
@@ -61,7 +64,19 @@ def footprint(hidden: int, layers: int, lora: Any) -> dict[str, int]:
     ]
     learner.update(samples)
     trained = [p for p in model.parameters() if p.requires_grad]
+
+    def nbytes(state: dict[str, torch.Tensor]) -> int:
+        return sum(t.numel() * t.element_size() for t in state.values())
+
+    if lora is None:
+        sync = {"sync_bytes": nbytes(model.state_dict())}
+    else:
+        sync = {
+            "sync_bytes_merged": nbytes(merged_state_dict(model)),
+            "sync_bytes_adapters": nbytes(adapter_file_state(model)),
+        }
     return {
+        **sync,
         "parameters": sum(p.numel() for p in model.parameters()),
         "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
         "trainable_parameters": sum(p.numel() for p in trained),
@@ -100,12 +115,15 @@ def main() -> None:
         )
         print(
             f"hidden {hidden} x {layers} layers: {full['trainable_parameters']} -> {adapted['trainable_parameters']} "
-            f"trainable; gradients + Adam state {training_state['full']} -> {training_state['lora']} bytes",
+            f"trainable; gradients + Adam state {training_state['full']} -> {training_state['lora']} bytes; a sync "
+            f"{full['sync_bytes']} bytes, merged {adapted['sync_bytes_merged']}, adapters "
+            f"{adapted['sync_bytes_adapters']}",
             flush=True,
         )
     result = {
         "what": f"llm actor training state with and without model.lora (rank {args.rank} on {', '.join(TARGETS)}), "
-        "counted in bytes after one GRPO step; RSS is not reported: on models this small it is torch's own",
+        "counted in bytes after one GRPO step, and the bytes one weight sync sends (merged or adapters alone); RSS is "
+        "not reported: on models this small it is torch's own",
         "machine": platform.platform(),
         "rows": rows,
     }

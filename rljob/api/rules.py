@@ -447,16 +447,27 @@ def _check_model(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     if model.lora is not None:
         if gym:
             yield "model.lora", "LoRA adapts language models: gym tasks train the whole mlp policy; remove model.lora"
-        elif spec.trainer.parallelism == "fsdp2":
-            yield (
-                "model.lora",
-                "LoRA trains with trainer.parallelism ddp only for now: set parallelism ddp or remove model.lora",
-            )
-        elif spec.algorithm.name == "reward_model":
-            yield (
-                "model.lora",
-                "the reward_model stage does not train adapters yet: remove model.lora (RL algorithms, sft and dpo do)",
-            )
+        if not gym and model.lora.sync == "adapters":
+            yield from _check_adapter_sync(spec)
+
+
+def _check_adapter_sync(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
+    """`model.lora.sync: adapters`: only a vLLM rollout serves adapters on its base, and only an RL job has one."""
+    field = "model.lora.sync"
+    if spec.algorithm.name in OFFLINE_STAGES:
+        yield field, f"the {spec.algorithm.name} stage has no rollout to sync: remove model.lora.sync"
+    elif spec.rollout.engine != "vllm":
+        yield (
+            field,
+            "adapters serve on the vllm engine (vLLM's enable_lora); the hf engine loads merged weights: set "
+            "rollout.engine vllm, or model.lora.sync merged",
+        )
+    elif spec.roles.rollout.collocated:
+        yield (
+            field,
+            "a collocated vLLM rollout sleeps between steps, which adapters are not tried with yet: set "
+            "model.lora.sync merged, or roles.rollout.collocated false",
+        )
 
 
 def _check_algorithm(spec: RLJobSpec) -> Iterator[tuple[str, str]]:

@@ -290,6 +290,10 @@ class LoraSpec(SpecModel):
     """The exported model (`model/` in the run directory): true, the base weights with the adapters merged in (a
     plain Hugging Face model); false, the PEFT adapter directory alone (`adapter_config.json`,
     `adapter_model.safetensors`)."""
+    sync: Literal["merged", "adapters"] = "merged"
+    """What each weight sync sends the rollouts: `merged`, every weight with the adapters merged in (any engine);
+    `adapters`, the adapter tensors alone, which a `vllm` rollout serves as a LoRA adapter on the base it started
+    from (vLLM's `enable_lora`): a sync moves megabytes instead of the whole model."""
 
 
 class VLASpec(SpecModel):
@@ -346,9 +350,10 @@ class ModelSpec(SpecModel):
     reference: ModelRef | None = None
     """Reference for the KL penalty; the frozen initial policy when unset and klCoef > 0."""
     lora: LoraSpec | None = None
-    """Train low-rank adapters instead of every weight (llm, trainer.parallelism ddp). The KL reference is then
-    the same model with its adapters switched off (no second copy); rollouts receive the merged weights;
-    checkpoints hold the adapters."""
+    """Train low-rank adapters instead of every weight (llm; ddp or fsdp2). The KL reference is then the same model
+    with its adapters switched off (no second copy); rollouts receive the merged weights (or, with vLLM, the
+    adapters alone: `sync`); checkpoints hold the adapters (fsdp2: the whole sharded model). A reward_model job
+    trains its new scalar head in full beside the adapters."""
 
 
 # --- algorithm ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""`rljob run` end to end: a model exported by an `sft` job is the teacher of a `distill` job."""
+"""`rljob run` end to end: a model exported by an `sft` job is the teacher of a `distill` job (full or LoRA student)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import pytest
 import torch
 import yaml
 
+from rljob.runtime.records.checkpoint import CheckpointManager
+
 QUIET = ("--set=spec.logging.tensorboard=false", "--quiet")
 
 
 @pytest.mark.slow
-def test_a_student_distilled_from_an_sft_teacher_moves_towards_it_and_a_teacher_of_another_tokenizer_is_refused(
+def test_a_student_distilled_from_an_sft_teacher_moves_towards_it_with_or_without_lora_and_another_tokenizer_is_refused(
     repo, tmp_path, start_run
 ):
     teacher = start_run(
@@ -45,6 +47,26 @@ def test_a_student_distilled_from_an_sft_teacher_moves_towards_it_and_a_teacher_
     assert statistics.mean(kl[:5]) > 2.0, kl
     assert statistics.mean(kl[-10:]) < 0.8 * statistics.mean(kl[:5]), kl
     assert all(r["kl"] == 0.0 for r in steps)  # no reference model: distill's preset has no KL penalty
+
+    # With model.lora the same student trains only its adapters against the same teacher; the rollout samples from
+    # the merged weights it receives, and checkpoints hold the adapters.
+    lora = start_run(
+        repo / "examples/distill-tiny.yaml",
+        *settings,
+        "--set=spec.trainer.steps=4",
+        "--set=spec.checkpoint.interval=2",
+        "--set=spec.model.lora.rank=4",
+        *QUIET,
+        name="lora-student",
+    )
+    output = lora.finish()
+    assert lora.process.returncode == 0, output
+    records = lora.metrics()
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(r["distill_kl"] > 0.0 and r["mismatch_kl"] < 1e-6 for r in records), records
+    assert "adapter parameters train" in (lora.out / "logs" / "actor-0.log").read_text()
+    latest = CheckpointManager(lora.out / "checkpoints").latest_valid()
+    assert latest is not None and all(".lora_" in k for k in latest[1]["learner"]["model"])
 
     # A student whose tokenizer reads other characters (its system prompt adds some) cannot be scored by it: the
     # actor refuses the teacher before the first step (FatalConfigError: the role exits with the config code).

@@ -606,7 +606,7 @@ def _train(context: RoleContext, health: Any, rank: int, world: int, device: tor
         return 0
 
     controller = Controller(context, learner, tokenizer, train_rows)
-    controller.weights = weight_source(learner, channel)
+    controller.weights = weight_source(learner, channel, adapters_only=lora is not None and lora.sync == "adapters")
     if stream_state is not None:
         controller.stream.load_state_dict(stream_state)
     accuracy_key = accuracy_term(spec)

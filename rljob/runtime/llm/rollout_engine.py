@@ -24,6 +24,7 @@ from rljob.runtime.llm.engines.vllm import (
     weights_layout,
 )
 from rljob.runtime.llm.engines.vllm_worker import TensorLayout
+from rljob.runtime.llm.models.lora import LoraTargetError, adapter_file_state, add_lora
 from rljob.runtime.llm.models.policy import ModelSourceError, export_hf, is_vision_language, model_source
 from rljob.runtime.llm.setup import load_job_policy, rollout_gpus, sent_dtype
 from rljob.runtime.wire.context import FatalConfigError, RoleContext
@@ -68,8 +69,13 @@ def start_vllm_engine(context: RoleContext, sync: WeightSyncSettings) -> VLLMEng
         if owned is not None:
             shutil.rmtree(owned, ignore_errors=True)
         raise FatalConfigError(unloadable)
+    adapters = spec.model.lora if spec.model.lora is not None and spec.model.lora.sync == "adapters" else None
+    if adapters is not None:
+        context.log.info("model.lora.sync adapters: vLLM serves the actor's LoRA adapters on its base model")
     try:
-        return VLLMEngine(model_dir, layout, spec.rollout, max_len, dtype, sync, seed, on_cpu, owned, sleep_mode)
+        return VLLMEngine(
+            model_dir, layout, spec.rollout, max_len, dtype, sync, seed, on_cpu, owned, sleep_mode, adapters
+        )
     except Exception as exc:
         if owned is not None:
             shutil.rmtree(owned, ignore_errors=True)
@@ -79,6 +85,9 @@ def start_vllm_engine(context: RoleContext, sync: WeightSyncSettings) -> VLLMEng
 
 def engine_model(context: RoleContext, dtype: torch.dtype, on_cpu: bool) -> tuple[str, TensorLayout, Path | None]:
     """(what vLLM loads, the layout of the state dict the actor sends, a directory this rollout owns or None).
+
+    With `model.lora.sync: adapters` the actor sends the adapter tensors alone: their layout, from the same model
+    with the job's adapters put on it (`sent_layout`).
 
     A builtin model is built (from the seed, as every process of the job builds it) and written to a
     directory of this rollout's; a local directory or hub id is handed to vLLM as it is, and its layout comes
@@ -98,7 +107,7 @@ def engine_model(context: RoleContext, dtype: torch.dtype, on_cpu: bool) -> tupl
         auto = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
         with torch.device("meta"):  # the names the actor sends: its own model class's
             skeleton = auto.from_config(config, trust_remote_code=remote)
-        return source, weights_layout(skeleton, dtype), None
+            return source, sent_layout(context, skeleton, dtype), None
     model, tokenizer = load_job_policy(context, torch.device("cpu"))
     model = model.to(dtype)
     if on_cpu:
@@ -108,4 +117,17 @@ def engine_model(context: RoleContext, dtype: torch.dtype, on_cpu: bool) -> tupl
         base.mkdir(parents=True, exist_ok=True)
     owned = Path(tempfile.mkdtemp(prefix=f"vllm-model-{context.name}-", dir=base))
     export_hf(model, tokenizer, owned / "model")
-    return str(owned / "model"), weights_layout(model, dtype), owned
+    return str(owned / "model"), sent_layout(context, model, dtype), owned
+
+
+def sent_layout(context: RoleContext, model: torch.nn.Module, dtype: torch.dtype) -> TensorLayout:
+    """The layout of what each weight sync brings: the whole state dict, or with `model.lora.sync: adapters` the
+    adapter tensors the actor's `model.lora` puts on `model` (changed in place: it is not served itself)."""
+    lora = context.job.spec.model.lora
+    if lora is None or lora.sync != "adapters":
+        return weights_layout(model, dtype)
+    try:
+        add_lora(model, lora)
+    except LoraTargetError as exc:
+        raise FatalConfigError(str(exc)) from None
+    return [(name, list(t.shape), str(dtype).removeprefix("torch.")) for name, t in adapter_file_state(model).items()]

@@ -12,7 +12,7 @@ from rljob.api.spec import OFFLINE_STAGES
 from rljob.runtime.llm.data.offline_rows import check_offline_rows, offline_texts
 from rljob.runtime.llm.data.rows import DatasetError, Row, load_rows
 from rljob.runtime.llm.episodes.rewards import check_reward_columns
-from rljob.runtime.llm.models.lora import LoraTargetError, add_lora, trainable_bytes
+from rljob.runtime.llm.models.lora import LoraTargetError, add_lora, head_names, trainable_bytes
 from rljob.runtime.llm.models.policy import CHAT_TEXT, ModelSourceError, load_policy, policy_dtype
 from rljob.runtime.llm.training.sft import check_sft_rows, demonstration_texts
 from rljob.runtime.wire.context import FatalConfigError, RoleContext
@@ -82,14 +82,19 @@ def add_job_lora(context: RoleContext, model: Any) -> None:
     lora = context.job.spec.model.lora
     if lora is None:
         return
-    if context.job.spec.trainer.parallelism != "ddp":  # the API refuses it too; a hand-built spec must not get further
-        raise FatalConfigError("spec.model.lora: LoRA trains with trainer.parallelism ddp only for now")
+    # A reward model's new scalar head has nothing to adapt: it trains in full beside the adapters.
+    whole = head_names(model) if context.job.spec.algorithm.name == "reward_model" else []
     try:
-        add_lora(model, lora)
+        add_lora(model, lora, train_whole=whole)
     except LoraTargetError as exc:
         raise FatalConfigError(str(exc)) from None
     params, nbytes = trainable_bytes(model)
-    context.log.info("model.lora: %d adapter parameters train (%d bytes), the base stays frozen", params, nbytes)
+    context.log.info(
+        "model.lora: %d adapter parameters train (%d bytes)%s, the base stays frozen",
+        params,
+        nbytes,
+        f" with the head {', '.join(whole)} in full" if whole else "",
+    )
 
 
 def job_texts(spec: Any, rows: list[Row]) -> list[str]:

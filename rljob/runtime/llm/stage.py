@@ -90,6 +90,8 @@ def train_stage(context: RoleContext, health: Any, rank: int, world: int, device
         raise FatalConfigError("\n".join(f"{field}: {message}" for field, message in problems))
     torch.manual_seed(spec.trainer.seed)
     model, tokenizer = load_job_policy(context, device, rows)
+    if stage == "reward_model":  # the starting policy's transformer under a scalar head (with LoRA: trained in full)
+        model = reward_model_from(model, tokenizer.pad_token_id, spec.trainer.seed)
     lora = spec.model.lora
     add_job_lora(context, model)
     train_rows, eval_rows = rows, []
@@ -106,8 +108,6 @@ def train_stage(context: RoleContext, health: Any, rank: int, world: int, device
     reference = None
     if stage == "dpo" and lora is None:  # the starting policy, before any checkpoint is loaded into the trained one
         reference = copy.deepcopy(model).eval().requires_grad_(False)
-    elif stage == "reward_model":  # the starting policy's transformer under a scalar head
-        model = reward_model_from(model, tokenizer.pad_token_id, spec.trainer.seed)
     learner = LLMLearner(
         model,
         spec.algorithm,

@@ -166,6 +166,20 @@ class WeightReceiver:
             self.model_runner.reload_weights(weights_iterator=iter(weights))
         self.rljob_release_staging()
 
+    def rljob_write_adapter(self, directory: str) -> None:
+        """`model.lora.sync: adapters`: write the staged adapter tensors (PEFT's names) into `directory` as its
+        `adapter_model.safetensors`, for vLLM to load as a LoRA adapter; the first worker writes, the others
+        (tensor-parallel ranks on the same machine) read the same file."""
+        from safetensors.torch import save_file
+
+        if len(self.rljob_staging) != len(self.rljob_names):
+            raise RuntimeError("no adapter version is staged in this vLLM worker: nothing to write")
+        if getattr(self, "rank", 0) == 0:
+            staged = zip(self.rljob_names, self.rljob_staging, strict=True)
+            tensors = {name: t.detach().cpu().contiguous() for name, t in staged}
+            save_file(tensors, f"{directory}/adapter_model.safetensors")
+        self.rljob_release_staging()
+
     def rljob_release_staging(self) -> None:
         """Give an `ipc` job's staging copy on the GPU back to the device once loaded: the actor trains in it."""
         if self.rljob_per_version and self.rljob_staging and self.rljob_staging[0].is_cuda:

@@ -33,6 +33,11 @@ def check_reward_model(ref: RewardModelRef, base_dir: Path | None) -> str | None
             "reward_model job"
         )
     config_file = directory / "config.json"
+    if not config_file.is_file() and (directory / "adapter_config.json").is_file():
+        return (
+            f"{directory} holds LoRA adapters alone (adapter_config.json), not a model: export the reward model with "
+            "its adapters merged in (model.lora.mergeOnExport: true, the default)"
+        )
     if not config_file.is_file():
         return f"{directory} holds no config.json: not a Hugging Face model directory"
     try:

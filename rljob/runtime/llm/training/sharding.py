@@ -30,7 +30,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rljob.runtime.llm.models.lora import as_base_model, has_lora, merged_state_dict
+from rljob.runtime.llm.models.lora import (
+    ADAPTER,
+    adapter_file_name,
+    adapter_file_state,
+    as_base_model,
+    has_lora,
+    lora_scalings,
+    merge_state,
+    merged_state_dict,
+)
 from rljob.runtime.llm.models.policy import resolve_precision
 from rljob.runtime.records.checkpoint import STATE_FILE, CheckpointError, CheckpointManager
 from rljob.runtime.wire.ranks import agree_to_stop
@@ -165,7 +174,16 @@ def wait_for_gathers(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
-def gather_pass(model: nn.Module, bucket_bytes: int) -> None:
+def gather_order(keys: list[str], adapters_only: bool = False) -> tuple[list[str], list[str]]:
+    """The state-dict entries a weight sync gathers, in the order every rank gathers them: a policy's LoRA adapters
+    first (small; rank 0 merges each base weight with them as it is gathered), then the other entries unless the
+    adapters alone are sent. Without adapters: every entry in state-dict order."""
+    adapters = [k for k in keys if ".lora_" in k]
+    rest = [] if adapters_only else [k for k in keys if ".lora_" not in k and ".original_module." not in k]
+    return adapters, rest
+
+
+def gather_pass(model: nn.Module, bucket_bytes: int, adapters_only: bool = False) -> None:
     """The other ranks' part of a weight sync: every gather `ShardedWeights.full` makes, in the same order, paced
     by bucket.
 
@@ -175,9 +193,11 @@ def gather_pass(model: nn.Module, bucket_bytes: int) -> None:
     keeps at most one bucket (and one tensor) here."""
     device = next(model.parameters()).device
     queued = 0
+    state = model.state_dict()
+    adapters, rest = gather_order(list(state), adapters_only)
     with torch.no_grad():
-        for tensor in model.state_dict().values():
-            whole = full_tensor(tensor)
+        for key in adapters + rest:
+            whole = full_tensor(state[key])
             queued += whole.numel() * whole.element_size()
             del whole
             if queued >= bucket_bytes:
@@ -259,10 +279,83 @@ class MergedWeights(WireWeights):
         return list(merged_state_dict(self.model))
 
 
-def weight_source(learner: Any, channel: CommandChannel) -> Any:
+class AdapterWeights(WireWeights):
+    """A policy with LoRA adapters whose rollouts serve the adapters on their base (`model.lora.sync: adapters`,
+    vLLM): the adapters' A and B alone, under the names of PEFT's adapter file (`lora.adapter_file_state`)."""
+
+    def placeholders(self) -> list[Tensor]:
+        adapters = adapter_file_state(self.model)
+        self._tensors = list(adapters.values())
+        return [torch.empty(t.shape, dtype=self.wire_dtype, device="meta") for t in self._tensors]
+
+    def names(self) -> list[str]:
+        return list(adapter_file_state(self.model))
+
+
+class ShardedLoraWeights(WireWeights):
+    """A sharded policy with LoRA adapters (fsdp2), on rank 0: the adapters gathered whole first (every rank joins,
+    `gather_pass`), then either sent alone (`adapters_only`, PEFT's file names) or each base tensor gathered and sent
+    with its adapters merged in, under the base model's names and in its state-dict order (what the rollout holds).
+    """
+
+    def __init__(self, model: nn.Module, wire_dtype: torch.dtype, channel: CommandChannel, adapters_only: bool) -> None:
+        super().__init__(model, wire_dtype)
+        self.channel, self.adapters_only = channel, adapters_only
+        self._adapters: dict[str, Tensor] = {}
+
+    def _keys(self) -> tuple[dict[str, Tensor], list[str]]:
+        state = self.model.state_dict()
+        adapters, rest = gather_order(list(state), self.adapters_only)
+        return state, adapters if self.adapters_only else rest
+
+    def placeholders(self) -> list[Tensor]:
+        state, keys = self._keys()
+        self._state, self._sent = state, keys
+        dtype = self.wire_dtype
+        return [  # a DTensor's shape is the whole tensor's
+            torch.empty(state[k].shape, dtype=dtype if state[k].is_floating_point() else state[k].dtype, device="meta")
+            for k in keys
+        ]
+
+    def names(self) -> list[str]:
+        _, keys = self._keys()
+        if self.adapters_only:
+            return [adapter_file_name(k) for k in keys]
+        return list(merge_state({k: torch.empty(0) for k in keys}, {}))
+
+    def begin_gather(self, bucket_bytes: int) -> None:
+        self.channel.send("gather", bucket_bytes, self.adapters_only)
+        self._state, self._sent = self._keys()
+        adapters, _ = gather_order(list(self._state), self.adapters_only)
+        with torch.no_grad():
+            self._adapters = {k: full_tensor(self._state[k]) for k in adapters}
+        self._scalings = lora_scalings(self.model)
+
+    def full(self, index: int, device: torch.device | None = None) -> Tensor:
+        key = self._sent[index]
+        if self.adapters_only:
+            whole = self._adapters[key]
+        else:
+            whole = full_tensor(self._state[key])
+            layer = key.removesuffix(".base_layer.weight")
+            if key.endswith(".base_layer.weight") and layer in self._scalings:
+                b = self._adapters[f"{layer}.lora_B.{ADAPTER}.weight"]
+                a = self._adapters[f"{layer}.lora_A.{ADAPTER}.weight"]
+                whole = whole + (self._scalings[layer] * (b @ a)).to(whole.dtype)
+        if whole.is_floating_point():
+            whole = whole.to(self.wire_dtype)
+        return whole.to(device or torch.device("cpu"))
+
+
+def weight_source(learner: Any, channel: CommandChannel, adapters_only: bool = False) -> Any:
     """What the weight sync publishes: the module itself, its shards gathered one tensor at a time, its fp32
-    master weights cast to the rollouts' dtype one tensor at a time, or its adapters merged into the base."""
+    master weights cast to the rollouts' dtype one tensor at a time, its adapters merged into the base, or with
+    `adapters_only` its adapters alone."""
+    if has_lora(learner.model) and is_sharded(learner.model):
+        return ShardedLoraWeights(learner.model, learner.wire_dtype, channel, adapters_only)
     if has_lora(learner.model):
+        if adapters_only:
+            return AdapterWeights(learner.model, learner.wire_dtype)
         return MergedWeights(learner.model, learner.wire_dtype)
     if is_sharded(learner.model):
         return ShardedWeights(learner.model, learner.wire_dtype, channel)
@@ -286,7 +379,7 @@ def export_policy(learner: Any, tokenizer: Any, directory: Path, channel: Comman
     from rljob.runtime.llm.models.policy import export_hf
 
     if has_lora(learner.model):
-        return export_lora(learner, tokenizer, directory)
+        return export_lora(learner, tokenizer, directory, channel)
     if not is_sharded(learner.model):
         if next(learner.model.parameters()).dtype == learner.wire_dtype:
             return export_hf(learner.model, tokenizer, directory)
@@ -301,16 +394,21 @@ def export_policy(learner: Any, tokenizer: Any, directory: Path, channel: Comman
     return export_hf(learner.model, tokenizer, directory, state_dict=state)
 
 
-def export_lora(learner: Any, tokenizer: Any, directory: Path) -> Path:
+def export_lora(learner: Any, tokenizer: Any, directory: Path, channel: CommandChannel) -> Path:
     """A policy with adapters: the merged model (`model.lora.mergeOnExport`, the default) or the PEFT adapter
-    directory, which transformers writes for a model with adapters."""
+    directory, which transformers writes for a model with adapters. A sharded policy is gathered whole first (every
+    rank joins)."""
     from rljob.runtime.llm.models.policy import export_hf
 
     model = learner.model
+    sharded = is_sharded(model)
+    if sharded:
+        channel.send("export")
+    state = full_state_dict(model) if sharded else model.state_dict()
     if not learner.merge_on_export:
-        state = {k: v.to(learner.wire_dtype) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+        state = {k: v.to(learner.wire_dtype) if v.is_floating_point() else v for k, v in state.items()}
         return export_hf(model, tokenizer, directory, state_dict=state)
-    merged = merged_state_dict(model)
+    merged = merge_state(state, lora_scalings(model)) if sharded else merged_state_dict(model)
     state = {k: v.to(learner.wire_dtype) if v.is_floating_point() else v for k, v in merged.items()}
     with as_base_model(model):
         return export_hf(model, tokenizer, directory, state_dict=state)

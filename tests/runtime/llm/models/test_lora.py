@@ -88,3 +88,59 @@ def test_a_target_module_the_model_lacks_is_named_with_the_field():
     with pytest.raises(LoraTargetError, match="query_key_value"):
         add_lora(copy.deepcopy(model), LoraSpec(target_modules=["query_key_value"]))
     assert target_problems(model, ["model.layers.0.self_attn.q_proj"]) == []  # a full dotted name too
+
+
+def test_a_reward_model_trains_adapters_and_its_whole_head_and_merges_into_a_plain_sequence_classifier():
+    from transformers import AutoModelForSequenceClassification
+
+    from rljob.runtime.llm.models.lora import head_names
+    from rljob.runtime.llm.models.policy import reward_model_from
+
+    model = reward_model_from(base_model(), TOKENIZER.pad_token_id, seed=0)
+    plain_keys = list(model.state_dict())
+    assert head_names(model) == ["score"]
+    add_lora(model, LORA, train_whole=head_names(model))
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert "score.modules_to_save.default.weight" in trainable
+    assert trainable - {"score.modules_to_save.default.weight"} and all(
+        ".lora_" in n for n in trainable - {"score.modules_to_save.default.weight"}
+    )
+    assert set(adapter_state_dict(model)) == trainable  # a checkpoint holds the trained head too
+    with torch.no_grad():  # as after training: the adapters and the head moved
+        for param in model.parameters():
+            if param.requires_grad:
+                param.add_(torch.randn_like(param))
+    merged = merged_state_dict(model)
+    assert list(merged) == plain_keys  # the plain classifier's names, no adapter or wrapper left
+    plain = AutoModelForSequenceClassification.from_config(model.config)
+    plain.load_state_dict(merged)
+    ids = torch.tensor([[1, 5, 6, 7], [1, 8, 9, 2]])
+    with torch.no_grad():
+        torch.testing.assert_close(plain(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=1e-5)
+    with pytest.raises(LoraTargetError, match=r"'score' is the reward model's new head"):
+        add_lora(reward_model_from(base_model(), 0, seed=0), LoraSpec(target_modules=["score"]), ["score"])
+
+
+def test_adapters_synced_alone_are_what_peft_writes_into_an_adapter_directory(tmp_path):
+    """`model.lora.sync: adapters`: the tensors and names the actor sends, and the config the vLLM rollout writes
+    beside them, are PEFT's own adapter directory (what vLLM loads as a LoRA adapter)."""
+    import json
+
+    from peft import LoraConfig
+    from safetensors.torch import load_file
+
+    from rljob.runtime.llm.models.lora import adapter_config, adapter_file_state
+
+    model = trained_lora_model()
+    model.save_pretrained(tmp_path)  # transformers' PEFT integration: the adapter directory alone
+    written = load_file(tmp_path / "adapter_model.safetensors")
+    sent = adapter_file_state(model)
+    assert sorted(sent) == sorted(written)
+    for name, tensor in written.items():
+        assert torch.equal(sent[name], tensor), name
+    ours, peft = adapter_config(LORA), json.loads((tmp_path / "adapter_config.json").read_text())
+    same = set(ours) - {"target_modules", "task_type"}  # the policy's adapters were put on without a task type
+    assert {k: peft[k] for k in same} == {k: ours[k] for k in same}
+    assert sorted(peft["target_modules"]) == sorted(ours["target_modules"])
+    config = LoraConfig(**{k: v for k, v in ours.items() if k != "peft_type"})
+    assert (config.r, config.lora_alpha) == (LORA.rank, LORA.alpha)

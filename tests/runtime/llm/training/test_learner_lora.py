@@ -87,3 +87,46 @@ def test_a_checkpoint_of_another_kind_is_refused_with_the_field():
         lora_learner(no_kl, lora=None).load_state_dict(with_lora)
     with pytest.raises(CheckpointError, match=r"spec.model.lora: the checkpoint lacks the adapter tensors"):
         lora_learner(no_kl).load_state_dict(without)
+
+
+def test_a_distilled_student_with_adapters_moves_towards_its_teacher_and_the_teacher_stays_as_it_was():
+    """distill with model.lora: the teacher's per-token signal trains only the student's adapters; before the first
+    step the adapted student is its base, so its KL to the teacher is the plain student's."""
+    from rljob.api.spec import DistillSpec, TeacherModel
+    from rljob.runtime.llm.models.policy import build_tiny_qwen2
+    from tests.runtime.llm.training.test_learner import TINY
+
+    distill = AlgorithmSpec(
+        name="distill", kl_coef=0.0, distill=DistillSpec(teacher=TeacherModel(path="teacher")), clip_ratio_high=0.28
+    )
+    samples = [{**s, "advantage": 0.0} for s in make_samples(0)]  # the teacher's signal alone
+
+    def learner(lora: LoraSpec | None) -> tuple[LLMLearner, torch.nn.Module]:
+        teacher = build_tiny_qwen2(TINY, TOKENIZER, max_length=32, seed=1).eval().requires_grad_(False)
+        model = make_model()
+        if lora is not None:
+            add_lora(model, lora)
+        trainer = TrainerSpec(steps=10, optimizer="adam", learning_rate=0.01, seed=3)
+        return LLMLearner(
+            model,
+            distill,
+            trainer,
+            pad_id=TOKENIZER.pad_token_id,
+            temperature=1.0,
+            max_response_tokens=MAX_RESPONSE,
+            reference_is_base=lora is not None,
+            teacher=teacher,
+        ), teacher
+
+    plain, _ = learner(None)
+    student, teacher = learner(LORA)
+    teacher_before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    student_before = {k: v.clone() for k, v in student.model.state_dict().items()}
+    first = student.update(samples)
+    assert first["distill_kl"] == pytest.approx(plain.update(samples)["distill_kl"], rel=1e-5)
+    kls = [first["distill_kl"]] + [student.update(samples)["distill_kl"] for _ in range(7)]
+    assert kls[-1] < 0.8 * kls[0], kls
+    changed = {k for k, v in student.model.state_dict().items() if not torch.equal(student_before[k], v)}
+    assert changed and all(".lora_" in k for k in changed), changed
+    assert all(torch.equal(teacher_before[k], v) for k, v in teacher.state_dict().items())
+    assert student.reference is None  # distill measures no KL to a reference: nothing else is loaded

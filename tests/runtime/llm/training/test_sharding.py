@@ -177,6 +177,75 @@ def resume(rank: int, world: int, checkpoints: Path) -> dict:
     return {**result, "after": full_params(learner)}
 
 
+LORA_KL = AlgorithmSpec(name="grpo", kl_coef=0.1, loss_aggregation="token-mean", minibatches=2, clip_ratio_high=0.28)
+
+
+def lora_learner(parallelism: str, rank: int = 0, world: int = 1) -> LLMLearner:
+    """A policy with LoRA adapters, its KL measured against the base (adapters off), Adam on the adapters alone."""
+    from rljob.api.spec import LoraSpec
+    from rljob.runtime.llm.models.lora import add_lora
+
+    model = make_model()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)  # A's initialisation: the same here and in the ranks (which take rank 0's anyway)
+        add_lora(model, LoraSpec(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"]))
+    trainer = TrainerSpec(
+        steps=10, optimizer="adam", learning_rate=0.01, micro_batch_size=2, seed=3, parallelism=parallelism
+    )
+    return LLMLearner(
+        model,
+        LORA_KL,
+        trainer,
+        pad_id=TOKENIZER.pad_token_id,
+        temperature=0.9,
+        max_response_tokens=MAX_RESPONSE,
+        reference_is_base=True,
+        rank=rank,
+        world_size=world,
+    )
+
+
+def lora_sync(rank: int, world: int, checkpoints: Path) -> dict:
+    """Two fsdp2 updates of a LoRA policy, then rank 0 sends it to a rollout merged and to another as adapters alone
+    (every rank joining the gathers), and exports it merged."""
+    import threading
+
+    from rljob.runtime.llm.training.sharding import export_policy, weight_source
+    from rljob.runtime.weights.sync import WeightPublisher, WeightSubscriber, tensors_report
+
+    learner = lora_learner("fsdp2", rank, world)
+    stats = [learner.update(make_samples(seed, SAMPLES)) for seed in (0, 1)]
+    channel = CommandChannel(rank, world)
+    if rank != 0:
+        follow(learner, channel)
+        return {}
+    received = {}
+    for version, adapters_only in ((1, False), (2, True)):
+        port = free_port()
+        source = weight_source(learner, channel, adapters_only=adapters_only)
+        rollout = {
+            n: torch.empty(p.shape, dtype=torch.float32)
+            for n, p in zip(source.names(), source.placeholders(), strict=True)
+        }
+        publisher = WeightPublisher("127.0.0.1", port, "actor-a", bucket_mb=1)
+        key = publisher.plan([(0, "rollout-0")], version, source)[0]
+        subscriber, tensors = WeightSubscriber("127.0.0.1", port, 1), list(rollout.values())
+
+        def receive(subscriber=subscriber, tensors=tensors, key=key, version=version) -> None:
+            subscriber.accept(key, version, "actor-a", tensors_report(tensors))
+            subscriber.receive_tensors(key, "actor-a", tensors)
+
+        receiver = threading.Thread(target=receive)
+        receiver.start()
+        publisher.publish(version, source)
+        receiver.join(timeout=60)
+        publisher.close()
+        received["adapters" if adapters_only else "merged"] = rollout
+    export_policy(learner, TOKENIZER, checkpoints / "export", channel)
+    channel.send("end")
+    return {"stats": stats, "sharded": learner.sharded, **received}
+
+
 RANK_SCRIPT = textwrap.dedent(
     """
     import os, sys, torch, torch.distributed as dist
@@ -310,3 +379,26 @@ def test_a_sharded_policy_reaches_a_rollout_whole_through_the_weight_sync(tmp_pa
     assert two["received"].keys() == two["params"].keys()
     for name, whole in two["params"].items():
         assert torch.equal(two["received"][name], whole), name
+
+
+def test_a_sharded_lora_policy_updates_like_one_rank_and_reaches_rollouts_merged_or_as_adapters(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from rljob.runtime.llm.models.lora import adapter_file_state, merged_state_dict
+
+    single = lora_learner("ddp")
+    stats = [single.update(make_samples(seed, SAMPLES)) for seed in (0, 1)]
+    two = run_ranks(2, "lora_sync", tmp_path)
+    assert two["sharded"]
+    for mine, theirs in zip(stats, two["stats"], strict=True):
+        for key in ("policy_loss", "kl", "entropy", "grad_norm"):
+            assert theirs[key] == pytest.approx(mine[key], rel=1e-4, abs=1e-6), key
+    assert two["stats"][1]["kl"] > 0.0  # measured against the base with the adapters off, on every rank
+    expected = merged_state_dict(single.model)
+    assert list(two["merged"]) == list(expected)  # the base model's names and order: what a rollout holds
+    assert_close(two["merged"], expected, atol=1e-5)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.allclose(two["merged"][q], make_model().state_dict()[q], atol=1e-4)  # the adapters are in it
+    assert_close(two["adapters"], adapter_file_state(single.model), atol=1e-5)
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt" / "export").state_dict()
+    assert_close({k: exported[k] for k in expected}, expected, atol=1e-5)
