@@ -77,8 +77,7 @@ images: image-tools $(WHEELHOUSE)/.done
 	VERSION=$(IMAGE_VERSION) images/build.sh operator env trainer
 
 # The CPU images built, then run by their tests (entrypoints as uid 1000 under podman, CartPole from the pods
-# `rljob render` prints). Not part of `make test`: the builds take 8-11 minutes on 2 cores, more than is left of
-# its 45-minute CI budget; there the image tests skip and say why. A CI job of its own runs `make test-images`.
+# `rljob render` prints); `make test` does the same beside the rest of the suite.
 test-images: images
 	$(BIN)/pytest tests/images tests/operator/test_images.py
 
@@ -111,12 +110,23 @@ $(HELM_BIN):
 
 helm: $(HELM_BIN)
 
+# The CPU images build beside the suite (a build mostly waits on pip, tar and the disk: about a core for 5 minutes),
+# then tests/images runs them. Where the image tools cannot be installed (not root, not Debian) the image tests skip
+# and say why; where they are installed, a build that fails fails the run.
 test: $(STAMP)
 	-$(MAKE) helm
 	-$(MAKE) browser
 	$(MAKE) lint
 	$(MAKE) docs
-	$(BIN)/pytest
+	@mkdir -p build; rm -f build/images.rc
+	@( $(MAKE) images > build/images.log 2>&1; echo $$? > build/images.rc ) & \
+	$(BIN)/pytest --ignore=tests/images; suite=$$?; wait; \
+	echo "make images (log in build/images.log):"; grep -E "built in|Error|error:" build/images.log | tail -n 5; \
+	built=$$(cat build/images.rc); tools=yes; \
+	for tool in $(IMAGE_TOOLS); do command -v $$tool >/dev/null || tools=no; done; \
+	if [ "$$built" != 0 ] && [ $$tools = yes ]; then tail -n 30 build/images.log; echo "make images failed"; suite=1; fi; \
+	$(BIN)/pytest tests/images || suite=1; \
+	exit $$suite
 
 # The CRD is generated from the pydantic API; tests fail when these copies drift from it.
 crds: $(STAMP)

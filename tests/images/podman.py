@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -23,7 +24,20 @@ def missing(images: list[str]) -> str | None:
     if absent:
         return f"not built: {', '.join(absent)} (make images)"
     stale = [image for image in images if not built_from_these_sources(image)]
-    return f"built from older sources: {', '.join(stale)} (make images)" if stale else None
+    if stale:
+        return f"built from older sources: {', '.join(stale)} (make images)"
+    return runtime_problem(images[0])
+
+
+@functools.cache
+def runtime_problem(image: str) -> str | None:
+    """Why podman cannot run a container on this host (a sandbox without the namespaces or cgroups a runtime
+    needs), or None: the images were built, so the tools are there, but building needs no runtime."""
+    probe = podman("run", "--rm", "--network", "none", "--entrypoint", "/bin/true", image, check=False)
+    if probe.returncode == 0:
+        return None
+    said = (probe.stderr.strip().splitlines() or ["no message"])[-1]
+    return f"podman cannot run a container on this host: {said}"
 
 
 IMAGE_SOURCES = (
