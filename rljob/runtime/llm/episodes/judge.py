@@ -68,9 +68,15 @@ def check_judge(spec: JudgeSpec, base_dir: Path | None) -> tuple[str, str] | Non
     from transformers import AutoTokenizer
 
     try:
-        AutoTokenizer.from_pretrained(directory)
+        tokenizer = AutoTokenizer.from_pretrained(directory)
     except Exception as exc:  # transformers raises many kinds for a missing or broken tokenizer
         return "path", f"cannot load the tokenizer of {directory} (a judge needs one to read its rubric): {exc}"
+    # Without its files transformers may still build a tokenizer of the config's class, with an empty vocabulary.
+    if not tokenizer(spec.rubric, add_special_tokens=False)["input_ids"]:
+        return "path", (
+            f"cannot load the tokenizer of {directory}: it reads the rubric as no tokens at all (no tokenizer files "
+            "there?); save the judge's tokenizer beside it (tokenizer.save_pretrained)"
+        )
     return None
 
 
