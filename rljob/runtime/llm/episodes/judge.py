@@ -11,6 +11,10 @@ reward role's device, in the engine the spec names: `hf` (`engines.hf.HFEngine`,
 3. the score is the first group of the last match of `scorePattern` in the decoded output (`parse_score`), mapped
    from [minScore, maxScore] onto [0, 1] and clipped there (`normalise`); an output without one scores `onUnparsed`
    and is counted (`Verdicts.unparsed`, the run's `reward_unparsed/<name>`).
+
+A judge prompt that leaves no room for `maxTokens` in the judge's context (`maxModelLen` with vllm, the model's
+`max_position_embeddings` otherwise) is not generated: that sample scores 0 and counts as an error of the term
+(`Verdicts.too_long`), and the rest of its batch is judged as usual.
 """
 
 from __future__ import annotations
@@ -113,6 +117,10 @@ class Verdicts:
     """What the judge wrote for each sample."""
     unparsed: int
     """Samples whose output held no score."""
+    too_long: int = 0
+    """Samples whose judge prompt left no room for `maxTokens` in the judge's context: not judged, valued 0."""
+    longest_prompt: int | None = None
+    """The most prompt tokens a judge prompt may have (for the error message of `too_long`)."""
 
 
 class Judge:
@@ -131,10 +139,13 @@ class Judge:
         )
         source = judge_source(spec, base_dir)
         self.device = torch.device(device)
-        self.engine: Any = _vllm_engine(spec, source, self.device) if spec.engine == "vllm" else None
-        if self.engine is None:
-            self.engine = _hf_engine(source, self.device)
+        if spec.engine == "vllm":
+            self.engine, context = _vllm_engine(spec, source, self.device)
+        else:
+            self.engine, context = _hf_engine(source, self.device)
         self.tokenizer = self.engine.tokenizer
+        self.longest_prompt = None if context is None else max(0, context - spec.max_tokens)
+        """Prompt tokens that leave room for `maxTokens` in the judge's context (None: no stated limit)."""
 
     def encode(self, prompt: str, response: str, row: dict[str, Any]) -> list[int]:
         answer = row.get(self.answer_key)
@@ -150,11 +161,20 @@ class Judge:
         """Every sample's verdict, `batchSize` samples per generate call."""
         values: list[float] = []
         outputs: list[str] = []
-        unparsed = 0
+        unparsed = too_long = 0
         for start in range(0, len(samples), self.spec.batch_size):
             part = samples[start : start + self.spec.batch_size]
             prompts = [self.encode(s["prompt"], s["response"], s.get("row") or {}) for s in part]
-            for (completion,) in self.engine.generate(prompts, self.sampling):
+            limit = self.longest_prompt
+            fitting = [p for p in prompts if limit is None or len(p) <= limit]
+            generated = iter(self.engine.generate(fitting, self.sampling))
+            for prompt in prompts:
+                if limit is not None and len(prompt) > limit:
+                    too_long += 1
+                    values.append(0.0)
+                    outputs.append("")
+                    continue
+                (completion,) = next(generated)
                 text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
                 score = parse_score(text, self.pattern)
                 if score is None:
@@ -163,13 +183,14 @@ class Judge:
                 else:
                     values.append(normalise(score, self.spec.min_score, self.spec.max_score))
                 outputs.append(text)
-        return Verdicts(values, outputs, unparsed)
+        return Verdicts(values, outputs, unparsed, too_long, self.longest_prompt)
 
     def close(self) -> None:
         self.engine.close()
 
 
-def _hf_engine(source: str, device: Any) -> Any:
+def _hf_engine(source: str, device: Any) -> tuple[Any, int | None]:
+    """The hf engine holding the judge, and its context length (None when its config states none)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -180,11 +201,13 @@ def _hf_engine(source: str, device: Any) -> Any:
         tokenizer.pad_token = tokenizer.eos_token
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # CPU kernels are fp32-first
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device).requires_grad_(False)
-    return HFEngine(model, tokenizer, device)
+    context = getattr(model.config, "max_position_embeddings", None)
+    return HFEngine(model, tokenizer, device), context
 
 
-def _vllm_engine(spec: JudgeSpec, source: str, device: Any) -> Any:
-    """A vLLM engine holding the judge: no weight sync (an empty layout: no staging copy of the weights)."""
+def _vllm_engine(spec: JudgeSpec, source: str, device: Any) -> tuple[Any, int]:
+    """A vLLM engine holding the judge, with no weight sync (an empty layout: no staging copy of the weights), and
+    its context length."""
     import torch
     from transformers import AutoConfig
 
@@ -204,6 +227,6 @@ def _vllm_engine(spec: JudgeSpec, source: str, device: Any) -> Any:
     )
     dtype = torch.bfloat16 if not on_cpu else torch.float32
     try:
-        return VLLMEngine(source, [], rollout, max_len, dtype, None, 0, on_cpu)
+        return VLLMEngine(source, [], rollout, max_len, dtype, None, 0, on_cpu), max_len
     except Exception as exc:
         raise RuntimeError(startup_failure(str(exc)).replace("spec.rollout.vllm.", "judge.")) from None

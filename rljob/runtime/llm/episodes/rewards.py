@@ -626,14 +626,13 @@ class RewardScorer:
         errors = {term.name: 0 for term in self._terms}
         messages: dict[str, str] = {}
         unparsed: dict[str, int] = {}
-        for t, (values, error, not_parsed) in modelled.items():
+        for t, (values, failed, error, not_parsed) in modelled.items():
             term = self._terms[t]
             if isinstance(term.model, Judge):
                 unparsed[term.name] = not_parsed
+            errors[term.name] += failed
             if error is not None:
-                errors[term.name] += len(samples)
                 messages[term.name] = error
-                continue
             terms[term.name] = values
             for index, value in enumerate(values):
                 rewards[index] += term.weight * value
@@ -650,25 +649,36 @@ class RewardScorer:
     @staticmethod
     def _score_with_model(
         term: _Term, samples: list[RewardInput], beat: Callable[[], None]
-    ) -> tuple[list[float], str | None, int]:
-        """The model's (or judge's) scores of the batch, or zeros and why it failed (e.g. out of memory) for every
-        sample; and how many judge outputs held no score."""
+    ) -> tuple[list[float], int, str | None, int]:
+        """The model's (or judge's) scores of the batch, how many samples failed and why (the whole batch when the
+        model failed, e.g. out of memory: zeros for all), and how many judge outputs held no score."""
         assert term.model is not None
         beat()
-        unparsed = 0
+        failed, error, unparsed = 0, None, 0
         try:
             if isinstance(term.model, Judge):
                 verdicts = term.model.judge(list(samples))  # type: ignore[arg-type]
-                values, unparsed = verdicts.values, verdicts.unparsed
+                values, unparsed, failed = verdicts.values, verdicts.unparsed, verdicts.too_long
+                if failed:
+                    error = (
+                        f"{failed} judge prompt(s) longer than {verdicts.longest_prompt} tokens, which leave no room "
+                        "for judge.maxTokens in the judge's context: scored 0; raise judge.maxModelLen (vllm), shorten "
+                        "the rubric, or cap the policy's responses"
+                    )
             else:
                 values = term.model.score([(sample["prompt"], sample["response"]) for sample in samples])
         except Exception as exc:
-            return [0.0] * len(samples), describe_exception(exc), 0
+            return [0.0] * len(samples), len(samples), describe_exception(exc), 0
         finally:
             beat()
         if not all(math.isfinite(value) for value in values):
-            return [0.0] * len(samples), "the reward model returned a score that is not a finite number", 0
-        return values, None, unparsed
+            return (
+                [0.0] * len(samples),
+                len(samples),
+                "the reward model returned a score that is not a finite number",
+                0,
+            )
+        return values, failed, error, unparsed
 
     def _start_worker(self) -> None:
         threading.Thread(target=self._work, name="reward-scorer", daemon=True).start()

@@ -160,3 +160,34 @@ def test_a_rubric_reading_the_answer_needs_the_answer_column_in_every_row(judge_
     assert check_reward_columns(spec, rows[:1], answer_key="solution") == []
     no_answer = RewardSpec.model_validate({"functions": [{"judge": {"path": "j", "rubric": "{prompt}{response}"}}]})
     assert check_reward_columns(no_answer, rows, answer_key="solution") == []
+
+
+def test_a_judge_prompt_with_no_room_for_the_verdict_fails_alone_and_the_rest_of_its_batch_is_judged(
+    tmp_path, judge_dir
+):
+    import json
+    import shutil
+
+    rubric = {"rubric": RUBRIC, "scorePattern": r"(\d)", "maxScore": 9, "maxTokens": 6, "onUnparsed": 0.5}
+    whole = Judge(JudgeSpec.model_validate({"path": str(judge_dir), **rubric}), None, "cpu")
+    try:
+        lengths = [len(whole.encode(s["prompt"], s["response"], s["row"])) for s in SAMPLES]
+        expected = whole.judge(SAMPLES).values
+    finally:
+        whole.close()
+    # A copy of the judge whose context holds the shorter prompts and 6 tokens after them, not the longer ones.
+    limit = sorted(lengths)[2]
+    short = shutil.copytree(judge_dir, tmp_path / "short")
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": limit + 6}))
+    spec = RewardSpec.model_validate({"functions": [{"judge": {"path": "short", **rubric}}]})
+    scorer = RewardScorer(spec, base_dir=tmp_path)
+    try:
+        scored = scorer.score(SAMPLES)
+    finally:
+        scorer.close()
+    too_long = [n > limit for n in lengths]
+    assert 0 < sum(too_long) < len(SAMPLES)
+    assert scored.terms["judge"] == [0.0 if over else value for over, value in zip(too_long, expected, strict=True)]
+    assert scored.errors == {"judge": sum(too_long)}
+    assert f"longer than {limit} tokens" in scored.error_messages["judge"]
