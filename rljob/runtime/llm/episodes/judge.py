@@ -23,6 +23,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,8 +158,9 @@ class Judge:
         bos = getattr(self.tokenizer, "bos_token", None)
         return self.tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
 
-    def judge(self, samples: list[dict[str, Any]]) -> Verdicts:
-        """Every sample's verdict, `batchSize` samples per generate call."""
+    def judge(self, samples: list[dict[str, Any]], beat: Callable[[], None] = lambda: None) -> Verdicts:
+        """Every sample's verdict, `batchSize` samples per generate call; `beat()` after each call (the reward role's
+        heartbeat: a 7B judge writing its reasoning for a large batch is slow, not hung)."""
         values: list[float] = []
         outputs: list[str] = []
         unparsed = too_long = 0
@@ -168,6 +170,7 @@ class Judge:
             limit = self.longest_prompt
             fitting = [p for p in prompts if limit is None or len(p) <= limit]
             generated = iter(self.engine.generate(fitting, self.sampling))
+            beat()
             for prompt in prompts:
                 if limit is not None and len(prompt) > limit:
                     too_long += 1

@@ -657,7 +657,7 @@ class RewardScorer:
         failed, error, unparsed = 0, None, 0
         try:
             if isinstance(term.model, Judge):
-                verdicts = term.model.judge(list(samples))  # type: ignore[arg-type]
+                verdicts = term.model.judge(list(samples), beat)  # type: ignore[arg-type]
                 values, unparsed, failed = verdicts.values, verdicts.unparsed, verdicts.too_long
                 if failed:
                     error = (

@@ -87,7 +87,9 @@ def test_batched_verdicts_are_the_models_own_greedy_outputs_parsed_and_normalise
     )  # fmt: skip
     judge = Judge(spec, None, "cpu")
     try:
-        verdicts = judge.judge(SAMPLES)
+        beats: list[None] = []
+        verdicts = judge.judge(SAMPLES, beat=lambda: beats.append(None))
+        assert len(beats) == 3  # one per generate call of 2, 2 and 1 samples: the reward role's heartbeat
         model = AutoModelForCausalLM.from_pretrained(judge_dir).eval()
         alone = []
         for s in SAMPLES:  # one by one: no padding, no batch
