@@ -192,26 +192,37 @@ class Judge:
         self.engine.close()
 
 
+def judge_dtype(config: Any, device: Any) -> Any:
+    """fp32 on the CPU (its kernels are fp32-first); on a GPU the dtype the checkpoint states (an instruct model's
+    bf16, a tiny test model's fp32), bf16 when it states none."""
+    import torch
+
+    if device.type != "cuda":
+        return torch.float32
+    stated = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(stated, str):
+        stated = getattr(torch, stated, None)
+    return stated if isinstance(stated, torch.dtype) else torch.bfloat16
+
+
 def _hf_engine(source: str, device: Any) -> tuple[Any, int | None]:
     """The hf engine holding the judge, and its context length (None when its config states none)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from rljob.runtime.llm.engines.hf import HFEngine
 
     tokenizer = AutoTokenizer.from_pretrained(source)
     if tokenizer.pad_token_id is None:  # left padding needs a pad id; it is masked out
         tokenizer.pad_token = tokenizer.eos_token
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # CPU kernels are fp32-first
+    dtype = judge_dtype(AutoConfig.from_pretrained(source), device)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device).requires_grad_(False)
     context = getattr(model.config, "max_position_embeddings", None)
-    return HFEngine(model, tokenizer, device), context
+    return HFEngine(model, tokenizer, device, compile_decode=False), context
 
 
 def _vllm_engine(spec: JudgeSpec, source: str, device: Any) -> tuple[Any, int]:
     """A vLLM engine holding the judge, with no weight sync (an empty layout: no staging copy of the weights), and
     its context length."""
-    import torch
     from transformers import AutoConfig
 
     from rljob.api.spec import RolloutSpec, VLLMSpec
@@ -238,7 +249,7 @@ def _vllm_engine(spec: JudgeSpec, source: str, device: Any) -> tuple[Any, int]:
     rollout = RolloutSpec(
         temperature=spec.temperature, vllm=VLLMSpec(gpu_memory_utilization=spec.gpu_memory_utilization)
     )
-    dtype = torch.bfloat16 if not on_cpu else torch.float32
+    dtype = judge_dtype(config, device)
     try:
         return VLLMEngine(source, [], rollout, max_len, dtype, None, 0, on_cpu), max_len
     except Exception as exc:
