@@ -591,8 +591,8 @@ def _check_judge(judge: JudgeSpec, at: str) -> Iterator[tuple[str, str]]:
     if "{response}" not in judge.rubric:
         yield (
             f"{at}.rubric",
-            "must hold {response}, where the policy's response goes (also {prompt}, and {answer} for the row's "
-            "answer), e.g. 'Question: {prompt}\\nAnswer: {response}\\nGrade it 0-10 and end with Score: N'",
+            "must hold {response}, where the policy's response goes (also {question} or {prompt}, and {answer} for "
+            "the row's answer), e.g. 'Question: {question}\\nAnswer: {response}\\nGrade it 0-10 and end with Score: N'",
         )
     try:
         groups = re.compile(judge.score_pattern).groups

@@ -658,8 +658,9 @@ class JudgeSpec(SpecModel):
     hub_id: str | None = None
     """Model id on a hub, resolved through the Hugging Face cache, e.g. `Qwen/Qwen2.5-7B-Instruct`."""
     rubric: str = Field(min_length=1)
-    """What the judge is asked, with `{prompt}` (the prompt as the policy read it), `{response}` (the policy's
-    response, required) and optionally `{answer}` (the row's `task.llm.dataset.answerKey` column) filled in; other
+    """What the judge is asked, with `{prompt}` (the prompt text as the policy read it, its template included),
+    `{question}` (the row's own `task.llm.dataset.promptKey` column; a chat's last user message), `{response}` (the
+    policy's response, required) and `{answer}` (the row's `task.llm.dataset.answerKey` column) filled in; other
     text, braces included, is kept as written. Rendered in the judge's chat template as one user message when its
     tokenizer has one. Ask for the score in the form `scorePattern` reads."""
     score_pattern: str = DEFAULT_SCORE_PATTERN

@@ -30,6 +30,7 @@ def run_reward(context: RoleContext) -> int:
         scorer = RewardScorer(
             spec.reward,
             answer_key=spec.task.llm.dataset.answer_key,
+            prompt_key=spec.task.llm.dataset.prompt_key,
             base_dir=Path.cwd(),
             device=rank_device(spec.roles.reward.gpus_per_replica, 0, "spec.roles.reward.gpusPerReplica"),
         )

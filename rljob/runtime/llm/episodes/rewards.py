@@ -508,8 +508,10 @@ class RewardScorer:
         base_dir: Path | None = None,
         isolation: Isolation = "auto",
         device: Any = "cpu",
+        prompt_key: str = "prompt",
     ) -> None:
-        """`device`: where reward models run (the reward role's GPU when it has one)."""
+        """`device`: where reward models and judges run (the reward role's GPU when it has one); `answer_key`,
+        `prompt_key`: the dataset's answer and prompt columns (a judge's `{answer}` and `{question}`)."""
         resolved, problems = _resolve(reward, base_dir)
         if problems:
             raise RewardConfigError(
@@ -531,7 +533,7 @@ class RewardScorer:
                 function = _scored_by_model
             elif spec.judge is not None:
                 try:
-                    model = Judge(spec.judge, base_dir, device, answer_key)
+                    model = Judge(spec.judge, base_dir, device, answer_key, prompt_key)
                 except RuntimeError as exc:  # the engine cannot start: vLLM missing, or refusing its settings
                     raise RewardConfigError(f"spec.reward.functions[{index}].judge.engine", str(exc)) from None
                 self._judges.append(model)

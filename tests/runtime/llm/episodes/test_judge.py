@@ -44,9 +44,9 @@ SAMPLES = [
 ]
 
 
-def test_the_rubric_fills_prompt_response_and_answer_once_and_keeps_every_other_brace():
-    text = render_rubric("{prompt}|{response}|{answer}|{other} {{x}}", "P {answer}", "R {prompt}", "A")
-    assert text == "P {answer}|R {prompt}|A|{other} {{x}}"
+def test_the_rubric_fills_prompt_question_response_and_answer_once_and_keeps_every_other_brace():
+    text = render_rubric("{prompt}|{question}|{response}|{answer}|{other} {{x}}", "P {answer}", "R {prompt}", "A", "Q")
+    assert text == "P {answer}|Q|R {prompt}|A|{other} {{x}}"
 
 
 @pytest.mark.parametrize(
@@ -73,6 +73,15 @@ def test_the_judge_reads_the_rubric_as_a_chat_user_message(judge_dir):
         ids = judge.encode("3+4=", "7", {"answer": "7"})
         # The builtin chat template: "user: <content>\nassistant: ", after the beginning-of-sequence token.
         assert judge.tokenizer.decode(ids) == f"{judge.tokenizer.bos_token}user: Q 3+4= A 7 ref 7\nassistant: "
+    finally:
+        judge.close()
+    # {question} is the row's own prompt column (a chat row's last user message), not the policy's rendered prompt.
+    judge = Judge(JudgeSpec(path=str(judge_dir), rubric="Q {question} A {response}"), None, "cpu", prompt_key="q")
+    try:
+        chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+1="}]
+        for row, question in (({"q": "3+4="}, "3+4="), ({"q": chat}, "1+1="), ({}, "")):
+            ids = judge.encode("rendered 3+4=", "7", row)
+            assert judge.tokenizer.decode(ids, skip_special_tokens=True) == f"user: Q {question} A 7\nassistant: "
     finally:
         judge.close()
 
