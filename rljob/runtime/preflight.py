@@ -179,7 +179,7 @@ def llm_loaded_problems(job: RLJob, base_dir: Path) -> list[Problem]:
         return [Problem(field, message) for field, message in check_offline_rows(stage, spec.task.llm, rows)]
     found = (
         check_reward_spec(spec.reward, base_dir)
-        + check_reward_columns(spec.reward, rows)
+        + check_reward_columns(spec.reward, rows, spec.task.llm.dataset.answer_key)
         + check_sft_rows(spec.sft, rows)
     )
     if spec.task.llm.env is not None:

@@ -74,6 +74,11 @@ def test_a_minibatch_its_gpu_ranks_cannot_split_is_refused_everywhere_with_the_s
             {"reward": {"functions": [{"module": "no_such_rewards.py:score"}]}},
             "spec.reward.functions[0].module",
         ),
+        (
+            ARITHMETIC,
+            {"reward": {"functions": [{"judge": {"path": "no-such-judge", "rubric": "{prompt}{response}"}}]}},
+            "spec.reward.functions[0].judge.path",
+        ),
         (CARTPOLE, {"task": {"gym": {"envId": "NoSuchEnv-v0"}}}, "NoSuchEnv-v0"),
         (
             CARTPOLE,
@@ -81,7 +86,7 @@ def test_a_minibatch_its_gpu_ranks_cannot_split_is_refused_everywhere_with_the_s
             "spec.task.gym.envId: the VLA reads camera images",
         ),
     ],
-    ids=["missing-dataset", "missing-reward-module", "unknown-env-id", "vla-without-images"],
+    ids=["missing-dataset", "missing-reward-module", "missing-judge", "unknown-env-id", "vla-without-images"],
 )
 def test_validate_load_refuses_what_run_refuses_and_plain_validate_leaves_it_to_the_run(tmp_path, base, changes, said):
     """What a job reads and loads is checked where it is read: by `rljob run` before any process starts, and by

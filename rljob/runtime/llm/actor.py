@@ -163,6 +163,8 @@ class Controller:
         self.generation_s = 0.0
         """Seconds the rollouts spent generating the chunks accepted since the last `take_generation_seconds`."""
         self.reward_errors: dict[str, int] = {}
+        self.reward_unparsed: dict[str, int] = {}
+        """Per generative judge: the last scored batch's samples whose judge output held no score."""
         self.text_env = self.task.env is not None
         self.weights: Any = learner.model
         """What weight syncs publish: the model, or its shards gathered on the fly (`sharding.weight_source`)."""
@@ -289,7 +291,7 @@ class Controller:
                         "response_tokens": len(c["token_ids"]),
                     }
                 )
-        rewards, terms, errors = self.rewards.score(samples)
+        rewards, terms, errors, unparsed = self.rewards.score(samples)
         if self.text_env:
             rewards = rewards + np.array([c["env_reward"] for g in groups for c in g.completions], dtype=np.float64)
         rewards = rewards + overlong_shaping(self.spec, [s["response_tokens"] for s in samples])
@@ -300,6 +302,7 @@ class Controller:
             g.rewards = rewards[part]
             g.terms = {name: values[part] for name, values in terms.items()}
         self.reward_errors = errors
+        self.reward_unparsed = unparsed
 
     def sync(self, version: int) -> float:
         return self.rollouts.sync(version, self.weights)
@@ -876,6 +879,8 @@ def _record(
         values = np.concatenate([np.asarray(g.terms[name], dtype=np.float64) for g in groups if g.terms])
         record[f"reward/{name}"] = float(values.mean())
         record[f"reward_errors/{name}"] = int(controller.reward_errors.get(name, 0))
+        if name in controller.reward_unparsed:  # a judge: the share of its outputs that held no score
+            record[f"reward_unparsed/{name}"] = controller.reward_unparsed[name] / max(len(values), 1)
     if accuracy_key is not None and f"reward/{accuracy_key}" in record:
         record["accuracy"] = record[f"reward/{accuracy_key}"]
     return record

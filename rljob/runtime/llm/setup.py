@@ -44,7 +44,8 @@ def job_rows(context: RoleContext) -> list[Row]:
     if stage is not None:
         problems = check_offline_rows(stage, spec.task.llm, rows)
     else:
-        problems = check_reward_columns(spec.reward, rows) + check_sft_rows(spec.sft, rows)
+        answer_key = spec.task.llm.dataset.answer_key
+        problems = check_reward_columns(spec.reward, rows, answer_key) + check_sft_rows(spec.sft, rows)
     if problems:
         raise FatalConfigError("\n".join(f"{field}: {message}" for field, message in problems))
     return rows

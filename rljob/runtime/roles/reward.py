@@ -1,10 +1,11 @@
 """The reward role: scores llm responses with `spec.reward.functions` over the transport.
 
 Methods: `status` -> {"tag"}; `score` {"samples": [RewardInput, ...]} -> {"rewards": float32 [n],
-"terms": {name: [float]}, "errors": {name: int}, "tag"}. The server answers one request at a time;
-the scorer runs the functions of a batch on `sandbox.maxConcurrency` threads. A user function that
-cannot be loaded is a FatalConfigError (exit 78); one that fails on a sample scores 0 and is counted. Reward
-models (`functions[i].model`) run on this replica's GPU when the role has `gpusPerReplica`, else on the CPU.
+"terms": {name: [float]}, "errors": {name: int}, "unparsed": {judge name: int}, "tag"}. The server answers one
+request at a time; the scorer runs the functions of a batch on `sandbox.maxConcurrency` threads. A user function
+that cannot be loaded is a FatalConfigError (exit 78); one that fails on a sample scores 0 and is counted. Reward
+models (`functions[i].model`) and generative judges (`functions[i].judge`) run on this replica's GPU when the role
+has `gpusPerReplica`, else on the CPU.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def run_reward(context: RoleContext) -> int:
         scorer = RewardScorer(
             spec.reward,
             answer_key=spec.task.llm.dataset.answer_key,
+            prompt_key=spec.task.llm.dataset.prompt_key,
             base_dir=Path.cwd(),
             device=rank_device(spec.roles.reward.gpus_per_replica, 0, "spec.roles.reward.gpusPerReplica"),
         )
@@ -56,6 +58,7 @@ def run_reward(context: RoleContext) -> int:
             "rewards": np.asarray(scored.rewards, dtype=np.float32),
             "terms": scored.terms,
             "errors": scored.errors,
+            "unparsed": scored.unparsed,
             "tag": tag,
         }
 

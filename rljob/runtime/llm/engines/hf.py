@@ -137,7 +137,10 @@ class HFEngine:
         collocated: bool = False,
         batch_buckets: tuple[int, ...] | None = None,
         cache_len: int | None = None,
+        compile_decode: bool = True,
     ) -> None:
+        """`compile_decode` False: a dynamic cache even where the decode could be compiled (a generative judge's
+        prompts have no job-wide bound to size a static cache for, and each new length would compile again)."""
         self.model = model.eval()
         self.weight_sync = weight_sync
         self._subscriber: WeightSubscriber | None = None
@@ -155,7 +158,7 @@ class HFEngine:
         extra_eos = getattr(generation_config, "eos_token_id", None)
         if extra_eos is not None:
             self.eos_ids |= set(extra_eos if isinstance(extra_eos, list) else [extra_eos])
-        self.cache_implementation = "static" if compiles_decode(device, collocated) else None
+        self.cache_implementation = "static" if compile_decode and compiles_decode(device, collocated) else None
         self.batch_buckets = batch_buckets
         """Prompt counts each call is padded up to (`batch_bucket`); None: every call runs as it comes."""
         self.cache_len = cache_len if self.cache_implementation == "static" else None

@@ -24,9 +24,11 @@ spec field (missing file or function, wrong signature). Builtins other than `cod
 reward role's process (they are rljob's own code); a builtin past its timeout is abandoned, not killed
 (Python cannot stop a thread): its thread is replaced and keeps running until the function returns.
 The code of `code_exec` runs in a fresh sandboxed process per sample (`rljob.runtime.sandbox.runner`).
-A reward model (`model: {path, batchSize}`) is no per-sample function: it scores the whole batch in the scorer's
-own thread, before the other functions run (`rljob.runtime.llm.episodes.reward_model`); if it fails, every sample
-of the batch scores 0 on its term and counts as an error.
+A reward model (`model: {path, batchSize}`) or a generative judge (`judge: {path, rubric, ...}`) is no per-sample
+function: it scores the whole batch in the scorer's own thread, before the other functions run
+(`rljob.runtime.llm.episodes.reward_model`, `rljob.runtime.llm.episodes.judge`); if it fails, every sample of the
+batch scores 0 on its term and counts as an error. A judge's output without a score is no error: the sample scores
+the judge's `onUnparsed` and is counted in `ScoredBatch.unparsed`.
 
 Builtins:
 - `exact_match`: 1.0 when the final answer of the response equals `row[answer_key]`, after `final_answer`
@@ -79,6 +81,7 @@ from rljob.runtime.llm.data.benchmark_rows import (
     detect_code_format,
     gold_answer,
 )
+from rljob.runtime.llm.episodes.judge import Judge, check_judge
 from rljob.runtime.llm.episodes.reward_model import RewardModel, check_reward_model
 from rljob.runtime.sandbox.confined_module import (
     WORKER_START_SECONDS,
@@ -351,8 +354,12 @@ def _resolve(
     for index, function in enumerate(reward.functions):
         at = f"spec.reward.functions[{index}]"
         callable_: RewardFn | None = None
-        if [function.builtin, function.module, function.model].count(None) != 2:
-            problems.append((at, "set exactly one of builtin, module or model"))
+        if [function.builtin, function.module, function.model, function.judge].count(None) != 3:
+            problems.append((at, "set exactly one of builtin, module, model or judge"))
+        elif function.judge is not None:
+            judged = check_judge(function.judge, base_dir)
+            if judged:
+                problems.append((f"{at}.judge.{judged[0]}", judged[1]))
         elif function.model is not None:
             problem = check_reward_model(function.model, base_dir)
             if problem:
@@ -400,11 +407,24 @@ def check_reward_spec(reward: RewardSpec, base_dir: Path | None = None) -> list[
     return _resolve(reward, base_dir)[1]
 
 
-def check_reward_columns(reward: RewardSpec, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(field path, message) for every dataset column a function reads (code_exec's `tests`) that some row
-    lacks, or whose tests code_exec cannot run."""
+def check_reward_columns(
+    reward: RewardSpec, rows: list[dict[str, Any]], answer_key: str = "answer"
+) -> list[tuple[str, str]]:
+    """(field path, message) for every dataset column a function reads (code_exec's `tests`, a judge rubric's
+    `{answer}`) that some row lacks, or whose tests code_exec cannot run."""
     problems: list[tuple[str, str]] = []
     for index, function in enumerate(reward.functions):
+        if function.judge is not None and "{answer}" in function.judge.rubric:
+            lacking = next((number for number, row in enumerate(rows) if answer_key not in row), None)
+            if lacking is not None:
+                problems.append(
+                    (
+                        f"spec.reward.functions[{index}].judge.rubric",
+                        f"{{answer}} reads each row's {answer_key!r} column (task.llm.dataset.answerKey), which row "
+                        f"{lacking} lacks (columns: {', '.join(sorted(map(str, rows[lacking])))}); drop {{answer}} "
+                        "from the rubric or name the column that holds the answers",
+                    )
+                )
         if function.builtin != "code_exec":
             continue
         column = function.args.get("tests", "tests")
@@ -449,6 +469,8 @@ class ScoredBatch:
     """Failed calls per function in this batch (raised, timed out, not a finite number)."""
     error_messages: dict[str, str] = field(default_factory=dict)
     """The first failure of each function that failed in this batch, for logs."""
+    unparsed: dict[str, int] = field(default_factory=dict)
+    """Per generative judge: samples whose judge output held no score (they score the judge's `onUnparsed`)."""
 
 
 @dataclass(eq=False)  # compared and hashed by identity: calls live in a set while they run
@@ -472,8 +494,8 @@ class _Term:
     kwargs: dict[str, Any]
     sample_fields: tuple[str, ...]
     timeout: float
-    model: RewardModel | None = None
-    """A reward model scores the whole batch at once, in the scorer's own thread, instead of `function`."""
+    model: RewardModel | Judge | None = None
+    """A reward model or a judge scores the whole batch at once, in the scorer's own thread, instead of `function`."""
 
 
 class RewardScorer:
@@ -486,8 +508,10 @@ class RewardScorer:
         base_dir: Path | None = None,
         isolation: Isolation = "auto",
         device: Any = "cpu",
+        prompt_key: str = "prompt",
     ) -> None:
-        """`device`: where reward models run (the reward role's GPU when it has one)."""
+        """`device`: where reward models and judges run (the reward role's GPU when it has one); `answer_key`,
+        `prompt_key`: the dataset's answer and prompt columns (a judge's `{answer}` and `{question}`)."""
         resolved, problems = _resolve(reward, base_dir)
         if problems:
             raise RewardConfigError(
@@ -500,11 +524,19 @@ class RewardScorer:
         labels: dict[str, int] = {}
         sandbox = Sandbox.from_spec(reward.sandbox, isolation)
         self._modules: list[SandboxedFunction] = []
+        self._judges: list[Judge] = []
         for index, (spec, function) in enumerate(resolved):
             timeout = self.timeout
             model = None
             if spec.model is not None:
                 model = RewardModel(spec.model, base_dir, device)
+                function = _scored_by_model
+            elif spec.judge is not None:
+                try:
+                    model = Judge(spec.judge, base_dir, device, answer_key, prompt_key)
+                except RuntimeError as exc:  # the engine cannot start: vLLM missing, or refusing its settings
+                    raise RewardConfigError(f"spec.reward.functions[{index}].judge.engine", str(exc)) from None
+                self._judges.append(model)
                 function = _scored_by_model
             assert function is not None  # no problems: every function resolved
             sample_fields = _sample_fields(function)  # of the user's own function, loaded for the checks
@@ -514,7 +546,8 @@ class RewardScorer:
             elif spec.module is not None:
                 function = self._sandboxed(spec.module, f"spec.reward.functions[{index}].module", base_dir, isolation)
                 timeout = self.timeout + WORKER_START_SECONDS + CODE_EXEC_TIMEOUT_MARGIN
-            label = spec.name or spec.builtin or (spec.module or "reward_model").rpartition(":")[2]
+            label = spec.name or spec.builtin or (spec.module or ("judge" if spec.judge else "reward_model"))
+            label = label.rpartition(":")[2]
             labels[label] = labels.get(label, 0) + 1
             kwargs = dict(spec.args)
             if spec.builtin in ("exact_match", "math_verify", "multiple_choice"):
@@ -594,12 +627,14 @@ class RewardScorer:
         terms = {term.name: [0.0] * len(samples) for term in self._terms}
         errors = {term.name: 0 for term in self._terms}
         messages: dict[str, str] = {}
-        for t, (values, error) in modelled.items():
+        unparsed: dict[str, int] = {}
+        for t, (values, failed, error, not_parsed) in modelled.items():
             term = self._terms[t]
+            if isinstance(term.model, Judge):
+                unparsed[term.name] = not_parsed
+            errors[term.name] += failed
             if error is not None:
-                errors[term.name] += len(samples)
                 messages[term.name] = error
-                continue
             terms[term.name] = values
             for index, value in enumerate(values):
                 rewards[index] += term.weight * value
@@ -611,24 +646,41 @@ class RewardScorer:
                 continue
             terms[term.name][call.sample] = call.value
             rewards[call.sample] += term.weight * call.value
-        return ScoredBatch(rewards=rewards, terms=terms, errors=errors, error_messages=messages)
+        return ScoredBatch(rewards=rewards, terms=terms, errors=errors, error_messages=messages, unparsed=unparsed)
 
     @staticmethod
     def _score_with_model(
         term: _Term, samples: list[RewardInput], beat: Callable[[], None]
-    ) -> tuple[list[float], str | None]:
-        """The model's scores of the batch, or zeros and why it failed (e.g. out of memory) for every sample."""
+    ) -> tuple[list[float], int, str | None, int]:
+        """The model's (or judge's) scores of the batch, how many samples failed and why (the whole batch when the
+        model failed, e.g. out of memory: zeros for all), and how many judge outputs held no score."""
         assert term.model is not None
         beat()
+        failed, error, unparsed = 0, None, 0
         try:
-            values = term.model.score([(sample["prompt"], sample["response"]) for sample in samples])
+            if isinstance(term.model, Judge):
+                verdicts = term.model.judge(list(samples), beat)  # type: ignore[arg-type]
+                values, unparsed, failed = verdicts.values, verdicts.unparsed, verdicts.too_long
+                if failed:
+                    error = (
+                        f"{failed} judge prompt(s) longer than {verdicts.longest_prompt} tokens, which leave no room "
+                        "for judge.maxTokens in the judge's context: scored 0; raise judge.maxModelLen (vllm), shorten "
+                        "the rubric, or cap the policy's responses"
+                    )
+            else:
+                values = term.model.score([(sample["prompt"], sample["response"]) for sample in samples])
         except Exception as exc:
-            return [0.0] * len(samples), describe_exception(exc)
+            return [0.0] * len(samples), len(samples), describe_exception(exc), 0
         finally:
             beat()
         if not all(math.isfinite(value) for value in values):
-            return [0.0] * len(samples), "the reward model returned a score that is not a finite number"
-        return values, None
+            return (
+                [0.0] * len(samples),
+                len(samples),
+                "the reward model returned a score that is not a finite number",
+                0,
+            )
+        return values, failed, error, unparsed
 
     def _start_worker(self) -> None:
         threading.Thread(target=self._work, name="reward-scorer", daemon=True).start()
@@ -669,6 +721,8 @@ class RewardScorer:
             self._queue.put(None)
         for module in self._modules:
             module.close()
+        for judge in self._judges:
+            judge.close()
 
 
 def unreadable_by_the_sandbox(path: Path) -> str | None:

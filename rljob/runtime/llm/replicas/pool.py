@@ -513,7 +513,10 @@ class RewardPool:
                 client.resend(probe[0])  # a fresh socket: a restarted replica never got the first one
                 self._probes[replica] = (probe[0], time.monotonic())
 
-    def score(self, samples: list[dict[str, Any]]) -> tuple[np.ndarray, dict[str, list[float]], dict[str, int]]:
+    def score(
+        self, samples: list[dict[str, Any]]
+    ) -> tuple[np.ndarray, dict[str, list[float]], dict[str, int], dict[str, int]]:
+        """Rewards, each term's values, each term's failed calls and each judge's outputs without a score."""
         self._check_late()
         everyone = list(range(len(self.clients)))
         answering = [r for r in everyone if not self.late.is_late(self.names[r])] or everyone
@@ -555,6 +558,7 @@ class RewardPool:
         rewards = np.zeros(len(samples))
         terms: dict[str, list[float]] = {}
         errors: dict[str, int] = {}
+        unparsed: dict[str, int] = {}
         for part, reply in replies:  # parts come back in any order: each goes to its samples' places
             rewards[part] = np.asarray(reply["rewards"], dtype=np.float64)
             for name, values in reply["terms"].items():
@@ -563,7 +567,9 @@ class RewardPool:
                     column[i] = value
             for name, count in reply["errors"].items():
                 errors[name] = errors.get(name, 0) + int(count)
-        return rewards, terms, errors
+            for name, count in reply.get("unparsed", {}).items():
+                unparsed[name] = unparsed.get(name, 0) + int(count)
+        return rewards, terms, errors, unparsed
 
     def close(self) -> None:
         for client in self.clients:

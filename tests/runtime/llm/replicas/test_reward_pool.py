@@ -31,7 +31,8 @@ SCORER = textwrap.dedent(
     def score(payload):
         samples = payload["samples"]
         rewards = [float(s["response"] == s["row"]["answer"]) for s in samples]
-        return {"rewards": rewards, "terms": {"scored_by": [float(replica)] * len(samples)}, "errors": {"x": 1}}
+        return {"rewards": rewards, "terms": {"scored_by": [float(replica)] * len(samples)}, "errors": {"x": 1},
+                "unparsed": {"judge": len(samples) // 2}}
     RequestServer(sys.argv[1], {"status": lambda _: {"tag": "t"}, "score": score}).serve(lambda: False)
     """
 )
@@ -81,11 +82,12 @@ def test_a_frozen_replica_is_named_its_work_moves_and_it_rejoins_when_it_answers
     endpoints, processes = scorers(2)
     pool, late = make_pool(endpoints)
     batch, right = samples(12)
-    rewards, terms, errors = pool.score(batch)  # both up: the batch is split over both
+    rewards, terms, errors, unparsed = pool.score(batch)  # both up: the batch is split over both
     assert rewards.tolist() == right.tolist() and set(terms["scored_by"]) == {0.0, 1.0} and errors == {"x": 2}
+    assert unparsed == {"judge": 6}  # each part's count, summed: a judge's share of outputs without a score
 
     processes[1].send_signal(signal.SIGSTOP)
-    rewards, terms, errors = pool.score(batch)  # its half waits out one deadline, then goes to reward-0
+    rewards, terms, errors, _ = pool.score(batch)  # its half waits out one deadline, then goes to reward-0
     assert rewards.tolist() == right.tolist() and terms["scored_by"] == [0.0] * 12
     assert errors == {"x": 2}  # each sample scored once into the batch: reward-1's part once, by reward-0
     named = [r.getMessage() for r in caplog.records if "has not answered" in r.getMessage()]
@@ -93,18 +95,18 @@ def test_a_frozen_replica_is_named_its_work_moves_and_it_rejoins_when_it_answers
     assert [name for name, _ in late.snapshot()] == ["reward-1"]
     assert late.issue().startswith("reward-1 has not answered for")
 
-    rewards, terms, _ = pool.score(batch)  # while it is late it gets no work
+    rewards, terms, _, _ = pool.score(batch)  # while it is late it gets no work
     assert terms["scored_by"] == [0.0] * 12
 
     processes[1].send_signal(signal.SIGCONT)
     deadline = time.monotonic() + 30
     while late.snapshot():
         assert time.monotonic() < deadline, "the thawed replica never rejoined"
-        rewards, _, _ = pool.score(batch)
+        rewards, _, _, _ = pool.score(batch)
         assert rewards.tolist() == right.tolist()
         time.sleep(0.1)
     assert any(r.getMessage().startswith("reward-1 answers again") for r in caplog.records)
-    rewards, terms, _ = pool.score(batch)
+    rewards, terms, _, _ = pool.score(batch)
     assert rewards.tolist() == right.tolist() and set(terms["scored_by"]) == {0.0, 1.0}
     pool.close()
 
