@@ -597,8 +597,8 @@ def _check_reward(spec: RLJobSpec) -> Iterator[tuple[str, str]]:
 
 
 def _check_judge(judge: JudgeSpec, at: str) -> Iterator[tuple[str, str]]:
-    if (judge.path is None) == (judge.hub_id is None):
-        yield at, "judge: set exactly one of path or hubId"
+    if [judge.path, judge.hub_id, judge.job].count(None) != 2:
+        yield at, "judge: set exactly one of path, hubId or job (the RLJob that exported the judge)"
     if "{response}" not in judge.rubric:
         yield (
             f"{at}.rubric",

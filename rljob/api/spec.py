@@ -653,7 +653,10 @@ class JudgeSpec(SpecModel):
     that judges of any scale mix with rule rewards by weight alone."""
 
     model_config = cel(
-        ("[has(self.path), has(self.hubId)].filter(x, x).size() == 1", "judge: set exactly one of path or hubId"),
+        (
+            "[has(self.path), has(self.hubId), has(self.job)].filter(x, x).size() == 1",
+            "judge: set exactly one of path, hubId or job",
+        ),
         ("self.minScore < self.maxScore", "judge.minScore must be below judge.maxScore"),
     )
 
@@ -662,6 +665,9 @@ class JudgeSpec(SpecModel):
     `model/` export of an `sft` job (a relative path resolves against the reward role's working directory)."""
     hub_id: str | None = None
     """Model id on a hub, resolved through the Hugging Face cache, e.g. `Qwen/Qwen2.5-7B-Instruct`."""
+    job: JobName | None = None
+    """Name of an RLJob in the same namespace whose exported model judges (e.g. an `sft` job that taught it the
+    rubric); as `model.job`, mounted in the reward pods."""
     rubric: str = Field(min_length=1)
     """What the judge is asked, with `{prompt}` (the prompt text as the policy read it, its template included),
     `{question}` (the row's own `task.llm.dataset.promptKey` column; a chat's last user message), `{response}` (the

@@ -1,9 +1,10 @@
 """Jobs that start from another job's model: which fields name an upstream RLJob, and the spec with them resolved.
 
 A pipeline (`sft` -> `reward_model` -> `grpo`) chains by name: `model.source: job`, `model.reference.source: job`,
-`algorithm.distill.teacher.source: job` and `reward.functions[i].model.job` name an RLJob whose exported model
-they load. The launchers resolve those names to directories (the operator to the upstream job's checkpoint volume
-mounted read-only, `rljob run` to a finished local run), and the roles only ever see `source: local` with a path.
+`algorithm.distill.teacher.source: job`, `reward.functions[i].model.job` and `reward.functions[i].judge.job` name
+an RLJob whose exported model they load. The launchers resolve those names to directories (the operator to the
+upstream job's checkpoint volume mounted read-only, `rljob run` to a finished local run), and the roles only ever
+see `source: local` (or a path) there.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def job_references(spec: RLJobSpec) -> list[JobReference]:
     for i, function in enumerate(spec.reward.functions):
         if function.model is not None and function.model.job:
             refs.append(JobReference(f"spec.reward.functions[{i}].model.job", function.model.job, ("reward",)))
+        if function.judge is not None and function.judge.job:
+            refs.append(JobReference(f"spec.reward.functions[{i}].judge.job", function.judge.job, ("reward",)))
     return refs
 
 
@@ -76,7 +79,8 @@ def resolve_job_references(job: RLJob, model_dir: Callable[[JobReference], str])
             teacher.source, teacher.path, teacher.job = "local", path, None
         else:
             index = int(ref.field.split("[", 1)[1].split("]", 1)[0])
-            function_model = spec.reward.functions[index].model
-            assert function_model is not None
-            function_model.path, function_model.job = path, None
+            function = spec.reward.functions[index]
+            named = function.judge if ref.field.endswith(".judge.job") else function.model
+            assert named is not None
+            named.path, named.job = path, None
     return resolved

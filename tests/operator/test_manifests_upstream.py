@@ -16,7 +16,11 @@ def test_the_policy_and_a_reward_model_come_from_two_upstream_jobs_mounted_where
     job = job_from(
         example_documents["grpo-tiny-arithmetic"],
         spec__model={"source": "job", "job": "sft"},
-        spec__reward__functions=[{"builtin": "exact_match"}, {"model": {"job": "rm"}, "weight": 0.5}],
+        spec__reward__functions=[
+            {"builtin": "exact_match"},
+            {"model": {"job": "rm"}, "weight": 0.5},
+            {"judge": {"job": "judge", "rubric": "{prompt}{response} Score:"}, "weight": 0.5},
+        ],
     )
     children = build_children(job, settings)
     for manifest in children:
@@ -24,6 +28,7 @@ def test_the_policy_and_a_reward_model_come_from_two_upstream_jobs_mounted_where
     config = yaml.safe_load(next(c for c in children if c["kind"] == "ConfigMap")["data"][CONFIG_KEY])["spec"]
     assert config["model"]["source"] == "local" and config["model"]["path"] == "/rljob/jobs/sft/model"
     assert config["reward"]["functions"][1]["model"]["path"] == "/rljob/jobs/rm/model"
+    assert config["reward"]["functions"][2]["judge"]["path"] == "/rljob/jobs/judge/model"
     pods = {c["metadata"]["labels"]["rljob.io/role"]: c["spec"] for c in children if c["kind"] == "Pod"}
 
     def upstream_claims(pod: dict) -> dict[str, str]:
@@ -35,7 +40,10 @@ def test_the_policy_and_a_reward_model_come_from_two_upstream_jobs_mounted_where
     # The rollout loads the starting weights as the actor does; only the reward role scores with the model.
     assert upstream_claims(pods["actor"]) == {"/rljob/jobs/sft": "sft-checkpoints"}
     assert upstream_claims(pods["rollout"]) == {"/rljob/jobs/sft": "sft-checkpoints"}
-    assert upstream_claims(pods["reward"]) == {"/rljob/jobs/rm": "rm-checkpoints"}
+    assert upstream_claims(pods["reward"]) == {
+        "/rljob/jobs/rm": "rm-checkpoints",
+        "/rljob/jobs/judge": "judge-checkpoints",
+    }
 
 
 def test_an_llm_job_always_gets_a_claim_for_its_exported_model(example_documents, job_from, settings):
