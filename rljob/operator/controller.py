@@ -202,7 +202,7 @@ class JobWorker:
         """When (perf_counter) the first event since the last pass arrived; None: none did (a timer wakes it)."""
         self.trace: PassTrace | None = None
         self.event_bucket = EventBucket(controller.config.event_burst, controller.config.event_refill_seconds)
-        self.built: tuple[Any, Any] | None = None
+        self.built: tuple[Any, tuple[RLJob | None, InvalidRLJob | None, PackedChildren]] | None = None
         self.rejections: set[str] = set()
         self.members_written: list[int] | None = None
         """The rollout membership last written (llm jobs): unchanged, it is not written again."""
@@ -352,7 +352,7 @@ class JobWorker:
             self.status = load_status(body.get("status"))
             self.written = body.get("status") or {}  # what the server holds: the base of the next patch
             self.status_version = meta.get("resourceVersion")
-        job, invalid, desired_pods, others = self.desired()
+        job, invalid, packed = self.desired()
         refused = None
         if job is None and self.status.phase not in TERMINAL_PHASES:
             # An edit the CRD accepted and rljob refuses: a started job keeps its last valid spec.
@@ -360,7 +360,6 @@ class JobWorker:
             if fallback is not None:
                 refused, invalid = invalid, None
                 job, packed = fallback
-                desired_pods, others = packed.unpack()
         # Only pods this job controls: a look-alike label on someone else's pod, or a pod of a deleted
         # namesake the garbage collector has not removed yet, is never touched.
         indexed = ctl.pods_of(namespace, name)
@@ -377,7 +376,7 @@ class JobWorker:
         period = ctl.config.resync_seconds if self.storage_problem else ctl.config.live_read_seconds
         recheck = time.monotonic() - self.children_checked >= period
         if active and (self.synced_generation != generation or recheck):
-            sync = await self.sync_children(job, others)
+            sync = await self.sync_children(job, packed.unpack()[1])
         if sync.storage_checked:
             self.storage_problem = sync.storage_problem
         progress = await self.pull_progress(job, raws) if job is not None else None
@@ -387,7 +386,7 @@ class JobWorker:
             generation=generation,
             status=self.status,
             pods=pods,
-            desired_pods=desired_pods,
+            desired_pods=packed.heads,  # the planner reads the pods' names and metadata only
             now=ctl.clock(),
             expected=set(self.expected),
             spec_changed=sync.spec_changed,
@@ -399,6 +398,8 @@ class JobWorker:
             storage_problem=self.storage_problem if active else None,
         )
         result = plan(obs)
+        # The whole pods only on a pass that creates some (most passes create none).
+        desired_pods = packed.unpack()[0] if result.create else {}
         if result.create and job is not None:
             # All of the pods this pass creates fit the namespace's quotas, or none is created (a partial gang
             # would hold its nodes while it waits for the rest).
@@ -485,7 +486,7 @@ class JobWorker:
         self.confirm = False
         self.confirmed = time.monotonic()
 
-    def desired(self) -> tuple[RLJob | None, InvalidRLJob | None, dict[str, Raw], list[Raw]]:
+    def desired(self) -> tuple[RLJob | None, InvalidRLJob | None, PackedChildren]:
         """The validated job and its children, rebuilt only when the spec changes (a new generation) or the actor
         group restarted (its pods are told which restart they are: `RLJOB_RESTART`, the trackers' run names)."""
         meta = self.body["metadata"]
@@ -496,9 +497,7 @@ class JobWorker:
             job, _, packed = self.built[1]
             if job is not None:
                 self.last_valid = (job, packed)
-        job, invalid, packed = self.built[1]
-        desired_pods, others = packed.unpack()
-        return job, invalid, desired_pods, others
+        return self.built[1]
 
     def build(self) -> tuple[RLJob | None, InvalidRLJob | None, PackedChildren]:
         """The job validated and its children built, packed (see `desired`)."""
