@@ -4,22 +4,34 @@ through the proxy the environment names."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
 from kubernetes_asyncio.client import Configuration
 
 from rljob.operator.client import KubeClient
+from rljob.operator.controller import parse_job
+from rljob.operator.manifests import build_children
+from rljob.operator.settings import OperatorSettings
+from tests.operator.controller.conftest import cartpole_job
 
 POD = b'{"kind": "Pod", "metadata": {"name": "p"}}'
 
 
-async def serve(requests: list[str]) -> tuple[asyncio.Server, int]:
-    """A server that answers every request with a pod and records its request line (a proxy sees the full URL)."""
+async def serve(requests: list[str], bodies: list[bytes] | None = None) -> tuple[asyncio.Server, int]:
+    """A server that answers every request with a pod and records its request line (a proxy sees the full URL)
+    and, into `bodies`, what it was sent."""
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         requests.append(head.split(b"\r\n", 1)[0].decode())
+        length = next(
+            (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")),
+            0,
+        )
+        if bodies is not None:
+            bodies.append(await reader.readexactly(length))
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
             + f"Content-Length: {len(POD)}\r\n\r\n".encode()
@@ -90,3 +102,22 @@ async def test_a_netrc_entry_for_the_server_keeps_aiohttps_own_lookups(clean_env
         assert client.api.rest_client.pool_manager.trust_env is True
     finally:
         await client.close()
+
+
+async def test_a_manifest_goes_out_as_built(clean_env: Path):
+    body = cartpole_job()
+    body["metadata"].update(uid="u-1", generation=1)
+    job, _ = parse_job(body)
+    pod = next(c for c in build_children(job, OperatorSettings()) if c["kind"] == "Pod")
+    requests: list[str] = []
+    bodies: list[bytes] = []
+    server, port = await serve(requests, bodies)
+    client = KubeClient(Configuration(host=f"http://127.0.0.1:{port}"))
+    try:
+        await client.create("ns", pod)
+        assert requests == ["POST /api/v1/namespaces/ns/pods HTTP/1.1"]
+        assert json.loads(bodies[0]) == pod
+        assert client.api.sanitize_for_serialization(pod) == pod  # what kubernetes_asyncio would have sent
+    finally:
+        await client.close()
+        server.close()
