@@ -203,6 +203,8 @@ class JobWorker:
         self.trace: PassTrace | None = None
         self.event_bucket = EventBucket(controller.config.event_burst, controller.config.event_refill_seconds)
         self.built: tuple[Any, tuple[RLJob | None, InvalidRLJob | None, PackedChildren]] | None = None
+        self.just_built: tuple[PackedChildren, dict[str, Raw], list[Raw]] | None = None
+        """The children just built, unpacked: the pass that built them uses these instead of unpacking."""
         self.rejections: set[str] = set()
         self.members_written: list[int] | None = None
         """The rollout membership last written (llm jobs): unchanged, it is not written again."""
@@ -353,6 +355,15 @@ class JobWorker:
             self.written = body.get("status") or {}  # what the server holds: the base of the next patch
             self.status_version = meta.get("resourceVersion")
         job, invalid, packed = self.desired()
+        just_built, self.just_built = self.just_built, None
+        whole: list[tuple[dict[str, Raw], list[Raw]]] = []
+
+        def children() -> tuple[dict[str, Raw], list[Raw]]:
+            """The whole children (fresh dicts of this pass): as just built, else unpacked, once a pass."""
+            if not whole:
+                whole.append(just_built[1:] if just_built is not None and just_built[0] is packed else packed.unpack())
+            return whole[0]
+
         refused = None
         if job is None and self.status.phase not in TERMINAL_PHASES:
             # An edit the CRD accepted and rljob refuses: a started job keeps its last valid spec.
@@ -376,7 +387,7 @@ class JobWorker:
         period = ctl.config.resync_seconds if self.storage_problem else ctl.config.live_read_seconds
         recheck = time.monotonic() - self.children_checked >= period
         if active and (self.synced_generation != generation or recheck):
-            sync = await self.sync_children(job, packed.unpack()[1])
+            sync = await self.sync_children(job, children()[1])
         if sync.storage_checked:
             self.storage_problem = sync.storage_problem
         progress = await self.pull_progress(job, raws) if job is not None else None
@@ -399,7 +410,7 @@ class JobWorker:
         )
         result = plan(obs)
         # The whole pods only on a pass that creates some (most passes create none).
-        desired_pods = packed.unpack()[0] if result.create else {}
+        desired_pods = children()[0] if result.create else {}
         if result.create and job is not None:
             # All of the pods this pass creates fit the namespace's quotas, or none is created (a partial gang
             # would hold its nodes while it waits for the rest).
@@ -512,7 +523,9 @@ class JobWorker:
                 desired_pods, others = self.children_of(job)
             except InvalidRLJob as exc:
                 job, invalid, desired_pods, others = None, exc, {}, []
-        return job, invalid, PackedChildren(desired_pods, others)
+        packed = PackedChildren(desired_pods, others)
+        self.just_built = (packed, desired_pods, others)
+        return job, invalid, packed
 
     def children_of(self, job: RLJob) -> tuple[dict[str, Raw], list[Raw]]:
         """The pods (by name) and the other children the builders make for `job`."""
