@@ -167,7 +167,7 @@ def validate_job(data: Any, *, source: str | None = None, node: yaml.Node | None
             problems = problems_from_validation_error(exc, RLJob)
             problems += _rule_problems_beside(data, exc, problems)
     if job is not None:
-        job = resolve_defaults(job)
+        job = resolve_defaults(job, in_place=True)  # validated just now: no one else holds it
         problems = check(job)
     if problems:
         located = [Problem(p.path, p.message, p.line or _line_of(node, p.path)) for p in problems]

@@ -38,9 +38,11 @@ def response_budget(spec: RLJobSpec) -> int | None:
     return spec.rollout.max_tokens or llm.max_response_length
 
 
-def resolve_defaults(job: RLJob) -> RLJob:
-    """Fill the defaults that depend on the task type, so the resolved job says everything."""
-    job = job.model_copy(deep=True)
+def resolve_defaults(job: RLJob, *, in_place: bool = False) -> RLJob:
+    """Fill the defaults that depend on the task type, so the resolved job says everything. A copy, unless
+    `in_place` (a job just validated, which nothing else holds: the operator validates one per spec change)."""
+    if not in_place:
+        job = job.model_copy(deep=True)
     spec = job.spec
     gym = spec.task.type == "gym"
     offline = spec.algorithm.name in OFFLINE_STAGES

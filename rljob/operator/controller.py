@@ -197,6 +197,9 @@ class JobWorker:
         self.children_checked = 0.0
         """When the children (ConfigMap, Service, PodGroup, NetworkPolicy) were last found complete and this
         job's (monotonic): they are checked again every `live_read_seconds`, since nothing watches them."""
+        self.claim_checked = 0.0
+        """When (monotonic) the checkpoint claim was last found unable to bind or not: while it cannot, it is looked
+        at again every `resync_seconds`."""
         self.last_progress = 0.0
         self.progress: Progress | None = None
         self.task: asyncio.Task[None] | None = None
@@ -204,7 +207,9 @@ class JobWorker:
         """When (perf_counter) the first event since the last pass arrived; None: none did (a timer wakes it)."""
         self.trace: PassTrace | None = None
         self.event_bucket = EventBucket(controller.config.event_burst, controller.config.event_refill_seconds)
-        self.built: tuple[Any, Any] | None = None
+        self.built: tuple[Any, tuple[RLJob | None, InvalidRLJob | None, PackedChildren]] | None = None
+        self.just_built: tuple[PackedChildren, dict[str, Raw], list[Raw]] | None = None
+        """The children just built, unpacked: the pass that built them uses these instead of unpacking."""
         self.rejections: set[str] = set()
         self.members_written: list[int] | None = None
         """The rollout membership last written (llm jobs): unchanged, it is not written again."""
@@ -358,7 +363,16 @@ class JobWorker:
             self.status = load_status(body.get("status"))
             self.written = body.get("status") or {}  # what the server holds: the base of the next patch
             self.status_version = meta.get("resourceVersion")
-        job, invalid, desired_pods, others = self.desired()
+        job, invalid, packed = self.desired()
+        just_built, self.just_built = self.just_built, None
+        whole: list[tuple[dict[str, Raw], list[Raw]]] = []
+
+        def children() -> tuple[dict[str, Raw], list[Raw]]:
+            """The whole children (fresh dicts of this pass): as just built, else unpacked, once a pass."""
+            if not whole:
+                whole.append(just_built[1:] if just_built is not None and just_built[0] is packed else packed.unpack())
+            return whole[0]
+
         refused = None
         if job is None and self.status.phase not in TERMINAL_PHASES:
             # An edit the CRD accepted and rljob refuses: a started job keeps its last valid spec.
@@ -366,7 +380,6 @@ class JobWorker:
             if fallback is not None:
                 refused, invalid = invalid, None
                 job, packed = fallback
-                desired_pods, others = packed.unpack()
         # Only pods this job controls: a look-alike label on someone else's pod, or a pod of a deleted
         # namesake the garbage collector has not removed yet, is never touched.
         indexed = ctl.pods_of(namespace, name)
@@ -379,13 +392,22 @@ class JobWorker:
 
         sync = ConfigSync()
         active = self.status.phase not in TERMINAL_PHASES and job is not None and not job.spec.suspend
-        # Children are not watched: looked at again every live read, every resync while the claim cannot bind.
-        period = ctl.config.resync_seconds if self.storage_problem else ctl.config.live_read_seconds
-        recheck = time.monotonic() - self.children_checked >= period
+        # Children are not watched: looked at again every live read; the claim alone every resync while it cannot
+        # bind (a default StorageClass may have been marked since).
+        now = time.monotonic()
+        recheck = now - self.children_checked >= ctl.config.live_read_seconds
+        claim_due = self.storage_problem is not None and now - self.claim_checked >= ctl.config.resync_seconds
+        if active and self.synced_generation == generation and not recheck and claim_due:
+            claim = await self.recheck_claim(children()[1])
+            if claim is None:
+                recheck = True  # the claim is gone: made again with the other children, now
+            else:
+                sync = claim
         if active and (self.synced_generation != generation or recheck):
-            sync = await self.sync_children(job, others)
+            sync = await self.sync_children(job, children()[1])
         if sync.storage_checked:
             self.storage_problem = sync.storage_problem
+            self.claim_checked = now
         progress = await self.pull_progress(job, raws) if job is not None else None
         obs = Observation(
             job=job,
@@ -393,7 +415,7 @@ class JobWorker:
             generation=generation,
             status=self.status,
             pods=pods,
-            desired_pods=desired_pods,
+            desired_pods=packed.heads,  # the planner reads the pods' names and metadata only
             now=ctl.clock(),
             expected=set(self.expected),
             spec_changed=sync.spec_changed,
@@ -405,6 +427,8 @@ class JobWorker:
             storage_problem=self.storage_problem if active else None,
         )
         result = plan(obs)
+        # The whole pods only on a pass that creates some (most passes create none).
+        desired_pods = children()[0] if result.create else {}
         if result.create and job is not None:
             # All of the pods this pass creates fit the namespace's quotas, or none is created (a partial gang
             # would hold its nodes while it waits for the rest).
@@ -495,7 +519,7 @@ class JobWorker:
         self.confirm = False
         self.confirmed = time.monotonic()
 
-    def desired(self) -> tuple[RLJob | None, InvalidRLJob | None, dict[str, Raw], list[Raw]]:
+    def desired(self) -> tuple[RLJob | None, InvalidRLJob | None, PackedChildren]:
         """The validated job and its children, rebuilt only when the spec changes (a new generation) or the actor
         group restarted (its pods are told which restart they are: `RLJOB_RESTART`, the trackers' run names)."""
         meta = self.body["metadata"]
@@ -509,9 +533,7 @@ class JobWorker:
             job, _, packed = self.built[1]
             if job is not None:
                 self.last_valid = (job, packed)
-        job, invalid, packed = self.built[1]
-        desired_pods, others = packed.unpack()
-        return job, invalid, desired_pods, others
+        return self.built[1]
 
     def build(self) -> tuple[RLJob | None, InvalidRLJob | None, PackedChildren]:
         """The job validated and its children built, packed (see `desired`)."""
@@ -528,7 +550,9 @@ class JobWorker:
                 desired_pods, others = self.children_of(job)
             except InvalidRLJob as exc:
                 job, invalid, desired_pods, others = None, exc, {}, []
-        return job, invalid, PackedChildren(desired_pods, others)
+        packed = PackedChildren(desired_pods, others)
+        self.just_built = (packed, desired_pods, others)
+        return job, invalid, packed
 
     def mount_upstream(self, job: RLJob) -> RLJob:
         """`job` reading the models of the RLJobs it names (`source: job`) from their claims, mounted read-only."""
@@ -641,6 +665,24 @@ class JobWorker:
         await _gather(one(manifest) for manifest in others)
         if edited:
             await self.delete_unneeded_policies(job, others)
+        return sync
+
+    async def recheck_claim(self, others: list[Raw]) -> ConfigSync | None:
+        """Whether the checkpoint claim, found unable to bind, can bind now: the claim read back, not every child
+        created again (jobs waiting for a default StorageClass would otherwise cost 11 requests each every resync:
+        about 400 a second at 1,000 jobs). None when the claim is gone (or the spec has none any more)."""
+        claim = next((m for m in others if m["kind"] == "PersistentVolumeClaim"), None)
+        if claim is None:
+            return None
+        name = claim["metadata"]["name"]
+        try:
+            existing = await self.controller.client.get("v1", "PersistentVolumeClaim", self.key[0], name)
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+        sync = ConfigSync()
+        await self.check_claim(existing, sync)
         return sync
 
     async def check_claim(self, claim: Raw, sync: ConfigSync) -> None:

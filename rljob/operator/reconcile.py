@@ -155,7 +155,8 @@ class Observation:
     status: RLJobStatus
     pods: list[PodState]
     desired_pods: dict[str, Manifest]
-    """Name -> manifest of every pod the spec asks for (empty when the spec is invalid)."""
+    """Name -> manifest of every pod the spec asks for (empty when the spec is invalid). Only the names and each
+    manifest's metadata are read (the operator passes just those: `PackedChildren.heads`), and nothing is changed."""
     now: datetime.datetime
     expected: set[str] = field(default_factory=set)
     """Pods created recently that the watch has not delivered yet: not missing, just not seen."""

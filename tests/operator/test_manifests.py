@@ -673,3 +673,28 @@ def test_no_egress_policy_for_jobs_with_network_or_without_sandboxed_rewards(exa
     for job in (with_network, builtins_only, gym):
         assert egress_policies(build_children(job, settings)) == [], job.name
     assert all(f.builtin != "code_exec" and f.module is None for f in builtins_only.spec.reward.functions)
+
+
+def test_the_restart_relevant_spec_drops_what_applies_in_place_and_leaves_the_spec_as_it_is():
+    import copy
+
+    from rljob.operator.manifests.config import restart_relevant
+
+    spec = {
+        "task": {"type": "llm"},
+        "roles": {"rollout": {"replicas": 2, "autoscale": {"max": 4}, "gpusPerReplica": 1}, "actor": {"replicas": 1}},
+        "health": {"entropyFloor": 0.01},
+        "suspend": False,
+        "model": {"name": "m"},
+    }
+    before = copy.deepcopy(spec)
+    assert restart_relevant(spec) == {
+        "task": {"type": "llm"},
+        "roles": {"rollout": {"gpusPerReplica": 1}, "actor": {"replicas": 1}},
+        "model": {"name": "m"},
+    }
+    assert spec == before
+    # A gym task's rollout count is fixed when the actor group starts: changing it restarts the pods.
+    gym = {**before, "task": {"type": "gym"}}
+    assert restart_relevant(gym)["roles"]["rollout"] == {"replicas": 2, "gpusPerReplica": 1}
+    assert restart_relevant({"task": {"type": "gym"}, "roles": None}) == {"task": {"type": "gym"}, "roles": None}

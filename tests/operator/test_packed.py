@@ -26,3 +26,16 @@ def test_packed_children_unpack_to_the_built_manifests_in_a_fraction_of_their_si
     first, _ = packed.unpack()
     next(iter(first.values()))["metadata"]["name"] = "changed"
     assert packed.unpack()[0] == pods
+
+
+def test_the_pods_metadata_stays_at_hand_for_the_planner():
+    body = cartpole_job()
+    body["metadata"].update(uid="u-1", generation=1)
+    job, _ = parse_job(body)
+    children = build_children(job, OperatorSettings())
+    pods = {c["metadata"]["name"]: c for c in children if c["kind"] == "Pod"}
+    packed = PackedChildren(pods, [])
+    assert packed.heads == {name: {"metadata": pod["metadata"]} for name, pod in pods.items()}
+    # A copy: the built pods can change (or go) without the heads changing with them.
+    next(iter(pods.values()))["metadata"]["labels"]["changed"] = "yes"
+    assert all("changed" not in head["metadata"]["labels"] for head in packed.heads.values())

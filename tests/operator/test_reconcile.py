@@ -63,7 +63,12 @@ def pod(name: str, phase: str = "Running", ready: bool = True, **status: Any) ->
 
 def observe(status: RLJobStatus, pods: list[PodState], **kwargs: Any) -> Observation:
     the_job = kwargs.pop("the_job", None) or job()
-    desired = {c["metadata"]["name"]: c for c in build_children(the_job, OperatorSettings()) if c["kind"] == "Pod"}
+    # What the operator passes: each desired pod's metadata only (PackedChildren.heads).
+    desired = {
+        c["metadata"]["name"]: {"metadata": c["metadata"]}
+        for c in build_children(the_job, OperatorSettings())
+        if c["kind"] == "Pod"
+    }
     kwargs.setdefault("now", NOW)
     kwargs.setdefault("generation", 1)
     return Observation(job=the_job, invalid=None, status=status, pods=pods, desired_pods=desired, **kwargs)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from typing import Any
@@ -59,16 +58,23 @@ actor group starts, so a new count takes effect through a controlled restart (no
 
 
 def restart_relevant(spec: dict[str, Any]) -> dict[str, Any]:
-    """The spec without the fields that can change under running pods."""
-    trimmed: dict[str, Any] = copy.deepcopy(spec)
+    """The spec without the fields that can change under running pods. `spec` is left as it is; the result shares
+    what it keeps with it (only the mappings on the way to a removed field are copied), so read it, never change it."""
+    trimmed: dict[str, Any] = dict(spec)
     gym = (spec.get("task") or {}).get("type") == "gym"
     for path in RESTART_FREE_FIELDS:
         if gym and path == ("roles", "rollout", "replicas"):
             continue
-        node = trimmed
+        node: dict[str, Any] | None = trimmed
         for part in path[:-1]:
-            node = node.get(part) or {}
-        node.pop(path[-1], None)
+            child = node.get(part)
+            if not isinstance(child, dict):
+                node = None  # nothing there to remove
+                break
+            child = node[part] = dict(child)
+            node = child
+        if node is not None:
+            node.pop(path[-1], None)
     return trimmed
 
 

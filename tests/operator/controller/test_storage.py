@@ -3,9 +3,12 @@ condition that says so where the claim cannot bind because the cluster has no de
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tests.operator.controller.conftest import (
     CARTPOLE_PODS,
     CLAIMS,
+    FAST,
     NS,
     STORAGE_CLASSES,
     Cluster,
@@ -24,7 +27,8 @@ async def test_the_claim_is_made_and_a_cluster_without_a_default_class_is_named(
     kube: KubernetesApiEmulator, cluster: Cluster
 ) -> None:
     kube.create_object(STORAGE_CLASSES, None, {"metadata": {"name": "slow"}, "provisioner": "example.com/slow"})
-    async with operator_running(kube):
+    # The other children are checked at live reads only (a minute here): the claim is looked at every resync.
+    async with operator_running(kube, config=replace(FAST, live_read_seconds=60.0)):
         cluster.create_job(cartpole_job())
         await eventually(lambda: set(cluster.pods("cp")) == CARTPOLE_PODS, what="pods")
         claim = kube.read_object(CLAIMS, NS, "cp-checkpoints")
@@ -45,6 +49,10 @@ async def test_the_claim_is_made_and_a_cluster_without_a_default_class_is_named(
         default = {"storageclass.kubernetes.io/is-default-class": "true"}
         kube.patch_object(STORAGE_CLASSES, None, "slow", {"metadata": {"annotations": default}})
         await eventually(lambda: condition(cluster, "cp", "CheckpointStorage").get("status") == "True", what="resolved")
+        # Meanwhile each resync read the claim back; the other children were not made again.
+        posts = [r for r in list(kube) if r.method.value == "POST" and r.resource is not None]
+        assert sum(r.resource.plural == "configmaps" for r in posts) == 1
+        assert sum(r.resource.plural == "persistentvolumeclaims" for r in posts) == 1
 
     cluster.delete_job("cp")
     await eventually(lambda: kube.read_object(CLAIMS, NS, "cp-checkpoints") is None, what="collected with the job")
