@@ -2,7 +2,8 @@
 # Builds the images named on the command line (operator env trainer | trainer-gpu rollout) with buildah: no
 # daemon, chroot isolation (no user namespaces or runtime needed inside a build), offline from a wheelhouse.
 # Tags are the chart's defaults (ghcr.io/rljob/<image>:<version>). Variables: BASE (the local base image, made by
-# images/base.sh when missing), WHEELHOUSE (wheels for the CPU images), VERSION, REGISTRY.
+# images/base.sh when missing), WHEELHOUSE (wheels for the CPU images), WHEELHOUSE_GPU (for trainer-gpu and
+# rollout: `make images-gpu` makes it), VERSION, REGISTRY.
 set -eu
 cd "$(dirname "$0")/.."
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$PWD/images/containers.conf}"
@@ -10,6 +11,7 @@ REGISTRY=${REGISTRY:-ghcr.io/rljob}
 VERSION=${VERSION:?set VERSION (rljob.__version__)}
 BASE=${BASE:-localhost/rljob-base:bookworm}
 WHEELHOUSE=${WHEELHOUSE:-$PWD/build/wheelhouse}
+WHEELHOUSE_GPU=${WHEELHOUSE_GPU:-$PWD/build/wheelhouse-gpu}
 podman image exists "$BASE" || images/base.sh "$BASE"
 # Reproducible from a commit: the commit's time stamps every layer and the image; the commit names the revision.
 revision=$(git rev-parse HEAD)
@@ -25,11 +27,15 @@ for image in "$@"; do
 	rollout) file=rollout_image/Dockerfile && set -- "$@" --build-arg WHEEL_BASE="$BASE" ;;
 	*) echo "unknown image $image (operator, env, trainer, trainer-gpu, rollout)" >&2 && exit 2 ;;
 	esac
+	# Every build installs offline: build steps may not reach a registry (a proxy that intercepts TLS, no network).
 	case $image in
-	operator | env | trainer)
-		set -- "$@" --volume "$WHEELHOUSE:/wheelhouse:ro" --build-arg PIP_FIND_LINKS=/wheelhouse --build-arg PIP_NO_INDEX=1
-		;;
+	operator | env | trainer) wheels=$WHEELHOUSE make=images ;;
+	*) wheels=$WHEELHOUSE_GPU make=images-gpu ;;
 	esac
+	if [ ! -d "$wheels" ]; then
+		echo "no wheelhouse at $wheels for $image: \`make $make\` makes it" >&2 && exit 2
+	fi
+	set -- "$@" --volume "$wheels:/wheelhouse:ro" --build-arg PIP_FIND_LINKS=/wheelhouse --build-arg PIP_NO_INDEX=1
 	tag="$REGISTRY/${image%-gpu}:$VERSION"
 	start=$(date +%s)
 	buildah bud --quiet --isolation chroot --timestamp "$epoch" -f "$file" "$@" -t "$tag" . >/dev/null
