@@ -81,9 +81,26 @@ images: image-tools $(WHEELHOUSE)/.done
 test-images: images
 	$(BIN)/pytest tests/images tests/operator/test_images.py
 
-# The GPU images (CUDA torch; vLLM), from PyPI: several GB each, not built in CI.
-images-gpu: image-tools $(STAMP)
-	VERSION=$(IMAGE_VERSION) images/build.sh trainer-gpu rollout
+# The GPU images' wheelhouse: PyPI's CUDA torch (its nvidia-* wheels), vLLM and the rest under constraints/gpu.txt,
+# for the local base's Python 3.11 on x86_64 (this machine's), so both GPU builds install offline as the CPU ones do.
+# pip's configuration files are not read (PIP_CONFIG_FILE=/dev/null), nor PIP_FIND_LINKS: a find-links or index
+# holding a CPU torch (torch==2.13.0 matches 2.13.0+cpu) would put it in the CUDA images; PIP_CERT and proxies in the
+# environment still apply. No pip cache: it would hold the same several GB twice.
+GPU_WHEELHOUSE := build/wheelhouse-gpu
+$(GPU_WHEELHOUSE)/.done: $(BIN)/python pyproject.toml constraints/gpu.txt
+	rm -rf $(GPU_WHEELHOUSE)
+	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(PIP) wheel --quiet --no-cache-dir -c constraints/gpu.txt \
+		-w $(GPU_WHEELHOUSE) ".[train,rollout,vllm,trackers]" "setuptools>=77" wheel
+	rm -f $(GPU_WHEELHOUSE)/rljob-*.whl
+	@if ls $(GPU_WHEELHOUSE) | grep -q '^torch-.*+cpu'; then echo "a CPU torch in $(GPU_WHEELHOUSE): the GPU images need PyPI's CUDA torch" >&2; exit 1; fi
+	@du -sh $(GPU_WHEELHOUSE)
+	touch $@
+
+# The GPU images (CUDA torch; vLLM), offline from that wheelhouse on the local base: several GB each, not built in
+# CI (docs/guides/images.md has their sizes). The GPU trainer takes the CPU trainer's tag (ghcr.io/rljob/trainer):
+# `make images-gpu REGISTRY=localhost/rljob-gpu` keeps both.
+images-gpu: image-tools $(GPU_WHEELHOUSE)/.done
+	VERSION=$(IMAGE_VERSION) WHEELHOUSE_GPU=$(CURDIR)/$(GPU_WHEELHOUSE) images/build.sh trainer-gpu rollout
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -114,3 +115,26 @@ def test_chart_default_tags_are_what_make_images_builds():
     assert chart["appVersion"] == __version__
     assert values["image"]["repository"] == f"{registry}/operator" and values["image"]["tag"] == ""
     assert values["jobDefaults"]["images"]["registry"] == registry
+
+
+@pytest.mark.parametrize(
+    ("image", "wheelhouse", "target"),
+    [
+        ("operator", "WHEELHOUSE", "make images"),
+        ("env", "WHEELHOUSE", "make images"),
+        ("trainer", "WHEELHOUSE", "make images"),
+        ("trainer-gpu", "WHEELHOUSE_GPU", "make images-gpu"),
+        ("rollout", "WHEELHOUSE_GPU", "make images-gpu"),
+    ],
+)
+def test_every_image_builds_offline_from_its_wheelhouse_and_names_the_target_making_it(
+    tmp_path, image, wheelhouse, target
+):
+    """Build steps may not reach a registry: a missing wheelhouse stops build.sh before it builds anything."""
+    missing = tmp_path / "no-wheelhouse"
+    env = {**os.environ, "VERSION": __version__, wheelhouse: str(missing)}
+    result = subprocess.run(
+        ["sh", str(ROOT / "images" / "build.sh"), image], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.returncode == 2
+    assert f"no wheelhouse at {missing} for {image}: `{target}` makes it" in result.stderr
