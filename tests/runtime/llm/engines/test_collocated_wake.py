@@ -42,6 +42,7 @@ def engine() -> VLLMEngine:
     engine._staged_version = None
     engine._asleep = False
     engine._cache_asleep = False
+    engine.adapters = None  # full weights: a collocated rollout refuses `model.lora.sync: adapters`
     return engine
 
 
