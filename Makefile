@@ -128,7 +128,8 @@ $(HELM_BIN):
 helm: $(HELM_BIN)
 
 # The CPU images build beside the suite (a build mostly waits on pip, tar and the disk: about a core for 5 minutes),
-# then tests/images runs them. Where the image tools cannot be installed (not root, not Debian) the image tests skip
+# then tests/images runs them. The suite runs on two workers (pytest-xdist, a test file per worker at a time, so a
+# module's engine is started once); the tests marked `serial` look at the whole machine and run alone after it. Where the image tools cannot be installed (not root, not Debian) the image tests skip
 # and say why; where they are installed, a build that fails fails the run.
 test: $(STAMP)
 	-$(MAKE) helm
@@ -137,7 +138,8 @@ test: $(STAMP)
 	$(MAKE) docs
 	@mkdir -p build; rm -f build/images.rc
 	@( $(MAKE) images > build/images.log 2>&1; echo $$? > build/images.rc ) & \
-	$(BIN)/pytest --ignore=tests/images; suite=$$?; wait; \
+	$(BIN)/pytest -n 2 --dist loadfile -m "not serial" --ignore=tests/images; suite=$$?; \
+	$(BIN)/pytest -m serial --ignore=tests/images || suite=1; wait; \
 	echo "make images (log in build/images.log):"; grep -E "built in|Error|error:" build/images.log | tail -n 5; \
 	built=$$(cat build/images.rc); tools=yes; \
 	for tool in $(IMAGE_TOOLS); do command -v $$tool >/dev/null || tools=no; done; \

@@ -19,6 +19,10 @@ from rljob.runtime.llm.episodes.rewards import RewardConfigError, RewardInput, R
 from rljob.runtime.sandbox.child import SANDBOX_UID_BASE
 from tests.runtime.sandbox.test_runner import READ_EVERY_ENVIRONMENT
 
+# These look at the whole machine (every process under a sandbox uid, the shared TMPDIR): `make test` runs
+# them alone, after the parallel part of the suite.
+pytestmark = pytest.mark.serial
+
 SECRET = "hunter2-in-the-reward-role"
 
 

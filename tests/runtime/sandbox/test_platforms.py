@@ -24,6 +24,10 @@ from tests.conftest import REPO
 from tests.runtime.sandbox import runtime_default_seccomp
 from tests.runtime.sandbox.battery import CASES, LAUNCH_SECRET
 
+# These look at the whole machine (every process under a sandbox uid, the shared TMPDIR): `make test` runs
+# them alone, after the parallel part of the suite.
+pytestmark = pytest.mark.serial
+
 NOBODY = 65534
 CONTAINED = {
     # Which limit stops a busy loop first depends on the CPU it gets (see test_sandbox.py).

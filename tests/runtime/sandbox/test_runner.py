@@ -15,6 +15,10 @@ from rljob.runtime.llm.episodes.rewards import RewardInput, RewardScorer, extrac
 from rljob.runtime.sandbox.child import SANDBOX_UID_BASE
 from rljob.runtime.sandbox.runner import Sandbox, SandboxLimits, UnrunnableTestsError, parse_tests
 
+# These look at the whole machine (every process under a sandbox uid, the shared TMPDIR): `make test` runs
+# them alone, after the parallel part of the suite.
+pytestmark = pytest.mark.serial
+
 GOOD = "def f():\n    return 3\n"
 
 
