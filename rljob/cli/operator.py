@@ -81,7 +81,7 @@ def operator(
         raise typer.Exit(1) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     if log_level != "debug":
-        # kopf logs every handler call at info ("Handler 'pod-changed' succeeded."): one line per pod event.
+        # kopf logs every handler call at info ("Handler 'rljob-changed' succeeded."): one line per job event.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     options = OperatorOptions(
         namespaces=namespaces,

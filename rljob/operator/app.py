@@ -76,7 +76,6 @@ def kopf_settings(options: OperatorOptions) -> kopf.OperatorSettings:
     settings.posting.enabled = False  # the controller posts its own Events on transitions
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    handlers.restrict_watches(settings)
     settings.persistence.diffbase_storage = handlers.NoDiffBase()
     settings.peering.standalone = options.peering is None
     if options.peering is not None:
@@ -128,6 +127,7 @@ async def run_operator(
         metrics.standby.set(1)  # until the first read of the peering objects says otherwise
         peering_task = asyncio.create_task(controller.watch_peering(options.namespaces), name="rljob peering gate")
         controller.peering_task = peering_task
+    controller.follow_pods(options.namespaces, options.all_namespaces)
     runner = await serve_metrics(metrics, options.metrics_port) if options.metrics_port is not None else None
     liveness = f"http://0.0.0.0:{options.liveness_port}/healthz" if options.liveness_port is not None else None
     try:

@@ -11,7 +11,7 @@ import asyncio
 import datetime
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -252,6 +252,58 @@ class KubeClient:
         finally:
             response.release()
         return False
+
+    async def list_page(self, path: str, labels: str, limit: int, token: str = "") -> Manifest:
+        """One page of a LIST of the collection at `path` (a namespace's or the cluster's), `limit` items at most:
+        its `items`, and in `metadata` the `continue` token of the next page and the `resourceVersion` to watch
+        from."""
+        query = [("labelSelector", labels), ("limit", str(limit))] if labels else [("limit", str(limit))]
+        if token:
+            query.append(("continue", token))
+        return await self._call("list", "GET", path, query=query)
+
+    async def watch(self, path: str, labels: str, since: str, timeout: float) -> AsyncIterator[Manifest]:
+        """The events of a WATCH of the collection at `path` from resourceVersion `since`, bookmarks included, parsed
+        one line at a time as they arrive; it ends when the server ends the watch (after `timeout` seconds)."""
+        query = [
+            ("watch", "true"),
+            ("allowWatchBookmarks", "true"),
+            ("resourceVersion", since),
+            ("timeoutSeconds", str(max(int(timeout), 1))),
+        ]
+        if labels:
+            query.append(("labelSelector", labels))
+        try:
+            response = await self.api.call_api(
+                path,
+                "GET",
+                query_params=query,
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout + 30),
+            )
+        except ApiException as exc:
+            self.on_call("watch", exc.status or 0)
+            raise ApiError(exc.status or 0, "watch", path, _status_message(exc)) from None
+        except (OSError, TimeoutError, aiohttp.ClientError) as exc:
+            self.on_call("watch", 0)
+            raise ApiError(0, "watch", path, f"cannot reach the API server: {exc}") from None
+        self.on_call("watch", 200)
+        pending = b""
+        try:
+            # Split the lines here: aiohttp's own line reader refuses a line over 64 KiB (a pod with large
+            # annotations).
+            async for chunk in response.content.iter_any():
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        except (OSError, TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            raise ApiError(0, "watch", path, f"the watch broke off: {exc}") from None
+        finally:
+            response.release()
 
     async def patch(self, api_version: str, kind: str, namespace: str, name: str, patch: Manifest) -> Manifest:
         path = object_path(api_version, kind, namespace, name)

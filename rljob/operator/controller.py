@@ -1,8 +1,8 @@
 """One worker per RLJob: observe, plan (rljob.operator.reconcile), act. Never crashes on a bad job.
 
-kopf delivers events (handlers.py); each event wakes the job's worker, which reconciles serially, so
-two reconciles of one job never race. Pods come from kopf's pod index, which kopf fills completely
-before any handler runs: after an operator restart the first reconcile already sees every pod.
+kopf delivers RLJob events (handlers.py), the pod cache (podcache.py) pod events; each event wakes the job's
+worker, which reconciles serially, so two reconciles of one job never race. A worker's first pass waits until
+the cache has listed its namespace's pods: after an operator restart it already sees every pod.
 
 The worker keeps the status it last wrote (the operator is the status's only writer) and two short-
 lived memories a watch-based cache needs: pods it created but has not seen yet, and pods it deleted
@@ -46,6 +46,7 @@ from rljob.operator.naming import (
 )
 from rljob.operator.packed import PackedChildren
 from rljob.operator.peering import PeeringGate
+from rljob.operator.podcache import PodCache
 from rljob.operator.podstate import PodState, observe_pod
 from rljob.operator.progress import ProgressReader
 from rljob.operator.reconcile import Observation, Plan, plan
@@ -87,6 +88,8 @@ class ControllerConfig:
     event_burst: int = 25
     """Events one RLJob may post at once; then one per `event_refill_seconds` (eventlimit.py)."""
     event_refill_seconds: float = 10.0
+    watch_retry_seconds: float = 1.0
+    """After the pod watch fails (the API server is unreachable, say): how long before it tries again."""
     peering_poll_seconds: float = 2.0
     """With peering: how often the peering objects are read to know whether this operator stands by (2 s:
     controller-runtime's leader-election retry period)."""
@@ -214,13 +217,13 @@ class JobWorker:
         self.members_written: list[int] | None = None
         """The rollout membership last written (llm jobs): unchanged, it is not written again."""
         self.confirmed = time.monotonic()
-        """When the job and its pods were last read live (monotonic). kopf fills the index completely before the
-        first reconcile, so a new worker starts from a confirmed view."""
+        """When the job and its pods were last read live (monotonic). The pod cache has listed the namespace before
+        the first reconcile, so a new worker starts from a confirmed view."""
         self.confirm = False
-        """Read the job and its pods live on the next pass (kopf re-listed after a watch gap)."""
+        """Read the job and its pods live on the next pass (a watch gap: kopf or the pod cache listed again)."""
         self.vanished: set[str] = set()
-        """uids of pods kopf's index still holds that a live read found gone: kopf drops an index entry only on
-        a DELETED event, and a re-list after a watch gap (410 Gone, a peering pause) yields none."""
+        """uids of pods the cache still holds that a live read found gone (a DELETED event the cache has not seen
+        yet): left out of this worker's view until the cache drops them too."""
         self.gone = False
         self.status_version: str | None = None
         """The job's resourceVersion at which `written` was the status on the server: the precondition of the
@@ -298,6 +301,7 @@ class JobWorker:
             self.forget_state()
             return ctl.config.resync_seconds
         woken, self.woken_at = self.woken_at or time.perf_counter(), None
+        await ctl.pods.ready(self.key[0])
         self.trace = trace = PassTrace(ctl.metrics.job_pass_seconds, self.key, woken)
         async with ctl.slots.slot(self.key[0]):
             trace.mark("slot")
@@ -994,7 +998,8 @@ class Controller:
         self.workers: dict[Key, JobWorker] = {}
         self.dependents: dict[Key, set[Key]] = {}
         """Jobs that load an RLJob's exported model (`source: job`), by that RLJob: woken by its events."""
-        self.pod_index: Any = None
+        self.pods = PodCache(client, self.pod_event, self.config.watch_retry_seconds)
+        self.pods_task: asyncio.Task[None] | None = None
         self.peering: PeeringGate | None = None
         """With kopf peering: says when this operator stands by (see rljob/operator/peering.py)."""
         self.peering_task: asyncio.Task[None] | None = None
@@ -1003,12 +1008,11 @@ class Controller:
         metrics.watch_jobs(self._statuses)
 
     def pods_of(self, namespace: str, job: str) -> list[Raw]:
-        if self.pod_index is None:
-            return []
-        try:
-            return list(self.pod_index[(namespace, job)])
-        except KeyError:
-            return []
+        return self.pods.pods_of(namespace, job)
+
+    def follow_pods(self, namespaces: Iterable[str] = (), all_namespaces: bool = False) -> None:
+        """Start keeping the pod cache current (stopped with the workers)."""
+        self.pods_task = asyncio.create_task(self.pods.run(namespaces, all_namespaces), name="rljob pod cache")
 
     def forget(self, worker: JobWorker, fresh: Raw | None = None) -> None:
         """A worker found its job gone: drop it (from inside its own task); start one for a namesake."""
@@ -1085,7 +1089,7 @@ class Controller:
         await self.peering.run(lambda: fixed | {key[0] for key in self.workers}, self.peering_changed)
 
     def pod_event(self, namespace: str, job: str, listed: bool = False) -> None:
-        """A pod of the job changed; `listed`: kopf listed it (a re-list after a watch gap, or the start)."""
+        """A pod of the job changed; `listed`: a LIST found it (a re-list after a watch gap, or the start)."""
         worker = self.workers.get((namespace, job))
         if worker is not None:
             worker.confirm = worker.confirm or listed
@@ -1094,10 +1098,11 @@ class Controller:
     async def stop(self) -> None:
         """Stop every worker and close the HTTP sessions (idempotent)."""
         workers, self.workers = list(self.workers.values()), {}
-        if self.peering_task is not None:
-            self.peering_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.peering_task
+        for task in (self.peering_task, self.pods_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for worker in workers:
             await worker.stop()
         await self.progress.close()
@@ -1113,8 +1118,6 @@ class Controller:
 
     def _pod_phases(self) -> list[tuple[str, str]]:
         pods: list[tuple[str, str]] = []
-        if self.pod_index is None:
-            return pods
         for key in list(self.workers):
             for raw in self.pods_of(*key):
                 role = raw["metadata"]["labels"].get(LABEL_ROLE, "")

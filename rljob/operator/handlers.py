@@ -1,9 +1,9 @@
-"""kopf handlers: thin. They keep the pod index and hand every event to the controller.
+"""kopf handlers: thin. They hand every RLJob and ResourceQuota event to the controller.
 
-No kopf finalizers, annotations or progress storage on RLJobs: the handlers only watch (`on.event`,
-`index`), so deleting an RLJob never waits for the operator, and the children go with it through
-their owner references. A restarted operator sees every existing job as an initial-listing event
-(kopf's resume) and every existing pod in the index before the first reconcile.
+No kopf finalizers, annotations or progress storage on RLJobs: the handlers only watch (`on.event`), so
+deleting an RLJob never waits for the operator, and the children go with it through their owner references.
+A restarted operator sees every existing job as an initial-listing event (kopf's resume); the controller's
+pod cache (podcache.py) has listed every existing pod before a job's first reconcile.
 """
 
 from __future__ import annotations
@@ -14,53 +14,15 @@ import kopf
 
 from rljob.api import GROUP, PLURAL, VERSION
 from rljob.operator.controller import Controller
-from rljob.operator.naming import LABEL_JOB
-
-POD_INDEX = "rljob_pods"
-
-
-def compact_pod(body: kopf.Body) -> dict[str, Any]:
-    """What the controller reads from a pod; the index keeps only this (pod specs are large)."""
-    meta = body.get("metadata", {})
-    keep = (
-        "name",
-        "namespace",
-        "uid",
-        "labels",
-        "annotations",
-        "ownerReferences",
-        "deletionTimestamp",
-        "deletionGracePeriodSeconds",
-        "resourceVersion",
-    )
-    return {
-        "metadata": {k: meta[k] for k in keep if k in meta},
-        "spec": {"nodeName": body.get("spec", {}).get("nodeName")},
-        "status": dict(body.get("status", {})),
-    }
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
-    """Add the operator's handlers to a kopf registry; the Controller comes in through `memo.controller`."""
-
-    @kopf.index("v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry, id=POD_INDEX)
-    async def rljob_pods(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
-        # async: kopf runs a sync handler in a thread, a hop per pod event for a few dict lookups
-        return {(namespace, labels[LABEL_JOB]): compact_pod(body)}
-
-    @kopf.on.event("v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry, id="pod-changed")
-    async def pod_changed(
-        namespace: str, labels: dict[str, str], event: kopf.RawEvent, memo: kopf.Memo, **kwargs: Any
-    ) -> None:
-        controller: Controller = memo.controller
-        controller.pod_index = kwargs[POD_INDEX]
-        # A listing event (type None) comes from kopf's (re-)list: the job's worker then reads its pods live.
-        controller.pod_event(namespace, labels[LABEL_JOB], listed=event["type"] is None)
+    """Add the operator's handlers to a kopf registry; the Controller comes in through `memo.controller`.
+    Pods are not among them: the controller keeps its own cache of them (podcache.py)."""
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="rljob-changed")
-    async def rljob_changed(event: kopf.RawEvent, memo: kopf.Memo, **kwargs: Any) -> None:
+    async def rljob_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         controller: Controller = memo.controller
-        controller.pod_index = kwargs[POD_INDEX]
         controller.job_event(event["type"], dict(event["object"]))
 
     @kopf.on.event("v1", "resourcequotas", registry=registry, id="quota-changed")
@@ -74,11 +36,6 @@ def register(registry: kopf.OperatorRegistry) -> None:
         """Stop the job workers and close connections while kopf shuts down: kopf waits for leftover tasks."""
         controller: Controller = memo.controller
         await controller.stop()
-
-
-def restrict_watches(settings: kopf.OperatorSettings) -> None:
-    """Watch only the pods of RLJobs (server-side label selector), not every pod of the cluster."""
-    settings.watching.label_selectors["v1", "pods"] = LABEL_JOB
 
 
 class NoDiffBase(kopf.DiffBaseStorage):

@@ -105,6 +105,7 @@ FAST = ControllerConfig(
     progress_seconds=0.2,
     expectation_seconds=3.0,
     error_backoff_seconds=0.2,
+    watch_retry_seconds=0.1,
     peering_poll_seconds=0.2,
 )
 
@@ -156,7 +157,6 @@ def kopf_test_settings() -> kopf.OperatorSettings:
     settings.queueing.exit_timeout = 0.5
     settings.queueing.idle_timeout = 0.5
     settings.networking.request_timeout = 10
-    handlers.restrict_watches(settings)
     settings.persistence.diffbase_storage = handlers.NoDiffBase()
     return settings
 

@@ -289,12 +289,16 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             request.namespace,
             lambda raw: self._selected(raw, selector) and all(raw["metadata"].get(k) == v for k, v in fields.items()),
         )
-        return {
-            "apiVersion": "v1",
-            "kind": "List",
-            "metadata": {"resourceVersion": str(self._last_revision)},
-            "items": items,
-        }
+        metadata = {"resourceVersion": str(self._last_revision)}
+        # Pages, as kube-apiserver cuts them for `limit`: the `continue` token says where the next one starts
+        # (here an offset; the server's is opaque).
+        limit = int(request.params.get("limit") or 0)
+        if limit > 0:
+            start = int(request.params.get("continue") or 0)
+            items, rest = items[start : start + limit], items[start + limit :]
+            if rest:
+                metadata["continue"] = str(start + limit)
+        return {"apiVersion": "v1", "kind": "List", "metadata": metadata, "items": items}
 
     async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[Any]:
         self._require_known(request.resource)
