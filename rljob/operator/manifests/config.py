@@ -6,9 +6,8 @@ import hashlib
 import json
 from typing import Any
 
-import yaml
-
 from rljob.api import RLJob
+from rljob.operator.manifests import yamltext
 from rljob.operator.naming import CONFIG_KEY, child_metadata, config_map_name
 from rljob.operator.settings import OperatorSettings
 
@@ -31,12 +30,8 @@ def resolved_job_document(job: RLJob) -> dict[str, Any]:
     return document
 
 
-# libyaml's emitter when PyYAML has it: the ConfigMap is built on every reconcile.
-_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-
-
 def resolved_job_yaml(job: RLJob) -> str:
-    return yaml.dump(resolved_job_document(job), Dumper=_Dumper, sort_keys=False, width=100)
+    return yamltext.dump(resolved_job_document(job))
 
 
 RESTART_FREE_FIELDS: tuple[tuple[str, ...], ...] = (
