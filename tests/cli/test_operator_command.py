@@ -29,6 +29,7 @@ from tests.operator.controller.conftest import NS, Cluster, cartpole_job, eventu
         (["-A", "--log-level", "loud"], "--log-level must be one of"),
         (["-A", "--resync-seconds", "0"], "--resync-seconds must be positive"),
         (["-A", "--peering", "x", "--peering-lifetime", "5"], "--peering-lifetime must be at least 12 seconds"),
+        (["-A", "--concurrent-reconciles", "0"], "--concurrent-reconciles must be at least 1"),
     ],
 )
 def test_operator_flags_are_checked(args: list[str], message: str) -> None:

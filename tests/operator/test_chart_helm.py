@@ -381,3 +381,11 @@ def test_a_hot_standby_pair_runs_with_the_peering_lifetime_from_values(helm):
     args = only(render(helm, "replicas=2", "peering.enabled=true", "peering.lifetimeSeconds=20"), "Deployment")
     container = args["spec"]["template"]["spec"]["containers"][0]
     assert "--peering=rljob-operator" in container["args"] and "--peering-lifetime=20" in container["args"]
+
+
+def test_the_reconcile_concurrency_comes_from_values_and_the_schema_refuses_zero(helm):
+    args = only(render(helm, "concurrentReconciles=8"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "--concurrent-reconciles=8" in args["args"]
+    values = load_values()
+    values["concurrentReconciles"] = 0
+    assert any("minimum" in e.message for e in schema_validator().iter_errors(values))
