@@ -80,7 +80,7 @@ def clone(raw: Any) -> Any:
     try:
         return json.loads(json.dumps(raw))
     except (TypeError, ValueError):
-        return clone(raw)
+        return copy.deepcopy(raw)
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -383,7 +383,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     # --- the state: also called directly by tests playing kubelet, scheduler and GC -------------
 
     def create_object(self, resource: Resource, namespace: str | None, body: Mapping[str, Any]) -> Raw:
-        raw = copy.deepcopy(dict(body))
+        raw = clone(dict(body))
         meta = raw.setdefault("metadata", {})
         if namespace is not None:
             if meta.get("namespace") not in (None, namespace):
