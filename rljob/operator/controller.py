@@ -1040,8 +1040,10 @@ class Controller:
             return
         if _newer(worker.body, body):
             worker.body = body  # an event older than what a status write answered tells nothing new
-        worker.nudge()
         self.wake_dependents(key)
+        if event_type == "MODIFIED" and worker.status_version and meta.get("resourceVersion") == worker.status_version:
+            return  # the echo of the worker's own status write: the write's answer was this very object
+        worker.nudge()
 
     def wake_dependents(self, key: Key) -> None:
         """An RLJob changed (it may have succeeded): the jobs waiting for its exported model look again."""
