@@ -61,6 +61,8 @@ Raw = dict[str, Any]
 
 REJECTED = (400, 403, 422)
 """Statuses of a create the server will not accept as is (quota, admission webhooks, pod security)."""
+STORAGE_CLASSES_SECONDS = 5.0
+"""The cluster's StorageClasses are read for all jobs at most this often: a burst of new jobs shares one LIST."""
 ADMISSION_BACKOFF_MAX_SECONDS = 60.0
 """A job waiting for quota looks again after 1, 2, 4 ... seconds, at most this long (and at once when a
 ResourceQuota of its namespace changes: its usage moves whenever pods come and go)."""
@@ -697,7 +699,7 @@ class JobWorker:
         if spec.get("storageClassName") or spec.get("volumeName") or phase == "Bound":
             return
         try:
-            classes = await self.controller.client.list_cluster("storage.k8s.io/v1", "StorageClass")
+            classes = await self.controller.storage_classes()
         except ApiError as exc:
             if exc.status in (403, 404):
                 sync.storage_checked = False  # cannot tell: say nothing rather than guess
@@ -999,6 +1001,8 @@ class Controller:
         self.dependents: dict[Key, set[Key]] = {}
         """Jobs that load an RLJob's exported model (`source: job`), by that RLJob: woken by its events."""
         self.pods = PodCache(client, self.pod_event, self.config.watch_retry_seconds)
+        self.classes: tuple[float, asyncio.Future[list[Raw]]] | None = None
+        """When the StorageClasses were last asked for, and the answer (shared by every job asking meanwhile)."""
         self.pods_task: asyncio.Task[None] | None = None
         self.peering: PeeringGate | None = None
         """With kopf peering: says when this operator stands by (see rljob/operator/peering.py)."""
@@ -1009,6 +1013,20 @@ class Controller:
 
     def pods_of(self, namespace: str, job: str) -> list[Raw]:
         return self.pods.pods_of(namespace, job)
+
+    async def storage_classes(self) -> list[Raw]:
+        """The cluster's StorageClasses, at most `STORAGE_CLASSES_SECONDS` old; a failed read is not kept."""
+        now = time.monotonic()
+        if self.classes is None or now - self.classes[0] >= STORAGE_CLASSES_SECONDS:
+            read = asyncio.ensure_future(self.client.list_cluster("storage.k8s.io/v1", "StorageClass"))
+            self.classes = (now, read)
+        read = self.classes[1]
+        try:
+            return await asyncio.shield(read)  # a waiter cancelled does not cancel the others' read
+        except ApiError:
+            if self.classes is not None and self.classes[1] is read:
+                self.classes = None
+            raise
 
     def follow_pods(self, namespaces: Iterable[str] = (), all_namespaces: bool = False) -> None:
         """Start keeping the pod cache current (stopped with the workers)."""
