@@ -65,6 +65,8 @@ WRITE_SECONDS = 0.010
 """The latency model. A real API server answers a GET of one object in about 1-5 ms and a pod create in about
 5-20 ms (etcd's write and fsync, admission), in a healthy, unloaded control plane."""
 TRACE_STAGES = ("slot", "planned", "status_written", "pods_created", "done")
+OPERATOR_ARGS: list[str] = []
+"""Extra `rljob operator` flags for every scenario (`--operator-args`)."""
 
 
 class TimedEmulator(KubernetesApiEmulator):
@@ -263,6 +265,7 @@ async def scenario(posts: list[tuple[str, str]], timeout: float) -> dict[str, An
                 Path(tmp) / "operator.log",
                 liveness_port,
                 metrics_port,
+                *OPERATOR_ARGS,
                 profile=os.environ.get("RLJOB_BENCH_PROFILE"),
             )
             try:
@@ -433,6 +436,7 @@ async def run(names: list[str], timeout: float) -> dict[str, Any]:
             result = await scenario([("bench", f"job-{i:04d}") for i in range(int(name))], timeout)
             result.pop("_children")
         result["load_average_1m_at_start"] = load
+        result["operator_args"] = list(OPERATOR_ARGS)
         results[name] = result
         print(name, json.dumps({k: v for k, v in result.items() if k != "operator_log_tail"}), flush=True)
     return results
@@ -445,7 +449,11 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for every job of a scenario")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "operator_scale.json")
+    parser.add_argument(
+        "--operator-args", default="", help="extra `rljob operator` flags, e.g. '--concurrent-reconciles=8'"
+    )
     args = parser.parse_args()
+    OPERATOR_ARGS.extend(args.operator_args.split())
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
     scenarios = asyncio.run(run(names, args.timeout))
     if args.out.exists():  # a run of some scenarios keeps the others' figures

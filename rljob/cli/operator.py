@@ -45,7 +45,7 @@ def operator(
     concurrent_reconciles: Annotated[
         int | None,
         typer.Option(
-            help="Reconcile passes at once (default 32), handed out round robin across namespaces. More overlaps "
+            help="Reconcile passes at once (default 16), handed out round robin across namespaces. More overlaps "
             "more API latency; fewer finish each pass (and a quiet namespace's next job) sooner on a busy core."
         ),
     ] = None,

@@ -83,7 +83,7 @@ class ControllerConfig:
     error_backoff_seconds: float = 5.0
     coalesce_seconds: float = 0.05
     """After an event, wait this long for more before reconciling."""
-    max_concurrent_reconciles: int = 32
+    max_concurrent_reconciles: int = 16
     """Reconcile passes running at once, the slots handed out round robin across namespaces (fairness.py)."""
     create_fanout: int = 16
     """At most this many creates (or deletes) of one pass in flight at once."""
