@@ -26,6 +26,7 @@ Figures per scenario (benchmarks/results/operator_scale.json):
 
 Run: `make bench-operator` (or `.venv/bin/python benchmarks/operator_scale.py --scenarios 100,1000,fairness`).
 `RLJOB_BENCH_PROFILE=file.prof` runs the operator under cProfile (one scenario at a time: the file is rewritten).
+`--operator-args='--concurrent-reconciles=8'` passes flags to every scenario's operator (recorded in the results).
 """
 
 from __future__ import annotations
