@@ -417,8 +417,9 @@ async def run(names: list[str], timeout: float) -> dict[str, Any]:
             result = {
                 "trials": trials,
                 "kill_to_all_pods_of_a_new_job_seconds_max": None if None in takeovers else max(takeovers),
-                "note": "the active operator renews its record 5-10 s before it runs out (kopf), so a kill lands "
-                "5-15 s before the record expires: the takeover varies in that range from trial to trial",
+                "note": "the operators start a moment before the kill, so it lands right after the active one renewed "
+                "its record (kopf renews at start, then 5-10 s before the record runs out): the worst case, in which "
+                "the takeover takes the whole lifetime; a kill later in the renewal cycle is taken over sooner",
                 "load_average_1m_at_start": load,
             }
             results[name] = result
