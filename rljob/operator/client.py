@@ -207,6 +207,29 @@ class KubeClient:
         found = next((i for i in result.get("items") or [] if (i.get("metadata") or {}).get("name") == name), None)
         return found, str((result.get("metadata") or {}).get("resourceVersion") or "")
 
+    async def _open_watch(
+        self, path: str, query: list[tuple[str, str]], limit: float | aiohttp.ClientTimeout
+    ) -> aiohttp.ClientResponse:
+        """Start a WATCH: the response, its body still to be read as the events arrive."""
+        try:
+            response = await self.api.call_api(
+                path,
+                "GET",
+                query_params=query,
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=limit,
+            )
+        except ApiException as exc:
+            self.on_call("watch", exc.status or 0)
+            raise ApiError(exc.status or 0, "watch", path, _status_message(exc)) from None
+        except (OSError, TimeoutError, aiohttp.ClientError) as exc:
+            self.on_call("watch", 0)
+            raise ApiError(0, "watch", path, f"cannot reach the API server: {exc}") from None
+        self.on_call("watch", 200)
+        return response
+
     async def watch_named(
         self, api_version: str, kind: str, namespace: str | None, name: str, since: str, timeout: float
     ) -> bool:
@@ -220,23 +243,7 @@ class KubeClient:
         ]
         if since:
             query.append(("resourceVersion", since))
-        try:
-            response = await self.api.call_api(
-                path,
-                "GET",
-                query_params=query,
-                header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=timeout + 5,
-            )
-        except ApiException as exc:
-            self.on_call("watch", exc.status or 0)
-            raise ApiError(exc.status or 0, "watch", path, _status_message(exc)) from None
-        except (OSError, TimeoutError, aiohttp.ClientError) as exc:
-            self.on_call("watch", 0)
-            raise ApiError(0, "watch", path, f"cannot reach the API server: {exc}") from None
-        self.on_call("watch", 200)
+        response = await self._open_watch(path, query, timeout + 5)
         try:
             async with asyncio.timeout(timeout):
                 async for line in response.content:
@@ -273,23 +280,8 @@ class KubeClient:
         ]
         if labels:
             query.append(("labelSelector", labels))
-        try:
-            response = await self.api.call_api(
-                path,
-                "GET",
-                query_params=query,
-                header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout + 30),
-            )
-        except ApiException as exc:
-            self.on_call("watch", exc.status or 0)
-            raise ApiError(exc.status or 0, "watch", path, _status_message(exc)) from None
-        except (OSError, TimeoutError, aiohttp.ClientError) as exc:
-            self.on_call("watch", 0)
-            raise ApiError(0, "watch", path, f"cannot reach the API server: {exc}") from None
-        self.on_call("watch", 200)
+        limit = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout + 30)
+        response = await self._open_watch(path, query, limit)
         pending = b""
         try:
             # Split the lines here: aiohttp's own line reader refuses a line over 64 KiB (a pod with large
