@@ -34,6 +34,7 @@ PodChanged = Callable[[str, str, bool], None]
 
 LIST_PAGE = 500
 """Pods per LIST page: a re-list at a thousand jobs reads 8,000 pods, a page at a time."""
+RETRY_MAX_SECONDS = 30.0
 WATCH_SECONDS = 300.0
 """The server ends each watch after this long (`timeoutSeconds`); the cache watches again from where it was."""
 _KEEP_METADATA = (
@@ -119,11 +120,14 @@ class PodCache:
         """LIST the scope's pods of RLJobs, then WATCH from there; list again after a gap, retry after errors."""
         path = _pods_path(scope)
         since = ""
+        failures = 0
         while True:
             try:
                 if not since:
                     since = await self._list(scope, path)
+                    failures = 0
                 async for event in self.client.watch(path, LABEL_JOB, since, WATCH_SECONDS):
+                    failures = 0
                     kind = event.get("type")
                     obj = event.get("object") or {}
                     if kind == "ERROR":
@@ -143,12 +147,21 @@ class PodCache:
             except ApiError as exc:
                 if exc.status == 410:
                     since = ""
-                logger.warning("pods of %s: %s; again in %.0f s", scope or "the cluster", exc, self.retry_seconds)
-                await asyncio.sleep(self.retry_seconds)
+                delay = self._backoff(failures)
+                failures += 1
+                logger.warning("pods of %s: %s; again in %.0f s", scope or "the cluster", exc, delay)
+                await asyncio.sleep(delay)
             except Exception:
-                logger.exception("pods of %s: the watch failed; listing again", scope or "the cluster")
+                delay = self._backoff(failures)
+                failures += 1
+                logger.exception("pods of %s: the watch failed; listing again in %.0f s", scope or "the cluster", delay)
                 since = ""
-                await asyncio.sleep(self.retry_seconds)
+                await asyncio.sleep(delay)
+
+    def _backoff(self, failures: int) -> float:
+        """`retry_seconds`, doubled after each failure in a row up to `RETRY_MAX_SECONDS` (an RBAC without pods, an API
+        server down for a while: a warning every half minute, not every second)."""
+        return min(self.retry_seconds * 2 ** min(failures, 16), max(self.retry_seconds, RETRY_MAX_SECONDS))
 
     async def _list_all(self, path: str, labels: str) -> tuple[list[Raw], str]:
         """Every item of a LIST, a page at a time, and the resourceVersion to watch from."""
@@ -234,12 +247,14 @@ class PodCache:
         try:
             since = ""
             names: set[str] = set()
+            failures = 0
             while True:
                 try:
                     if not since:
                         items, since = await self._list_all("/api/v1/namespaces", "")
                         names = {n for item in items if (n := (item.get("metadata") or {}).get("name")) and matches(n)}
                         sync(names)
+                        failures = 0
                     async for event in self.client.watch("/api/v1/namespaces", "", since, WATCH_SECONDS):
                         obj = event.get("object") or {}
                         if event.get("type") == "ERROR":
@@ -255,8 +270,10 @@ class PodCache:
                 except ApiError as exc:
                     if exc.status == 410:
                         since = ""
-                    logger.warning("namespaces: %s; again in %.0f s", exc, self.retry_seconds)
-                    await asyncio.sleep(self.retry_seconds)
+                    delay = self._backoff(failures)
+                    failures += 1
+                    logger.warning("namespaces: %s; again in %.0f s", exc, delay)
+                    await asyncio.sleep(delay)
         finally:
             for task in followers.values():
                 task.cancel()

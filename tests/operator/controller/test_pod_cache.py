@@ -111,3 +111,9 @@ async def test_glob_patterns_follow_the_namespaces_that_match_as_they_come_and_g
         await eventually(lambda: ("team-b", "j") not in cache.jobs(), what="team-b forgotten")
         assert ("other", "j") not in cache.jobs()
         assert not [r for r in list(kube) if "/namespaces/other/" in str(r.url)]
+
+
+async def test_retries_back_off_to_half_a_minute() -> None:
+    cache = PodCache(KubeClient(Configuration(host="http://127.0.0.1:1")), Recorder(), retry_seconds=1.0)
+    assert [cache._backoff(n) for n in range(7)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    await cache.client.close()
