@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from rljob.api import RLJob
-from rljob.operator.manifests import yamltext
+from rljob.operator.manifests.yamltext import dump as dump_yaml
 from rljob.operator.naming import CONFIG_KEY, child_metadata, config_map_name
 from rljob.operator.settings import OperatorSettings
 
@@ -31,7 +31,7 @@ def resolved_job_document(job: RLJob) -> dict[str, Any]:
 
 
 def resolved_job_yaml(job: RLJob) -> str:
-    return yamltext.dump(resolved_job_document(job))
+    return dump_yaml(resolved_job_document(job))
 
 
 RESTART_FREE_FIELDS: tuple[tuple[str, ...], ...] = (
