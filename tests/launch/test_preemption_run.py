@@ -47,8 +47,9 @@ def sigterm_mid_step(run) -> None:
     rollout = run.role("rollout")
     rollout.suspend()
     try:
-        time.sleep(1.0)  # the actor is waiting for the paused rollout by now
-        os.kill(run.role("actor").pid, signal.SIGTERM)
+        actor = run.role("actor")
+        wait_until_idle(actor)  # it has trained its step and waits for the paused rollout
+        os.kill(actor.pid, signal.SIGTERM)
         time.sleep(3.0)
     finally:
         rollout.resume()
@@ -56,6 +57,15 @@ def sigterm_mid_step(run) -> None:
     while "(asked to stop)" not in (run.out / "logs" / "actor-0.log").read_text():
         assert time.monotonic() < deadline, "the actor did not stop"
         time.sleep(0.2)
+
+
+def wait_until_idle(process, timeout: float = 60.0) -> None:
+    """Until `process` uses next to no CPU for a second (it waits on something): a fixed sleep is not enough on a
+    machine busy with other tests, where the step the actor trains meanwhile can take several seconds."""
+    deadline = time.monotonic() + timeout
+    quiet = 0
+    while quiet < 2 and time.monotonic() < deadline:
+        quiet = quiet + 1 if process.cpu_percent(interval=0.5) < 10 else 0
 
 
 def preempted_at(log: str) -> int:
@@ -120,7 +130,10 @@ def test_a_sigterm_to_the_llm_actor_mid_step_resumes_at_the_next_step(repo, star
     log = (run.out / "logs" / "actor-0.log").read_text()
     stopped = preempted_at(log)
     assert 3 <= stopped < 30
-    assert f"asked to stop while generating step {stopped + 1}: that step is abandoned" in log
+    # Stopped while the step's data was generated, the step is abandoned and said so; stopped while the weights went
+    # to the paused rollout (the sync waits for it), no step had begun: either way the next group starts at the next.
+    abandoned = re.findall(r"asked to stop while generating step (\d+): that step is abandoned", log)
+    assert abandoned in ([], [str(stopped + 1)]), log
     assert resumed_step(log) == stopped
     records = run.metrics()
     assert steps_of(records) == list(range(1, 31))
