@@ -1030,7 +1030,7 @@ class Controller:
 
     def follow_pods(self, namespaces: Iterable[str] = (), all_namespaces: bool = False) -> None:
         """Start keeping the pod cache current (stopped with the workers)."""
-        self.pods_task = asyncio.create_task(self.pods.run(namespaces, all_namespaces), name="rljob pod cache")
+        self.pods_task = self.pods.start(namespaces, all_namespaces)
 
     def forget(self, worker: JobWorker, fresh: Raw | None = None) -> None:
         """A worker found its job gone: drop it (from inside its own task); start one for a namesake."""

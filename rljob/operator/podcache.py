@@ -101,6 +101,12 @@ class PodCache:
 
     # --- keeping it current ----------------------------------------------------------------------------
 
+    def start(self, namespaces: Iterable[str] = (), all_namespaces: bool = False) -> asyncio.Task[None]:
+        """`run` in a task of its own. The scope is settled here, before the task first runs, so a job's first pass
+        (`ready`) never waits on a namespace's listing while the cache lists the cluster."""
+        self.cluster_wide = all_namespaces
+        return asyncio.create_task(self.run(namespaces, all_namespaces), name="rljob pod cache")
+
     async def run(self, namespaces: Iterable[str] = (), all_namespaces: bool = False) -> None:
         """Follow the cluster (`all_namespaces`), each named namespace, or, for kopf glob patterns
         (`team-*`, `!kube-*`), every namespace that matches, as namespaces come and go."""

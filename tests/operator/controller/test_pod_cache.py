@@ -44,7 +44,7 @@ async def following(
 ) -> AsyncIterator[tuple[PodCache, Recorder]]:
     told = Recorder()
     cache = PodCache(KubeClient(Configuration(host=str(kube.url).rstrip("/"))), told, retry_seconds=0.1)
-    task = asyncio.create_task(cache.run(namespaces, all_namespaces))
+    task = cache.start(namespaces, all_namespaces)
     try:
         yield cache, told
     finally:
@@ -117,3 +117,11 @@ async def test_retries_back_off_to_half_a_minute() -> None:
     cache = PodCache(KubeClient(Configuration(host="http://127.0.0.1:1")), Recorder(), retry_seconds=1.0)
     assert [cache._backoff(n) for n in range(7)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
     await cache.client.close()
+
+
+async def test_a_first_pass_waits_for_the_cluster_listing_even_before_the_cache_task_has_run(kube) -> None:
+    kube.create_object(PODS, "ns", pod("ns", "a-0", "a"))
+    async with following(kube, all_namespaces=True) as (cache, _):
+        # No await between starting the cache and asking: the scope is the cluster's already.
+        await asyncio.wait_for(cache.ready("ns"), 10)
+        assert names(cache, "ns", "a") == {"a-0"}
