@@ -277,9 +277,14 @@ class JobWorker:
     def start(self) -> None:
         self.task = asyncio.create_task(self.run(), name=f"rljob {self.key[0]}/{self.key[1]}")
 
-    async def stop(self) -> None:
+    def cancel(self) -> None:
+        """Stop the worker without waiting for it (from an event handler)."""
         if self.task is not None:
             self.task.cancel()
+
+    async def stop(self) -> None:
+        self.cancel()
+        if self.task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
 
@@ -289,8 +294,11 @@ class JobWorker:
             delay = await self.reconcile_safely()
             if self.gone:
                 return
+            # Not `asyncio.wait_for`: on Python 3.11 it returns instead of raising when the cancel of `stop` lands
+            # in the same loop turn as a wake, and the worker then runs on with `stop` waiting on it for ever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=delay)
+                async with asyncio.timeout(delay):
+                    await self.wake.wait()
                 # Events come in bursts (a job's pods change together): take them in one pass.
                 await asyncio.sleep(self.controller.config.coalesce_seconds)
 
@@ -1048,11 +1056,11 @@ class Controller:
         if event_type == "DELETED":
             if worker is not None:
                 del self.workers[key]
-                asyncio.get_running_loop().create_task(worker.stop())
+                worker.cancel()
             return
         if worker is None or worker.body["metadata"].get("uid") != meta.get("uid"):
             if worker is not None:
-                asyncio.get_running_loop().create_task(worker.stop())
+                worker.cancel()
             worker = self.workers[key] = JobWorker(self, key, body)
             worker.start()
             return

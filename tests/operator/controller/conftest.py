@@ -218,7 +218,20 @@ async def operator_running(
         yield RunningOperator(metrics, task)
     finally:
         stop.set()
-        await asyncio.wait_for(task, timeout=10)
+        done, _ = await asyncio.wait([task], timeout=10)
+        if not done:
+            raise AssertionError(f"the operator did not stop in 10 s; still running:\n{_task_stacks()}")
+        task.result()
+
+
+def _task_stacks() -> str:
+    """Where each pending task waits: what a shutdown that hangs is stuck on."""
+    lines = []
+    for pending in asyncio.all_tasks():
+        frames = pending.get_stack(limit=3)
+        where = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in frames) or "(not started)"
+        lines.append(f"  {pending.get_name()}: {where}")
+    return "\n".join(sorted(lines))
 
 
 def free_port() -> int:
