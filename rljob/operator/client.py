@@ -1,4 +1,5 @@
-"""The operator's Kubernetes API calls, over kubernetes_asyncio's ApiClient (auth, TLS, kubeconfig).
+"""The operator's Kubernetes API calls, on the HTTP session of kubernetes_asyncio's ApiClient, which brings the
+kubeconfig or in-cluster configuration: auth (token refresh included), TLS and proxy.
 
 Objects stay plain dicts: the operator builds manifests as dicts and reads a few fields back, so the
 generated model classes would only cost time. Every call is counted in the operator's metrics, and an
@@ -13,11 +14,11 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp.helpers import basicauth_from_netrc, get_env_proxy_for_url, netrc_from_env
 from kubernetes_asyncio.client import ApiClient, Configuration
-from kubernetes_asyncio.client.exceptions import ApiException
 from yarl import URL
 
 from rljob.api import API_VERSION, KIND, PLURAL
@@ -25,6 +26,8 @@ from rljob.api import API_VERSION, KIND, PLURAL
 Manifest = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 COMPONENT = "rljob-operator"
+REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=60, sock_connect=30)
+"""A call that gets no answer in a minute fails (and is retried) instead of holding its job's worker for ever."""
 
 _PLURALS = {
     "Pod": "pods",
@@ -80,27 +83,14 @@ def _cluster_path(api_version: str, kind: str) -> str:
     return f"{base}/{plural}"
 
 
-def _status_message(exc: ApiException) -> str:
+def _status_message(reason: str | None, body: bytes | str | None) -> str:
     """The server's own words (a Status object's message) when it sent some, else the HTTP reason."""
     try:
-        body = json.loads(exc.body) if exc.body else {}
+        status = json.loads(body) if body else {}
     except (TypeError, ValueError):
-        body = {}
-    message = body.get("message") if isinstance(body, dict) else None
-    return f"{exc.reason}: {message}" if message else str(exc.reason)
-
-
-class JsonBody(dict):  # type: ignore[type-arg]
-    """A request body that is a JSON value already (dicts, lists, strings, numbers, booleans, None): every body the
-    operator sends. It goes out as it is; kubernetes_asyncio would walk and copy it to convert model objects and
-    dates, which for a pod is most of a create's cost in the client."""
-
-
-class _ApiClient(ApiClient):
-    def sanitize_for_serialization(self, obj: Any) -> Any:
-        if type(obj) is JsonBody:
-            return obj
-        return super().sanitize_for_serialization(obj)
+        status = {}
+    message = status.get("message") if isinstance(status, dict) else None
+    return f"{reason}: {message}" if message else str(reason)
 
 
 def read_environment_once(api: ApiClient) -> bool:
@@ -138,12 +128,47 @@ class KubeClient:
     """The handful of calls the controller makes. `on_call(verb, status)` observes each one."""
 
     def __init__(self, configuration: Configuration, on_call: Callable[[str, int], None] | None = None) -> None:
-        self.api = _ApiClient(configuration)
+        self.api = ApiClient(configuration)
         read_environment_once(self.api)
         self.on_call = on_call or (lambda verb, status: None)
 
     async def close(self) -> None:
         await self.api.close()
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: aiohttp.ClientTimeout = REQUEST_TIMEOUT,
+    ) -> aiohttp.ClientResponse:
+        """One request on the ApiClient's session, with its auth, TLS and proxy: the response, its body unread.
+
+        Not `ApiClient.call_api`: for plain JSON its per-call walk of headers, query and body (to convert model
+        objects) and its response decoding cost as much CPU as the HTTP request itself."""
+        configuration = self.api.configuration
+        rest = self.api.rest_client
+        headers = {**self.api.default_headers, "Accept": "application/json", "Content-Type": content_type}
+        # Called on every request, as kubernetes_asyncio does: a refresh hook (an exec plugin, a projected
+        # service-account token) keeps the token current.
+        token = (await configuration.auth_settings()).get("BearerToken")
+        if token:
+            headers[token["key"]] = token["value"]
+        url = configuration.host + path
+        if query:
+            url += "?" + urlencode(query)
+        options: dict[str, Any] = {"headers": headers, "timeout": timeout}
+        if body is not None:
+            options["data"] = json.dumps(body)
+        if rest.proxy:
+            options["proxy"] = rest.proxy
+        if rest.proxy_headers:
+            options["proxy_headers"] = rest.proxy_headers
+        if rest.server_hostname:
+            options["server_hostname"] = rest.server_hostname
+        return await rest.pool_manager.request(method, url, **options)
 
     async def _call(
         self,
@@ -155,24 +180,21 @@ class KubeClient:
         query: list[tuple[str, str]] | None = None,
     ) -> Manifest:
         try:
-            result = await self.api.call_api(
-                path,
-                method,
-                query_params=query or [],
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
-                body=JsonBody(body) if isinstance(body, dict) else body,
-                response_types_map={200: "object", 201: "object", 202: "object"},
-                auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-            )
-        except ApiException as exc:
-            self.on_call(verb, exc.status or 0)
-            raise ApiError(exc.status or 0, verb, path, _status_message(exc)) from None
+            async with await self._send(method, path, query, body, content_type) as response:
+                data = await response.read()
+                status, reason = response.status, response.reason
         except (OSError, TimeoutError, aiohttp.ClientError) as exc:  # aiohttp's are not all OSErrors
             self.on_call(verb, 0)
             raise ApiError(0, verb, path, f"cannot reach the API server: {exc}") from None
+        if not 200 <= status < 300:
+            self.on_call(verb, status)
+            raise ApiError(status, verb, path, _status_message(reason, data)) from None
         self.on_call(verb, 200)
-        return result or {}
+        try:
+            result = json.loads(data) if data else {}
+        except ValueError:
+            raise ApiError(status, verb, path, f"the answer is not JSON: {data[:200]!r}") from None
+        return result if isinstance(result, dict) else {}
 
     async def create(self, namespace: str, manifest: Manifest) -> Manifest:
         path = object_path(manifest["apiVersion"], manifest["kind"], namespace)
@@ -208,25 +230,23 @@ class KubeClient:
         return found, str((result.get("metadata") or {}).get("resourceVersion") or "")
 
     async def _open_watch(
-        self, path: str, query: list[tuple[str, str]], limit: float | aiohttp.ClientTimeout
+        self, path: str, query: list[tuple[str, str]], limit: aiohttp.ClientTimeout
     ) -> aiohttp.ClientResponse:
         """Start a WATCH: the response, its body still to be read as the events arrive."""
         try:
-            response = await self.api.call_api(
-                path,
-                "GET",
-                query_params=query,
-                header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=limit,
-            )
-        except ApiException as exc:
-            self.on_call("watch", exc.status or 0)
-            raise ApiError(exc.status or 0, "watch", path, _status_message(exc)) from None
+            response = await self._send("GET", path, query, timeout=limit)
         except (OSError, TimeoutError, aiohttp.ClientError) as exc:
             self.on_call("watch", 0)
             raise ApiError(0, "watch", path, f"cannot reach the API server: {exc}") from None
+        if not 200 <= response.status < 300:
+            try:
+                data = await response.read()
+            except (OSError, TimeoutError, aiohttp.ClientError):
+                data = b""
+            finally:
+                response.release()
+            self.on_call("watch", response.status)
+            raise ApiError(response.status, "watch", path, _status_message(response.reason, data))
         self.on_call("watch", 200)
         return response
 
@@ -243,7 +263,7 @@ class KubeClient:
         ]
         if since:
             query.append(("resourceVersion", since))
-        response = await self._open_watch(path, query, timeout + 5)
+        response = await self._open_watch(path, query, aiohttp.ClientTimeout(total=timeout + 5))
         try:
             async with asyncio.timeout(timeout):
                 async for line in response.content:

@@ -1,5 +1,6 @@
 """The operator's API client reads the proxy variables and ~/.netrc once, not on every request, and still goes
-through the proxy the environment names."""
+through the proxy the environment names; it sends a current token with every request and reports the server's
+own words on an error."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio.client import Configuration
 
-from rljob.operator.client import KubeClient
+from rljob.operator.client import ApiError, KubeClient
 from rljob.operator.controller import parse_job
 from rljob.operator.manifests import build_children
 from rljob.operator.settings import OperatorSettings
@@ -19,13 +20,21 @@ from tests.operator.controller.conftest import cartpole_job
 POD = b'{"kind": "Pod", "metadata": {"name": "p"}}'
 
 
-async def serve(requests: list[str], bodies: list[bytes] | None = None) -> tuple[asyncio.Server, int]:
-    """A server that answers every request with a pod and records its request line (a proxy sees the full URL)
-    and, into `bodies`, what it was sent."""
+async def serve(
+    requests: list[str],
+    bodies: list[bytes] | None = None,
+    heads: list[bytes] | None = None,
+    status: bytes = b"200 OK",
+    payload: bytes = POD,
+) -> tuple[asyncio.Server, int]:
+    """A server that answers every request with `payload` (a pod) and records its request line (a proxy sees the
+    full URL), into `bodies` what it was sent and into `heads` the whole request head."""
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         requests.append(head.split(b"\r\n", 1)[0].decode())
+        if heads is not None:
+            heads.append(head)
         length = next(
             (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")),
             0,
@@ -33,9 +42,11 @@ async def serve(requests: list[str], bodies: list[bytes] | None = None) -> tuple
         if bodies is not None:
             bodies.append(await reader.readexactly(length))
         writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
-            + f"Content-Length: {len(POD)}\r\n\r\n".encode()
-            + POD
+            b"HTTP/1.1 "
+            + status
+            + b"\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
         )
         await writer.drain()
         writer.close()
@@ -117,7 +128,63 @@ async def test_a_manifest_goes_out_as_built(clean_env: Path):
         await client.create("ns", pod)
         assert requests == ["POST /api/v1/namespaces/ns/pods HTTP/1.1"]
         assert json.loads(bodies[0]) == pod
-        assert client.api.sanitize_for_serialization(pod) == pod  # what kubernetes_asyncio would have sent
     finally:
         await client.close()
         server.close()
+
+
+async def test_every_request_carries_the_token_as_the_refresh_hook_left_it(clean_env: Path):
+    """An exec plugin or a projected service-account token renews the token through the configuration's hook."""
+    heads: list[bytes] = []
+    server, port = await serve([], heads=heads)
+    configuration = Configuration(host=f"http://127.0.0.1:{port}")
+    configuration.api_key = {"BearerToken": "first"}
+    configuration.api_key_prefix = {"BearerToken": "Bearer"}
+    renewals = iter(["first", "second"])
+
+    def refresh(config: Configuration) -> None:
+        config.api_key["BearerToken"] = next(renewals)
+
+    configuration.refresh_api_key_hook = refresh
+    client = KubeClient(configuration)
+    try:
+        await client.get("v1", "Pod", "ns", "p")
+        await client.list("v1", "Pod", "ns", labels="rljob.io/job in (a,b)")
+        tokens = [next(line for line in h.split(b"\r\n") if line.lower().startswith(b"authorization:")) for h in heads]
+        assert [t.split(b":", 1)[1].strip() for t in tokens] == [b"Bearer first", b"Bearer second"]
+        assert heads[1].startswith(b"GET /api/v1/namespaces/ns/pods?labelSelector=rljob.io/job+in+(a,b) ")
+    finally:
+        await client.close()
+        server.close()
+
+
+async def test_an_error_answer_is_an_api_error_with_the_servers_message(clean_env: Path):
+    status = {"kind": "Status", "code": 403, "reason": "Forbidden", "message": 'pods "p" is forbidden: exceeded quota'}
+    server, port = await serve([], status=b"403 Forbidden", payload=json.dumps(status).encode())
+    seen: list[tuple[str, int]] = []
+    client = KubeClient(Configuration(host=f"http://127.0.0.1:{port}"), lambda verb, code: seen.append((verb, code)))
+    try:
+        with pytest.raises(ApiError) as raised:
+            await client.create("ns", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}})
+        assert raised.value.status == 403
+        assert str(raised.value) == (
+            'create /api/v1/namespaces/ns/pods: 403 Forbidden: pods "p" is forbidden: exceeded quota'
+        )
+        assert seen == [("create", 403)]
+    finally:
+        await client.close()
+        server.close()
+
+
+async def test_a_server_that_is_not_there_is_status_0(clean_env: Path):
+    server, port = await serve([])
+    server.close()
+    await server.wait_closed()
+    client = KubeClient(Configuration(host=f"http://127.0.0.1:{port}"))
+    try:
+        with pytest.raises(ApiError) as raised:
+            await client.get("v1", "Pod", "ns", "p")
+        assert raised.value.status == 0
+        assert "cannot reach the API server" in str(raised.value)
+    finally:
+        await client.close()
