@@ -124,30 +124,51 @@ class PodCache:
 
     async def follow(self, scope: str | None) -> None:
         """LIST the scope's pods of RLJobs, then WATCH from there; list again after a gap, retry after errors."""
-        path = _pods_path(scope)
+
+        def changed(kind: str, pod: Raw) -> None:
+            if kind == "DELETED":
+                self._remove(pod)
+            else:
+                self._put(pod)
+
+        await self._list_then_watch(
+            f"pods of {scope or 'the cluster'}",
+            _pods_path(scope),
+            LABEL_JOB,
+            lambda pods: self._replace(scope, pods),
+            changed,
+        )
+
+    async def _list_then_watch(
+        self,
+        what: str,
+        path: str,
+        labels: str,
+        listed: Callable[[list[Raw]], None],
+        changed: Callable[[str, Raw], None],
+    ) -> None:
+        """An informer's loop: LIST `path` into `listed`, then WATCH from there into `changed` (event type, object),
+        bookmarks skipped. After a gap (410 Gone) it lists again; after an error it retries, backing off."""
         since = ""
         failures = 0
         while True:
             try:
                 if not since:
-                    since = await self._list(scope, path)
+                    items, since = await self._list_all(path, labels)
+                    listed(items)
                     failures = 0
-                async for event in self.client.watch(path, LABEL_JOB, since, WATCH_SECONDS):
+                async for event in self.client.watch(path, labels, since, WATCH_SECONDS):
                     failures = 0
-                    kind = event.get("type")
+                    kind = event.get("type") or ""
                     obj = event.get("object") or {}
                     if kind == "ERROR":
                         # 410 Gone: the server no longer has the events since `since`; anything else: start over too.
-                        logger.info("pods of %s: the watch ended (%s); listing again", scope or "the cluster", obj)
+                        logger.info("%s: the watch ended (%s); listing again", what, obj)
                         since = ""
                         break
                     since = (obj.get("metadata") or {}).get("resourceVersion") or since
-                    if kind == "BOOKMARK":
-                        continue
-                    if kind == "DELETED":
-                        self._remove(obj)
-                    else:
-                        self._put(obj)
+                    if kind != "BOOKMARK":
+                        changed(kind, obj)
             except asyncio.CancelledError:
                 raise
             except ApiError as exc:
@@ -155,12 +176,12 @@ class PodCache:
                     since = ""
                 delay = self._backoff(failures)
                 failures += 1
-                logger.warning("pods of %s: %s; again in %.0f s", scope or "the cluster", exc, delay)
+                logger.warning("%s: %s; again in %.0f s", what, exc, delay)
                 await asyncio.sleep(delay)
             except Exception:
                 delay = self._backoff(failures)
                 failures += 1
-                logger.exception("pods of %s: the watch failed; listing again in %.0f s", scope or "the cluster", delay)
+                logger.exception("%s: the watch failed; listing again in %.0f s", what, delay)
                 since = ""
                 await asyncio.sleep(delay)
 
@@ -181,9 +202,8 @@ class PodCache:
             if not token:
                 return items, str(meta.get("resourceVersion") or "")
 
-    async def _list(self, scope: str | None, path: str) -> str:
-        """Replace the scope's pods with a fresh LIST; the resourceVersion to watch from."""
-        items, since = await self._list_all(path, LABEL_JOB)
+    def _replace(self, scope: str | None, items: list[Raw]) -> None:
+        """Replace the scope's pods with a fresh LIST's, and tell every job it concerns."""
         found = {uid: item for item in items if (uid := (item.get("metadata") or {}).get("uid"))}
         touched = {key for uid, key in self.job_of.items() if scope is None or key[0] == scope}
         for uid, key in list(self.job_of.items()):
@@ -196,7 +216,6 @@ class PodCache:
         self._listed_event(scope).set()
         for namespace, job in touched:
             self.on_change(namespace, job, True)
-        return since
 
     def _file(self, raw: Raw) -> Key | None:
         """Put the pod in the cache, under the job its label names; that job (None: no job label)."""
@@ -241,7 +260,9 @@ class PodCache:
         def matches(name: str) -> bool:
             return any(match_namespace(name, pattern) for pattern in patterns)  # type: ignore[arg-type]
 
-        def sync(names: set[str]) -> None:
+        names: set[str] = set()
+
+        def sync() -> None:
             for name in names - followers.keys():
                 followers[name] = asyncio.create_task(self.follow(name), name=f"rljob pods of {name}")
             for name in followers.keys() - names:
@@ -250,36 +271,21 @@ class PodCache:
                     if key[0] == name:
                         self._drop(uid)
 
+        def listed(items: list[Raw]) -> None:
+            names.clear()
+            names.update(n for item in items if (n := (item.get("metadata") or {}).get("name")) and matches(n))
+            sync()
+
+        def changed(kind: str, namespace: Raw) -> None:
+            name = (namespace.get("metadata") or {}).get("name")
+            if kind in ("ADDED", "MODIFIED") and name and matches(name):
+                names.add(name)
+            elif kind == "DELETED" and name:
+                names.discard(name)
+            sync()
+
         try:
-            since = ""
-            names: set[str] = set()
-            failures = 0
-            while True:
-                try:
-                    if not since:
-                        items, since = await self._list_all("/api/v1/namespaces", "")
-                        names = {n for item in items if (n := (item.get("metadata") or {}).get("name")) and matches(n)}
-                        sync(names)
-                        failures = 0
-                    async for event in self.client.watch("/api/v1/namespaces", "", since, WATCH_SECONDS):
-                        obj = event.get("object") or {}
-                        if event.get("type") == "ERROR":
-                            since = ""
-                            break
-                        since = (obj.get("metadata") or {}).get("resourceVersion") or since
-                        name = (obj.get("metadata") or {}).get("name")
-                        if event.get("type") in ("ADDED", "MODIFIED") and name and matches(name):
-                            names.add(name)
-                        elif event.get("type") == "DELETED" and name:
-                            names.discard(name)
-                        sync(names)
-                except ApiError as exc:
-                    if exc.status == 410:
-                        since = ""
-                    delay = self._backoff(failures)
-                    failures += 1
-                    logger.warning("namespaces: %s; again in %.0f s", exc, delay)
-                    await asyncio.sleep(delay)
+            await self._list_then_watch("namespaces", "/api/v1/namespaces", "", listed, changed)
         finally:
             for task in followers.values():
                 task.cancel()
