@@ -230,7 +230,8 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             # Python's json accepts NaN and Infinity; Go's decoder (kube-apiserver) refuses them with 400.
             text = await raw_request.text()
             try:
-                json.loads(text or "null", parse_constant=_refuse_constant)
+                if "NaN" in text or "Infinity" in text:  # a second parse only where one could be
+                    json.loads(text or "null", parse_constant=_refuse_constant)
             except _NonFinite as exc:
                 error = kmock.KubernetesError(400, "BadRequest", f"the body is not valid JSON: {exc}")
                 return await self._render_error(error)
@@ -270,12 +271,15 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             and request.resource.plural
             and request.method.value != "PUT"
         ):
+            if request.action == kmock.action.WATCH:
+                return await rendering.Response(payload=direct)(request)
+            # A JSON answer as kmock renders it, without its pattern matching on the payload's type per request.
             created = request.action == kmock.action.CREATE
-            return await rendering.Response(payload=direct, status=201 if created else None)(request)
+            return aiohttp.web.json_response(await direct(request), status=201 if created else 200)
         return await apps.RawHandler._handle(self, request)
 
     async def _serve_fetch(self, request: rendering.Request) -> Raw:
-        obj = self._current(request.resource, request.namespace, request.name)
+        obj = self._stored(request.resource, request.namespace, request.name)
         if request.subresource == "scale":
             return self._scale_of(request.resource, obj)
         return obj
@@ -288,6 +292,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             request.resource,
             request.namespace,
             lambda raw: self._selected(raw, selector) and all(raw["metadata"].get(k) == v for k, v in fields.items()),
+            copies=False,
         )
         metadata = {"resourceVersion": str(self._last_revision)}
         # Pages, as kube-apiserver cuts them for `limit`: the `continue` token says where the next one starts
@@ -312,16 +317,16 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         getter: asyncio.Future[Any] | None = None
         try:
             if since in (None, "", "0"):
-                for raw in self._all(request.resource, request.namespace):
+                for raw in self._all(request.resource, request.namespace, copies=False):
                     if watch.wants(raw):
-                        yield {"type": "ADDED", "object": raw}
+                        yield _line({"type": "ADDED", "object": raw})
             elif int(since) < self._compacted:
-                yield _gone(since)
+                yield _line(_gone(since))
                 return
             else:
                 for revision, event in list(self._logs[request.resource]):
                     if revision > int(since) and watch.wants(event["object"]):
-                        yield event
+                        yield _line(event)
             timeout = float(request.params.get("timeoutSeconds") or 0) or None
             bookmarks = request.params.get("allowWatchBookmarks") == "true"
             async with asyncio.timeout(timeout):
@@ -330,13 +335,13 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                         getter = asyncio.ensure_future(watch.queue.get())
                     done, _ = await asyncio.wait({getter}, timeout=self.bookmark_seconds if bookmarks else None)
                     if not done:
-                        yield self._bookmark(request.resource)
+                        yield _line(self._bookmark(request.resource))
                         continue
                     event, getter = getter.result(), None
                     if event is CLOSE:
-                        yield _gone(since or "0")
+                        yield _line(_gone(since or "0"))
                         return
-                    yield event
+                    yield _line(event)
         except TimeoutError:
             return
         finally:
@@ -349,40 +354,40 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         body = request.data
         if not isinstance(body, Mapping):
             raise kmock.KubernetesError(400, "BadRequest", "the request body must be a JSON object")
-        return self.create_object(request.resource, request.namespace, body)
+        return self._create(request.resource, request.namespace, body)
 
     async def _serve_update(self, request: rendering.Request) -> Raw:
         if request.subresource == "scale":
             return self._patch_scale(request.resource, request.namespace, request.name, request.data)
-        return self.patch_object(
-            request.resource,
-            request.namespace,
-            request.name,
-            request.data,
-            subresource=request.subresource,
-        )
+        return self._patch(request.resource, request.namespace, request.name, request.data, request.subresource)
 
     async def _serve_replace(self, request: rendering.Request) -> Raw:
         if request.subresource == "scale":
             return self._patch_scale(request.resource, request.namespace, request.name, request.data)
         if request.subresource == "status":
             status = (request.data or {}).get("status")
-            return self.patch_object(request.resource, request.namespace, request.name, {"status": status}, "status")
+            return self._patch(request.resource, request.namespace, request.name, {"status": status}, "status")
         raise kmock.KubernetesError(405, "MethodNotAllowed", "this emulator replaces only status and scale")
 
     async def _serve_delete(self, request: rendering.Request) -> Raw:
         options = request.data if isinstance(request.data, Mapping) else {}
-        return self.delete_object(
+        return self._delete(
             request.resource,
             request.namespace,
             request.name,
-            preconditions=options.get("preconditions"),
-            grace_period_seconds=options.get("gracePeriodSeconds"),
+            options.get("preconditions"),
+            options.get("gracePeriodSeconds"),
         )
 
     # --- the state: also called directly by tests playing kubelet, scheduler and GC -------------
 
+    # The public methods answer copies a caller may change; the underscored ones, used to serve requests, answer
+    # the stored object itself (never changed in place: every write stores a new one).
+
     def create_object(self, resource: Resource, namespace: str | None, body: Mapping[str, Any]) -> Raw:
+        return clone(self._create(resource, namespace, body))
+
+    def _create(self, resource: Resource, namespace: str | None, body: Mapping[str, Any]) -> Raw:
         raw = clone(dict(body))
         meta = raw.setdefault("metadata", {})
         if namespace is not None:
@@ -476,7 +481,12 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         patch: Any,
         subresource: str | None = None,
     ) -> Raw:
-        old = self._current(resource, namespace, name)
+        return clone(self._patch(resource, namespace, name, patch, subresource))
+
+    def _patch(
+        self, resource: Resource | None, namespace: str | None, name: str | None, patch: Any, subresource: str | None
+    ) -> Raw:
+        old = self._stored(resource, namespace, name)
         if isinstance(patch, list):
             try:
                 new = jsonpatch.apply_patch(old, patch)
@@ -514,6 +524,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         new = self._structural(resource, new, parts)
         if new == old:
             return old
+        new["metadata"] = dict(new["metadata"])  # it may still be the stored object's own
         for server_field in ("uid", "creationTimestamp", "resourceVersion", "generation", "deletionTimestamp"):
             if server_field in old["metadata"]:
                 new["metadata"][server_field] = old["metadata"][server_field]
@@ -549,7 +560,17 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         preconditions: Mapping[str, Any] | None = None,
         grace_period_seconds: int | None = None,
     ) -> Raw:
-        old = self._current(resource, namespace, name)
+        return clone(self._delete(resource, namespace, name, preconditions, grace_period_seconds))
+
+    def _delete(
+        self,
+        resource: Resource | None,
+        namespace: str | None,
+        name: str | None,
+        preconditions: Mapping[str, Any] | None,
+        grace_period_seconds: int | None,
+    ) -> Raw:
+        old = self._stored(resource, namespace, name)
         meta = old["metadata"]
         for field in ("uid", "resourceVersion"):
             if preconditions and preconditions.get(field) not in (None, meta.get(field)):
@@ -669,10 +690,11 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             if not self.keep_history:
                 del obj.history[:]
             obj.history.append(raw)
-        self._publish(resource, revision, {"type": event_type, "object": clone(raw)})
+        # Stored objects are never changed in place (each write stores a new one), so the event shares it.
+        self._publish(resource, revision, {"type": event_type, "object": raw})
         if resource == PODS or (resource == RESOURCE_QUOTAS and _spec_of(raw).get("spec") is not None):
             self.count_quotas(raw["metadata"].get("namespace"))
-        return clone(raw)
+        return raw
 
     def _remove(self, resource: Resource, key: Any) -> Raw:
         obj = self._objects[key]
@@ -713,25 +735,34 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                 watch.queue.put_nowait(event)
 
     def _current(self, resource: Resource | None, namespace: str | None, name: str | None) -> Raw:
+        return clone(self._stored(resource, namespace, name))
+
+    def _stored(self, resource: Resource | None, namespace: str | None, name: str | None) -> Raw:
+        """The stored object itself (404 when there is none): read it, never change it."""
         key = (resource, namespace, name)
         if resource is None or name is None or key not in self._objects or self._objects[key].deleted:
             raise kmock.KubernetesError(
                 404, "NotFound", f'{getattr(resource, "plural", "object")} "{name}" not found', {"name": name}
             )
-        return clone(self._objects[key].raw)
+        return self._objects[key].raw
 
     def _live_items(self) -> list[tuple[Any, Raw]]:
         return [(key, obj.raw) for key, obj in self._objects.items() if not obj.deleted]
 
     def _all(
-        self, resource: Resource | None, namespace: str | None, wanted: Callable[[Raw], bool] | None = None
+        self,
+        resource: Resource | None,
+        namespace: str | None,
+        wanted: Callable[[Raw], bool] | None = None,
+        copies: bool = True,
     ) -> list[Raw]:
         """Copies of the live objects of `resource` (in `namespace`) that `wanted` selects: selected before they
-        are copied, so a LIST by label of a few pods among thousands costs a few copies."""
+        are copied, so a LIST by label of a few pods among thousands costs a few copies. `copies=False`: the stored
+        objects themselves, to answer a request with."""
         keys = self._keys.get(resource, {}) if resource is not None else {}
         objects = self._objects
         return [
-            clone(obj.raw)
+            clone(obj.raw) if copies else obj.raw
             for key in keys
             if (namespace is None or key[1] == namespace)
             and not (obj := objects[key]).deleted
@@ -828,6 +859,11 @@ class _NonFinite(ValueError):
 
 def _refuse_constant(name: str) -> Any:
     raise _NonFinite(f"{name} is not a JSON number")
+
+
+def _line(event: Raw) -> bytes:
+    """A watch event as its line on the wire (encoded here: kmock's renderer matches every item's type first)."""
+    return json.dumps(event).encode() + b"\n"
 
 
 def _gone(since: str) -> Raw:
