@@ -6,13 +6,15 @@ once a job's pods exist, they get a node, then Running and Ready. Its latency mo
 waits `READ_SECONDS`, every write (POST, PATCH, DELETE) `WRITE_SECONDS` before it is served, without holding
 its event loop (requests overlap, as on a real server); watches are not delayed. The operator runs exactly as
 in a cluster (a kubeconfig pointing at the emulator), so its memory is its own and every API request it makes
-is an HTTP request the emulator counts. Jobs are posted in-process (no HTTP, no latency) as fast as the
-emulator stores them.
+is an HTTP request the emulator counts.
 
 Scenarios, each with a fresh emulator and operator:
-- `100` and `1000`: that many jobs in one namespace;
-- `fairness`: 500 jobs in namespace `busy`, then one in namespace `quiet`: how long the quiet namespace's
-  first job waits for its pods, next to the busy namespace's jobs;
+- `100` and `1000`: that many jobs in one namespace, POSTed over HTTP one after another (each answered before the
+  next: a script of `kubectl create` calls, a CI system submitting jobs), so every POST pays the write latency;
+- `100-burst`, `1000-burst`: the same jobs stored in-process all at once, without HTTP or latency: a flood no
+  client can make, which shows how long the operator takes to work off a backlog;
+- `fairness`: 500 jobs stored at once in namespace `busy`, then one in namespace `quiet`: how long the quiet
+  namespace's first job waits for its pods, next to the busy namespace's jobs;
 - `failover`: two operators with peering (15 s record lifetime, as the chart sets it); the active one is killed
   and a job posted at once: seconds until the standby is active and has created that job's pods.
 
@@ -66,6 +68,8 @@ WRITE_SECONDS = 0.010
 """The latency model. A real API server answers a GET of one object in about 1-5 ms and a pod create in about
 5-20 ms (etcd's write and fsync, admission), in a healthy, unloaded control plane."""
 TRACE_STAGES = ("slot", "planned", "status_written", "pods_created", "done")
+POSTER = "rljob-bench-poster"
+"""The User-Agent of the job POSTs: not counted among the operator's requests."""
 OPERATOR_ARGS: list[str] = []
 """Extra `rljob operator` flags for every scenario (`--operator-args`)."""
 
@@ -74,10 +78,14 @@ class TimedEmulator(KubernetesApiEmulator):
     """Records when each object was created (by the operator or by this script)."""
 
     created_at: dict[tuple[str, str, str], float]
+    new_pods: list[tuple[str, str]]
+    """Pods created since the kubelet stand-in last looked."""
 
-    def create_object(self, res: Any, namespace: str | None, body: Any) -> dict[str, Any]:
-        raw = super().create_object(res, namespace, body)
+    def _create(self, res: Any, namespace: str | None, body: Any) -> dict[str, Any]:
+        raw = super()._create(res, namespace, body)
         self.created_at[(res.plural, namespace or "", raw["metadata"]["name"])] = time.monotonic()
+        if res == PODS:
+            self.new_pods.append((namespace or "", raw["metadata"]["name"]))
         return raw
 
     def phase_of(self, namespace: str, job: str) -> str | None:
@@ -111,12 +119,10 @@ def summary(values: list[float]) -> dict[str, float | None]:
     }
 
 
-def play_kubelet(kube: TimedEmulator, seen_running: set[tuple[str, str]]) -> None:
+def play_kubelet(kube: TimedEmulator) -> None:
     """Every pod created since the last call gets a node, then Running and Ready."""
-    pods = [(ns, pod) for (plural, ns, pod) in list(kube.created_at) if plural == "pods"]
-    new = [key for key in pods if key not in seen_running]
+    new, kube.new_pods = kube.new_pods, []
     for namespace, name in new:
-        seen_running.add((namespace, name))
         kube.patch_object(PODS, namespace, name, {"spec": {"nodeName": "node-1"}})
         kube.patch_status(
             PODS,
@@ -127,6 +133,35 @@ def play_kubelet(kube: TimedEmulator, seen_running: set[tuple[str, str]]) -> Non
                 "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
             },
         )
+
+
+async def keep_kubelet(
+    kube: TimedEmulator, posts: list[tuple[str, str]], running_at: dict[tuple[str, str], float], deadline: float
+) -> None:
+    """Play kubelet every 50 ms and note when each job is Running, until all are (or `deadline`)."""
+    waiting = list(posts)
+    while waiting and time.monotonic() < deadline:
+        play_kubelet(kube)
+        still = []
+        for key in waiting:
+            if ("rljobs", *key) in kube.created_at and kube.phase_of(*key) == "Running":
+                running_at[key] = time.monotonic()
+            else:
+                still.append(key)
+        waiting = still
+        await asyncio.sleep(0.05)
+
+
+async def post_one_after_another(server_url: str, posts: list[tuple[str, str]]) -> None:
+    """POST each job over HTTP and wait for the answer before the next, as a script of `kubectl create` calls or
+    a CI system submitting jobs does: every POST pays the write latency, like any client's."""
+    group, version = RLJOBS.group, RLJOBS.version
+    async with aiohttp.ClientSession(headers={"User-Agent": POSTER}) as session:
+        for namespace, name in posts:
+            url = f"{server_url.rstrip('/')}/apis/{group}/{version}/namespaces/{namespace}/{RLJOBS.plural}"
+            async with session.post(url, json=job_manifest(namespace, name)) as response:
+                if response.status != 201:
+                    raise RuntimeError(f"POST {namespace}/{name}: {response.status} {await response.text()}")
 
 
 async def wait_http(url: str, timeout: float) -> None:
@@ -193,6 +228,7 @@ def new_emulator() -> TimedEmulator:
         latency={"read": READ_SECONDS, "write": WRITE_SECONDS},
     )
     kube.created_at = {}
+    kube.new_pods = []
     for key, info in RESOURCES.items():
         kube.resources[key] = kmock.ResourceInfo(verbs={"list", "watch", "get", "create", "patch", "delete"}, **info)
     kube.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = kmock.ResourceInfo(
@@ -248,8 +284,11 @@ def stop_operator(operator: subprocess.Popen) -> None:
         operator.wait()
 
 
-async def scenario(posts: list[tuple[str, str]], timeout: float) -> dict[str, Any]:
-    """Post the (namespace, name) jobs back to back; measure until every one is Running (or `timeout`)."""
+async def scenario(posts: list[tuple[str, str]], timeout: float, posting: str = "http") -> dict[str, Any]:
+    """Post the (namespace, name) jobs back to back; measure until every one is Running (or `timeout`).
+
+    `posting`: "http", one POST after another, each answered before the next; "burst", stored in-process all at
+    once, without HTTP or latency (a flood no client can make: the operator meets every job at once)."""
     kube = new_emulator()
     async with kube, kmock.Server(kube) as server:
         kube.create_object(CRDS, None, build_crd())
@@ -275,24 +314,20 @@ async def scenario(posts: list[tuple[str, str]], timeout: float) -> dict[str, An
                 requests_before = len(list(kube))
                 _, cpu_before = process_figures(operator.pid)
                 emulator_before = time.process_time()
-                created: dict[tuple[str, str], float] = {}
                 started = time.monotonic()
-                for namespace, name in posts:
-                    kube.create_object(RLJOBS, namespace, job_manifest(namespace, name))
-                    created[namespace, name] = time.monotonic()
-                    await asyncio.sleep(0)
-                posting_seconds = time.monotonic() - started
-                seen_running: set[tuple[str, str]] = set()
                 running_at: dict[tuple[str, str], float] = {}
-                deadline = started + timeout
-                while len(running_at) < len(posts) and time.monotonic() < deadline:
-                    play_kubelet(kube, seen_running)
-                    for key in created:
-                        if key not in running_at and kube.phase_of(*key) == "Running":
-                            running_at[key] = time.monotonic()
-                    await asyncio.sleep(0.05)
+                kubelet = asyncio.create_task(keep_kubelet(kube, posts, running_at, started + timeout))
+                if posting == "burst":
+                    for namespace, name in posts:
+                        kube.create_object(RLJOBS, namespace, job_manifest(namespace, name))
+                        await asyncio.sleep(0)
+                else:
+                    await post_one_after_another(str(server.url), posts)
+                posting_seconds = time.monotonic() - started
+                await kubelet
                 elapsed = time.monotonic() - started
-                operator_requests = list(kube)[requests_before:]
+                created = {(ns, name): kube.created_at[("rljobs", ns, name)] for ns, name in posts}
+                operator_requests = [r for r in list(kube)[requests_before:] if r.headers.get("User-Agent") != POSTER]
                 trace = trace_figures(await scrape(f"http://127.0.0.1:{metrics_port}/metrics"))
                 peak_rss_mib, cpu_after = process_figures(operator.pid)
                 emulator_cpu = time.process_time() - emulator_before
@@ -313,6 +348,7 @@ async def scenario(posts: list[tuple[str, str]], timeout: float) -> dict[str, An
     )
     return {
         "jobs": jobs,
+        "posting": posting,
         "posting_seconds": round(posting_seconds, 3),
         "jobs_with_all_pods": len(children),
         "jobs_running": len(running_at),
@@ -360,11 +396,10 @@ async def failover_scenario(timeout: float) -> dict[str, Any]:
             try:
                 await wait_http(f"http://127.0.0.1:{18080 + base}/healthz", 60)
                 await wait_http(f"http://127.0.0.1:{18180 + base}/healthz", 60)
-                seen_running: set[tuple[str, str]] = set()
                 kube.create_object(RLJOBS, "bench", job_manifest("bench", "before"))
                 deadline = time.monotonic() + timeout
                 while kube.phase_of("bench", "before") != "Running" and time.monotonic() < deadline:
-                    play_kubelet(kube, seen_running)
+                    play_kubelet(kube)
                     await asyncio.sleep(0.05)
                 standby_before = _gauge(await scrape(standby_metrics), "rljob_operator_standby")
                 active.kill()  # no clean exit: kopf leaves its peering record behind
@@ -427,7 +462,8 @@ async def run(names: list[str], timeout: float) -> dict[str, Any]:
             continue
         if name == "fairness":
             busy = [("busy", f"job-{i:04d}") for i in range(500)]
-            result = await scenario([*busy, ("quiet", "first")], timeout)
+            # The busy namespace floods: its 500 jobs are stored at once, then the quiet one's first job.
+            result = await scenario([*busy, ("quiet", "first")], timeout, posting="burst")
             children = result.pop("_children")
             busy_times = [t for (ns, _), t in children.items() if ns == "busy"]
             result["quiet_first_job_create_to_all_pods_seconds"] = (
@@ -435,7 +471,8 @@ async def run(names: list[str], timeout: float) -> dict[str, Any]:
             )
             result["busy_create_to_all_pods_seconds"] = summary(busy_times)
         else:
-            result = await scenario([("bench", f"job-{i:04d}") for i in range(int(name))], timeout)
+            jobs = [("bench", f"job-{i:04d}") for i in range(int(name.removesuffix("-burst")))]
+            result = await scenario(jobs, timeout, posting="burst" if name.endswith("-burst") else "http")
             result.pop("_children")
         result["load_average_1m_at_start"] = load
         result["operator_args"] = list(OPERATOR_ARGS)
@@ -447,7 +484,9 @@ async def run(names: list[str], timeout: float) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--scenarios", default="100,1000,fairness,failover", help="comma-separated: a job count, fairness or failover"
+        "--scenarios",
+        default="100,1000,100-burst,1000-burst,fairness,failover",
+        help="comma-separated: a job count (N or N-burst), fairness or failover",
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for every job of a scenario")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "operator_scale.json")
