@@ -135,8 +135,9 @@ class KubeClient:
     async def close(self) -> None:
         await self.api.close()
 
-    async def _send(
+    async def _request(
         self,
+        verb: str,
         method: str,
         path: str,
         query: list[tuple[str, str]] | None = None,
@@ -144,14 +145,15 @@ class KubeClient:
         content_type: str = "application/json",
         timeout: aiohttp.ClientTimeout = REQUEST_TIMEOUT,
     ) -> aiohttp.ClientResponse:
-        """One request on the ApiClient's session, with its auth, TLS and proxy: the response, its body unread.
+        """One request on the ApiClient's session, with its auth, TLS and proxy: the 2xx response, its body unread
+        (the caller releases it); `ApiError` for any other answer, or none.
 
         Not `ApiClient.call_api`: for plain JSON its per-call walk of headers, query and body (to convert model
         objects) and its response decoding cost as much CPU as the HTTP request itself."""
         configuration = self.api.configuration
         rest = self.api.rest_client
         headers = {**self.api.default_headers, "Accept": "application/json", "Content-Type": content_type}
-        # Called on every request, as kubernetes_asyncio does: a refresh hook (an exec plugin, a projected
+        # Asked on every request, as kubernetes_asyncio does: a refresh hook (an exec plugin, a projected
         # service-account token) keeps the token current.
         token = (await configuration.auth_settings()).get("BearerToken")
         if token:
@@ -168,7 +170,20 @@ class KubeClient:
             options["proxy_headers"] = rest.proxy_headers
         if rest.server_hostname:
             options["server_hostname"] = rest.server_hostname
-        return await rest.pool_manager.request(method, url, **options)
+        try:
+            response = await rest.pool_manager.request(method, url, **options)
+            if not 200 <= response.status < 300:
+                try:
+                    data = await response.read()
+                finally:
+                    response.release()
+                self.on_call(verb, response.status)
+                raise ApiError(response.status, verb, path, _status_message(response.reason, data))
+        except (OSError, TimeoutError, aiohttp.ClientError) as exc:  # aiohttp's are not all OSErrors
+            self.on_call(verb, 0)
+            raise ApiError(0, verb, path, f"cannot reach the API server: {exc}") from None
+        self.on_call(verb, 200)
+        return response
 
     async def _call(
         self,
@@ -179,21 +194,17 @@ class KubeClient:
         content_type: str = "application/json",
         query: list[tuple[str, str]] | None = None,
     ) -> Manifest:
+        response = await self._request(verb, method, path, query, body, content_type)
         try:
-            async with await self._send(method, path, query, body, content_type) as response:
-                data = await response.read()
-                status, reason = response.status, response.reason
-        except (OSError, TimeoutError, aiohttp.ClientError) as exc:  # aiohttp's are not all OSErrors
-            self.on_call(verb, 0)
-            raise ApiError(0, verb, path, f"cannot reach the API server: {exc}") from None
-        if not 200 <= status < 300:
-            self.on_call(verb, status)
-            raise ApiError(status, verb, path, _status_message(reason, data)) from None
-        self.on_call(verb, 200)
+            data = await response.read()
+        except (OSError, TimeoutError, aiohttp.ClientError) as exc:
+            raise ApiError(0, verb, path, f"the answer broke off: {exc}") from None
+        finally:
+            response.release()
         try:
             result = json.loads(data) if data else {}
         except ValueError:
-            raise ApiError(status, verb, path, f"the answer is not JSON: {data[:200]!r}") from None
+            raise ApiError(response.status, verb, path, f"the answer is not JSON: {data[:200]!r}") from None
         return result if isinstance(result, dict) else {}
 
     async def create(self, namespace: str, manifest: Manifest) -> Manifest:
@@ -229,27 +240,6 @@ class KubeClient:
         found = next((i for i in result.get("items") or [] if (i.get("metadata") or {}).get("name") == name), None)
         return found, str((result.get("metadata") or {}).get("resourceVersion") or "")
 
-    async def _open_watch(
-        self, path: str, query: list[tuple[str, str]], limit: aiohttp.ClientTimeout
-    ) -> aiohttp.ClientResponse:
-        """Start a WATCH: the response, its body still to be read as the events arrive."""
-        try:
-            response = await self._send("GET", path, query, timeout=limit)
-        except (OSError, TimeoutError, aiohttp.ClientError) as exc:
-            self.on_call("watch", 0)
-            raise ApiError(0, "watch", path, f"cannot reach the API server: {exc}") from None
-        if not 200 <= response.status < 300:
-            try:
-                data = await response.read()
-            except (OSError, TimeoutError, aiohttp.ClientError):
-                data = b""
-            finally:
-                response.release()
-            self.on_call("watch", response.status)
-            raise ApiError(response.status, "watch", path, _status_message(response.reason, data))
-        self.on_call("watch", 200)
-        return response
-
     async def watch_named(
         self, api_version: str, kind: str, namespace: str | None, name: str, since: str, timeout: float
     ) -> bool:
@@ -263,7 +253,7 @@ class KubeClient:
         ]
         if since:
             query.append(("resourceVersion", since))
-        response = await self._open_watch(path, query, aiohttp.ClientTimeout(total=timeout + 5))
+        response = await self._request("watch", "GET", path, query, timeout=aiohttp.ClientTimeout(total=timeout + 5))
         try:
             async with asyncio.timeout(timeout):
                 async for line in response.content:
@@ -301,7 +291,7 @@ class KubeClient:
         if labels:
             query.append(("labelSelector", labels))
         limit = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout + 30)
-        response = await self._open_watch(path, query, limit)
+        response = await self._request("watch", "GET", path, query, timeout=limit)
         pending = b""
         try:
             # Split the lines here: aiohttp's own line reader refuses a line over 64 KiB (a pod with large

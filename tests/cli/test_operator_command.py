@@ -94,6 +94,10 @@ async def test_operator_command_serves_jobs_from_a_kubeconfig(tmp_path: Path) ->
             cluster.create_job(cartpole_job())
             await eventually(lambda: len(cluster.pods("cp")) == 4 or process.poll() is not None, timeout=30)
             assert process.poll() is None, log.read_text()[-2000:]
+            # The kubeconfig's token went with the controller's own requests, not only with kopf's.
+            creates = [r for r in list(kube) if r.method.value == "POST" and r.resource and r.resource.plural == "pods"]
+            tokens = {next((v for k, v in r.headers.items() if k.lower() == "authorization"), None) for r in creates}
+            assert creates and tokens == {"Bearer t"}
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
                 async with session.get(f"http://127.0.0.1:{liveness}/healthz") as response:
                     assert response.status == 200
