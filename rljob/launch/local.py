@@ -42,6 +42,7 @@ from rljob.launch.local_scaling import MEMBERS_FILE, RolloutScaler
 from rljob.launch.ports import pick_ports
 from rljob.launch.supervisor import Child, LaunchError, LogSink, RunResult, Supervisor
 from rljob.runtime.preflight import gpu_problems, gpus_asked, most_replicas, preflight, visible_gpus
+from rljob.runtime.process.group_exit import GROUP_EXIT_WAIT_S, kill_group, still_running, wait_for_group_exit
 from rljob.runtime.process.parent_death import LAUNCHER_PID_ENV
 from rljob.runtime.records.trackers import RESTART_ENV
 from rljob.runtime.wire.identity import (
@@ -389,20 +390,28 @@ class LocalRun(Supervisor):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
             # Whatever is left in the group (the child itself if it ignored SIGTERM, or its own children).
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.process.pid, signal.SIGKILL)
+            killed = kill_group(child.process.pid)
             child.process.wait()
+            if killed:
+                self._wait_for_group_exit(child)
             if child.reader is not None:
                 child.reader.join(timeout=2)
 
     def _exit_code(self, child: LocalChild) -> int | None:  # type: ignore[override]
         assert child.process is not None
         code = child.process.poll()
-        if code is not None:
-            # What the replica started (a vLLM engine's processes) would outlive it and hold its memory.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.process.pid, signal.SIGKILL)
+        if code is not None and kill_group(child.process.pid):
+            # What the replica started (a vLLM engine's processes) would outlive it and hold the memory its
+            # next start needs.
+            self._wait_for_group_exit(child)
         return code
+
+    def _wait_for_group_exit(self, child: LocalChild) -> None:
+        """After the child's group was SIGKILLed and the child itself reaped."""
+        assert child.process is not None
+        living = wait_for_group_exit(child.process.pid)
+        if living:
+            self.log_sink("launcher", f"{child.name}: {still_running(living, GROUP_EXIT_WAIT_S)}")
 
     def _incarnation(self, child: LocalChild) -> str:  # type: ignore[override]
         assert child.process is not None

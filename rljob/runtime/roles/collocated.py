@@ -22,10 +22,10 @@ rollout pod (`spec.failurePolicy`, as `rljob.launch.failure_policy` applies it):
 - `spec.failurePolicy` is edited without a restart (the operator rewrites the job file the pod mounts): it is
   read again from that file at each failure, before deciding whether to give up.
 - the rollout runs in a session (process group) of its own, and whatever is left of that group after it exits
-  or is stopped is SIGKILLed, and waited for until it has exited (at most GROUP_EXIT_WAIT_S), before anything
-  else starts: vLLM's EngineCore and tensor-parallel workers outlive a front end that was SIGKILLed, keeping the
-  GPU memory that the next start would need (this process is PID 1 of the container, and nothing else would end
-  them).
+  or is stopped is SIGKILLed, and waited for until it has exited (`rljob.runtime.process.group_exit`), before
+  anything else starts: vLLM's EngineCore and tensor-parallel workers outlive a front end that was SIGKILLed,
+  keeping the GPU memory that the next start would need (this process is PID 1 of the container, and nothing
+  else would end them).
 
 - a rollout whose `/livez` says one of its loops is stuck (hung past `roles.rollout.probes.livenessTimeoutSeconds`;
   asked every LIVENESS_LOOK_S) is SIGKILLed, and counts as a failure like any other: the container's own liveness
@@ -53,6 +53,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+from rljob.runtime.process.group_exit import GROUP_EXIT_WAIT_S, kill_group, still_running, wait_for_group_exit
 from rljob.runtime.process.parent_death import LAUNCHER_PID_ENV
 from rljob.runtime.process.prefixed_output import copy_prefixed
 from rljob.runtime.process.retry import Backoff
@@ -76,8 +77,6 @@ GIVE_UP_GRACE_S = 60.0
 """After asking the actor to stop for a rollout that cannot run: how long it gets before this process exits."""
 LIVENESS_LOOK_S = 2.0
 """How often the rollout's `/livez` is asked whether it is hung."""
-GROUP_EXIT_WAIT_S = 10.0
-"""How long the processes of a killed rollout's group get to exit before the next start goes ahead anyway."""
 
 
 TEST_ROLLOUT_COMMAND_ENV = "RLJOB_TEST_COLLOCATED_ROLLOUT_COMMAND"
@@ -99,42 +98,6 @@ def pod_exit_code(actor_code: int, rollout_gave_up: int | None) -> int:
     if rollout_gave_up is None or actor_code == 0:
         return actor_code
     return rollout_gave_up
-
-
-def _living_members(pgid: int) -> list[int]:
-    """The processes of group `pgid` that have not exited yet (a zombie has: it holds no memory, no GPU)."""
-    living = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as stat:
-                state, _ppid, group = stat.read().rsplit(")", 1)[1].split()[:3]
-        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):  # gone while listed
-            continue
-        if int(group) == pgid and state not in ("Z", "X"):
-            living.append(int(entry.name))
-    return living
-
-
-def _end_killed_group(pgid: int, wait_s: float) -> list[int]:
-    """Wait until every process of the SIGKILLed group `pgid` has exited, reaping those that are this process's
-    children: in a pod this process is PID 1 and adopts a rollout's orphans (vLLM's engine processes), which
-    would otherwise stay zombies. SIGKILL takes effect when the kernel next runs the process, which on a busy
-    node can be later than the next start. Returns the pids still running after `wait_s` (stuck in the
-    kernel, as in a device driver), or [] once none is."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            while os.waitpid(-pgid, os.WNOHANG)[0] != 0:
-                pass
-            children_left = True  # killed, not exited yet
-        except ChildProcessError:  # none of the group's processes is (any more) a child of this one
-            children_left = False
-        living = _living_members(pgid) if os.path.isdir("/proc") else []
-        if not (living or children_left) or time.monotonic() >= deadline:
-            return living
-        time.sleep(0.02)
 
 
 def _exit_status(code: int) -> int:
@@ -358,17 +321,12 @@ class CollocatedRollout:
 
         While any process of the group is left, no other process can take its id; an empty group answers
         ProcessLookupError, and nothing is signalled."""
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+        if not kill_group(process.pid):
             return
         self.say(f"sent SIGKILL to what is left of its process group ({process.pid})")
-        living = _end_killed_group(process.pid, self.group_exit_wait_s)
+        living = wait_for_group_exit(process.pid, self.group_exit_wait_s)
         if living:
-            self.say(
-                f"{len(living)} process(es) of its group did not exit within {self.group_exit_wait_s:g}s of "
-                f"SIGKILL (pids {', '.join(map(str, living))}); what they hold may be held a while longer"
-            )
+            self.say(still_running(living, self.group_exit_wait_s))
 
     def stop(self) -> None:
         """End the rollout (SIGTERM, SIGKILL after the grace) and its supervision; call when the actor ends."""

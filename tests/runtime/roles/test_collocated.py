@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 
-import pytest
 import yaml
 
+from rljob.runtime.process.group_exit import exited
 from rljob.runtime.process.retry import Backoff
-from rljob.runtime.roles.collocated import CollocatedRollout, _end_killed_group, collocated_rollout
+from rljob.runtime.roles.collocated import CollocatedRollout, collocated_rollout
 from rljob.runtime.wire.identity import EXIT_FATAL_CONFIG, EXIT_ROLLOUT_GAVE_UP, pod_identity
 from tests.conftest import REPO
 
@@ -163,15 +161,6 @@ def test_stopping_ends_a_rollout_that_ignores_sigterm_with_sigkill():
     assert "rollout[0] did not stop within 0.5s of SIGTERM: killing it" in out.lines()
 
 
-def gone(pid: int) -> bool:
-    """No such process, or only its exit status left (a zombie no one reaped: it holds no memory)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def test_what_a_failed_rollout_left_behind_is_killed_before_it_starts_again(tmp_path):
     """vLLM's engine processes outlive a front end killed by SIGKILL, holding the GPU the next start needs."""
     pids = tmp_path / "grandchildren"
@@ -202,28 +191,7 @@ def test_what_a_failed_rollout_left_behind_is_killed_before_it_starts_again(tmp_
     lines = out.lines()
     assert not any(line.startswith("rollout[0] | left behind alive: [") and line[-2] != "[" for line in lines)
     assert "rollout[0] sent SIGKILL to what is left of its process group" in "\n".join(lines)
-    assert all(gone(int(pid)) for pid in pids.read_text().split())
-
-
-def test_the_wait_for_a_killed_group_names_what_still_runs_and_ends_once_it_has_exited():
-    engine = "import time; time.sleep(600)"
-    front_end = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {engine!r}]); print()"
-    front_end += "; time.sleep(600)"
-    leader = subprocess.Popen([sys.executable, "-c", front_end], start_new_session=True, stdout=subprocess.PIPE)
-    try:
-        assert leader.stdout is not None and leader.stdout.readline() == b"\n"  # its engine is started
-        running = _end_killed_group(leader.pid, wait_s=0.1)  # not killed: both are named after the wait
-        assert leader.pid in running and len(running) == 2
-        os.killpg(leader.pid, signal.SIGKILL)
-        assert _end_killed_group(leader.pid, wait_s=10) == []
-        assert all(gone(pid) for pid in running)
-        with pytest.raises(ChildProcessError):  # the front end, a child of this process, was reaped by the wait
-            os.waitpid(leader.pid, os.WNOHANG)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(leader.pid, signal.SIGKILL)
-        leader.stdout.close()
-        leader.poll()
+    assert all(exited(int(pid)) for pid in pids.read_text().split())
 
 
 def test_stopping_the_rollout_also_ends_the_processes_it_started():
@@ -238,7 +206,7 @@ def test_stopping_the_rollout_also_ends_the_processes_it_started():
     wait_until(lambda: any(line.startswith("rollout[0] | engine ") for line in out.lines()))
     engine = int(next(line for line in out.lines() if line.startswith("rollout[0] | engine ")).split()[-1])
     rollout.stop()
-    wait_until(lambda: gone(engine))
+    wait_until(lambda: exited(engine))
 
 
 ACTOR = """
@@ -268,7 +236,7 @@ def test_the_rollout_in_its_own_session_still_dies_with_the_actors_process():
         assert actor.stdout.readline().decode() == "rollout[0] | armed\n"
         actor.kill()
         actor.wait()
-        wait_until(lambda: gone(child))
+        wait_until(lambda: exited(child))
     finally:
         actor.kill()
 
