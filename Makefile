@@ -52,8 +52,9 @@ DOCKERFILES := operator/Dockerfile trainer_image/Dockerfile rollout_image/Docker
 
 # Daemonless OCI images (docs/images.md): buildah builds, podman + runc run them, mmdebstrap makes the Debian base
 # they build on (no registry needed). Installed when missing and this is root on Debian/Ubuntu; elsewhere the
-# image tests skip and say why.
-IMAGE_TOOLS := buildah podman runc mmdebstrap
+# image tests skip and say why. podman's network stack (netavark) sets up the pods' network with iptables, which
+# Debian does not pull in with it.
+IMAGE_TOOLS := buildah podman runc mmdebstrap iptables
 image-tools:
 	@missing=$$(for tool in $(IMAGE_TOOLS); do command -v $$tool >/dev/null || echo $$tool; done); \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
