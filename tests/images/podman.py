@@ -12,8 +12,16 @@ ROOT = Path(__file__).parents[2]
 ENV = {**os.environ, "CONTAINERS_CONF": str(ROOT / "images" / "containers.conf")}
 
 
+class PodmanFailed(AssertionError):
+    """A podman command that had to succeed did not; its message ends with what podman said."""
+
+
 def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["podman", *args], capture_output=True, text=True, env=ENV, check=check, timeout=timeout)
+    done = subprocess.run(["podman", *args], capture_output=True, text=True, env=ENV, timeout=timeout)
+    if check and done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip() or "no message")[-2000:]
+        raise PodmanFailed(f"podman {args[0]} exited with code {done.returncode}: {said}")
+    return done
 
 
 def missing(images: list[str]) -> str | None:
