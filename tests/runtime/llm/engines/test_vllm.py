@@ -267,6 +267,7 @@ def test_a_vllm_rollout_that_cannot_start_exits_78_naming_the_field(tmp_path, se
 
     job = yaml.safe_load((Path(__file__).parents[4] / "examples" / "grpo-tiny-arithmetic.yaml").read_text())
     job["spec"]["rollout"]["engine"] = "vllm"
+    job["spec"]["rollout"]["vllm"] = {"enforceEager": True}  # no compile warm-up before the failure: 20 s less
     for path, value in settings.items():
         *parents, leaf = path.split(".")
         node = job["spec"]
