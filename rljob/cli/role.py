@@ -49,8 +49,10 @@ def role(
     collocated = None
     if identity.collocated_rollout_metrics_port:
         # A collocated job's actor pod: this process runs the rollout replica beside the actor, whatever it trains.
+        from rljob.runtime.process.early_stop import hold_stop_requests
         from rljob.runtime.roles.collocated import collocated_rollout
 
+        hold_stop_requests()  # a rollout that gives up at once asks the actor to stop before it has a handler
         try:
             collocated = collocated_rollout(identity).start()
         except InvalidRLJob as exc:

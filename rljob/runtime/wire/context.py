@@ -10,6 +10,7 @@ import threading
 from dataclasses import dataclass, field
 
 from rljob.api import RLJob, load_job_file
+from rljob.runtime.process.early_stop import held_stop_request
 from rljob.runtime.records.trackers import Trackers, TrackersUnavailable, job_trackers
 from rljob.runtime.wire.identity import RoleIdentity
 from rljob.runtime.wire.liveness import Heartbeat
@@ -56,6 +57,8 @@ def start_role(identity: RoleIdentity | None = None) -> RoleContext:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    if (held := held_stop_request()) is not None:  # asked before this handler was there (early_stop)
+        request_stop(held, None)
     # Several roles share few cores: one compute thread each unless the user says otherwise.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     return context

@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO
 
+from rljob.runtime.process.early_stop import held_stop_request
 from rljob.runtime.process.parent_death import LAUNCHER_PID_ENV
 from rljob.runtime.process.prefixed_output import copy_prefixed
 from rljob.runtime.wire.context import FatalConfigError
@@ -164,6 +165,8 @@ def run_rank_group(
             group.signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    if (held := held_stop_request()) is not None:  # asked before this handler was there (early_stop)
+        requested.append(held)
     try:
         group = RankGroup(identity, command, base_env, out)
         if requested:  # a stop asked for while the ranks were being started
