@@ -24,6 +24,9 @@ def role(
     from rljob.runtime.process.parent_death import die_with_launcher
 
     die_with_launcher()  # first: a local launcher SIGKILLed from here on still takes this process with it
+    from rljob.runtime.process.early_stop import hold_stop_requests
+
+    hold_stop_requests()  # a stop asked for while this process starts is acted on once its program can
     from rljob.runtime.weights.nccl_env import align_nccl_environment
 
     # Before any NCCL communicator here or in what this process starts (ranks, a collocated rollout, vLLM's workers).
@@ -49,10 +52,8 @@ def role(
     collocated = None
     if identity.collocated_rollout_metrics_port:
         # A collocated job's actor pod: this process runs the rollout replica beside the actor, whatever it trains.
-        from rljob.runtime.process.early_stop import hold_stop_requests
         from rljob.runtime.roles.collocated import collocated_rollout
 
-        hold_stop_requests()  # a rollout that gives up at once asks the actor to stop before it has a handler
         try:
             collocated = collocated_rollout(identity).start()
         except InvalidRLJob as exc:

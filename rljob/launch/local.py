@@ -391,7 +391,7 @@ class LocalRun(Supervisor):
                 child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
             # Whatever is left in the group (the child itself if it ignored SIGTERM, or its own children).
             killed = kill_group(child.process.pid)
-            child.process.wait()
+            child.process.wait()  # before the group's wait, which would reap it unseen by Popen (status 0)
             if killed:
                 self._wait_for_group_exit(child)
             if child.reader is not None:

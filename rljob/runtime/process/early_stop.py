@@ -1,12 +1,12 @@
 """A stop asked for before a role's program has its own SIGTERM/SIGINT handler is kept for it, not fatal.
 
-A collocated actor pod's process starts the rollout first (`rljob.runtime.roles.collocated`), then the actor's
-program. A rollout that gives up at once (a configuration error) asks the actor to stop with SIGTERM, which can
-land before the program installed its handler: without this, the default action would end the process as killed
-by SIGTERM (or, as a container's PID 1, the signal would be dropped and the pod would wait out the give-up grace),
-not with the status the operator reads. `hold_stop_requests` records such signals; the program's handler, once
-installed, acts on what `held_stop_request` returns.
-"""
+`rljob role` holds these signals first thing; the program installs its handler only after the imports and the
+job file (`rljob.runtime.wire.context.start_role`), or the rank group's (`rljob.runtime.wire.ranks`). A SIGTERM
+in between would otherwise end the process as killed by it, not with the status the operator reads; as a
+container's PID 1 the kernel would drop it instead. The case that needs it most: a collocated actor pod's
+process starts the rollout first (`rljob.runtime.roles.collocated`), and a rollout that gives up at once (a
+configuration error) asks the actor to stop while the actor's program is still starting. The program's handler,
+once installed, acts on what `held_stop_request` returns."""
 
 from __future__ import annotations
 

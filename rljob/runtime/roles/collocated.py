@@ -130,7 +130,6 @@ class CollocatedRollout:
         termination_log: Path = TERMINATION_LOG,
         read_policy: Callable[[], tuple[int, bool]] | None = None,
         liveness_look_s: float = LIVENESS_LOOK_S,
-        group_exit_wait_s: float = GROUP_EXIT_WAIT_S,
     ) -> None:
         if identity.role != "rollout":
             raise ValueError(f"a collocated rollout has the rollout's identity (got {identity.role})")
@@ -145,7 +144,6 @@ class CollocatedRollout:
         self.on_give_up = on_give_up
         self.backoff = backoff or Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)
         self.stable_s, self.grace_s, self.give_up_grace_s = stable_s, grace_s, give_up_grace_s
-        self.group_exit_wait_s = group_exit_wait_s
         self.termination_log = termination_log
         self.read_policy = read_policy
         """The job's current (maxReplacements, rollout is FailJob), asked at each failure: `spec.failurePolicy` is
@@ -324,9 +322,9 @@ class CollocatedRollout:
         if not kill_group(process.pid):
             return
         self.say(f"sent SIGKILL to what is left of its process group ({process.pid})")
-        living = wait_for_group_exit(process.pid, self.group_exit_wait_s)
+        living = wait_for_group_exit(process.pid)
         if living:
-            self.say(still_running(living, self.group_exit_wait_s))
+            self.say(still_running(living, GROUP_EXIT_WAIT_S))
 
     def stop(self) -> None:
         """End the rollout (SIGTERM, SIGKILL after the grace) and its supervision; call when the actor ends."""
